@@ -1,0 +1,9 @@
+"""The DSL: StreamsBuilder, KStream, KTable, windows and emission policies."""
+
+from processor.dsl.builder import StreamsBuilder
+from processor.dsl.emit import Emit
+from processor.dsl.kstream import KStream
+from processor.dsl.ktable import KTable
+from processor.dsl.windows import JoinWindows, TimeWindows
+
+__all__ = ["StreamsBuilder", "KStream", "KTable", "Emit", "TimeWindows", "JoinWindows"]

@@ -1,0 +1,49 @@
+"""KStream: a record stream."""
+
+from __future__ import annotations
+
+from processor.operators.filter import StreamFilter
+from processor.operators.map_values import StreamMapValues
+from processor.operators.sink import Sink
+from processor.serde import Serdes
+from processor.topology import LogicalNode
+
+
+class KStream:
+    def __init__(self, builder, node: LogicalNode, key_serde, value_serde):
+        self._builder = builder
+        self._node = node
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+
+    def _then(self, prefix, factory, name=None, value_serde=None, value_preserving=False, attrs=None):
+        b = self._builder
+        node = LogicalNode(name=b._name(prefix, name), kind="processor", factory=factory,
+                           value_preserving=value_preserving, attrs=attrs or {})
+        b._add(node, self._node)
+        return KStream(b, node, self.key_serde, value_serde or self.value_serde)
+
+    def filter(self, predicate, name: str | None = None) -> "KStream":
+        return self._then("KSTREAM-FILTER", lambda n: StreamFilter(n.name, predicate), name,
+                          value_preserving=True)
+
+    def filter_not(self, predicate, name: str | None = None) -> "KStream":
+        return self._then("KSTREAM-FILTER", lambda n: StreamFilter(n.name, predicate, negate=True), name,
+                          value_preserving=True)
+
+    def map_values(self, mapper, value_serde=None, name: str | None = None) -> "KStream":
+        """``mapper(value) -> new value``; the result's serde defaults to JSON."""
+        return self._then("KSTREAM-MAPVALUES", lambda n: StreamMapValues(n.name, mapper), name,
+                          value_serde=value_serde or Serdes.json())
+
+    def to(self, topic: str, key_serde=None, value_serde=None, name: str | None = None) -> None:
+        b = self._builder
+        ks = key_serde or self.key_serde
+        vs = value_serde or self.value_serde
+        node = LogicalNode(
+            name=b._name("KSTREAM-SINK", name), kind="sink", sink_topic=topic,
+            factory=lambda n: Sink(n.name, n.sink_topic, n.attrs["key_serde"], n.attrs["value_serde"],
+                                   passthrough=n.attrs.get("passthrough", False)),
+            attrs={"key_serde": ks, "value_serde": vs},
+        )
+        b._add(node, self._node)

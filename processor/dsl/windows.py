@@ -1,0 +1,46 @@
+"""Window specifications (public API names; used by windowed aggregations and stream joins)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class TimeWindows:
+    size_ms: int
+    advance_ms: int
+    grace_ms: int = 0
+
+    @staticmethod
+    def of(size_ms: int) -> "TimeWindows":
+        if size_ms <= 0:
+            raise ValueError("window size must be positive")
+        return TimeWindows(size_ms, size_ms)
+
+    def advance_by(self, advance_ms: int) -> "TimeWindows":
+        if not 0 < advance_ms <= self.size_ms:
+            raise ValueError("advance must be in (0, size]")
+        return replace(self, advance_ms=advance_ms)
+
+    def grace(self, grace_ms: int) -> "TimeWindows":
+        if grace_ms < 0:
+            raise ValueError("grace must be >= 0")
+        return replace(self, grace_ms=grace_ms)
+
+
+@dataclass(frozen=True)
+class JoinWindows:
+    before_ms: int
+    after_ms: int
+    grace_ms: int = 0
+
+    @staticmethod
+    def of(time_difference_ms: int) -> "JoinWindows":
+        if time_difference_ms < 0:
+            raise ValueError("join window must be >= 0")
+        return JoinWindows(time_difference_ms, time_difference_ms)
+
+    def grace(self, grace_ms: int) -> "JoinWindows":
+        if grace_ms < 0:
+            raise ValueError("grace must be >= 0")
+        return replace(self, grace_ms=grace_ms)

@@ -1,0 +1,82 @@
+"""Processor base class and the context every operator runs in.
+
+A processor receives ``process(key, value, timestamp)`` and forwards zero or more records to its
+children. Table processors receive and forward ``Change(new, old)`` values; stream processors
+plain values. The context carries the provenance of the record in hand (topic, partition,
+offset, headers) and gives access to stores and to the record collector.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from processor.errors import ProcessingError, ProcessorError
+
+
+def describe_function(fn: Callable) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        return f"{name} ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})"
+    return name
+
+
+class ProcessorContext:
+    """Per-task context. The task sets the ``record_*`` fields before each record."""
+
+    def __init__(self, task_id, stores, collector, wall_clock: Callable[[], int]):
+        self.task_id = task_id
+        self._stores = stores
+        self.collector = collector
+        self.wall_clock = wall_clock
+        self.topic: str | None = None
+        self.partition: int | None = None
+        self.offset: int | None = None
+        self.headers = None
+        # Pass-through serialization: the value object the source deserialized, its bytes and
+        # serde. A sink fed only through value-preserving steps reuses the bytes.
+        self.source_value: Any = None
+        self.source_value_bytes: bytes | None = None
+        self.source_value_serde = None
+
+    def get_store(self, name: str):
+        return self._stores.store(name)
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int, headers) -> None:
+        self.collector.send(topic, key, value, timestamp, headers)
+
+
+class Processor:
+    """Base operator: a named node with children. Subclasses override ``process``."""
+
+    kind = "processor"
+
+    def __init__(self, name: str):
+        self.name = name
+        self.children: list[Processor] = []
+        self.context: ProcessorContext | None = None
+
+    def init(self, context: ProcessorContext) -> None:
+        self.context = context
+
+    def process(self, key: Any, value: Any, timestamp: int) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def forward(self, key: Any, value: Any, timestamp: int) -> None:
+        for child in self.children:
+            child.process(key, value, timestamp)
+
+    def metrics(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    def user_error(self, fn: Callable, exc: BaseException) -> ProcessorError:
+        """Translate an exception raised by a user function into a ProcessingError naming the step."""
+        if isinstance(exc, ProcessorError):
+            return exc
+        return ProcessingError(
+            f"user function {describe_function(fn)} raised {type(exc).__name__}: {exc}",
+            step=self.name,
+        )

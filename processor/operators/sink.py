@@ -1,0 +1,52 @@
+"""to_stream and sinks.
+
+``TableToStream`` turns ``Change(new, old)`` into the new value (``None``: a tombstone).
+``Sink`` serializes and hands the record to the task's collector, with the input record's
+timestamp and headers. A sink whose value reaches it only through value-preserving steps
+(filters, to_stream) reuses the source's bytes instead of serializing again.
+"""
+
+from __future__ import annotations
+
+from processor.errors import SerializationError
+from processor.operators.base import Processor
+
+
+class TableToStream(Processor):
+    kind = "to-stream"
+
+    def process(self, key, change, timestamp):
+        self.forward(key, change.new, timestamp)
+
+
+class Sink(Processor):
+    kind = "sink"
+
+    def __init__(self, name, topic, key_serde, value_serde, passthrough=False):
+        super().__init__(name)
+        self.topic = topic
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self.passthrough = passthrough
+        self.records_out = 0
+
+    def process(self, key, value, timestamp):
+        ctx = self.context
+        try:
+            kb = self.key_serde.serialize(key)
+        except Exception as exc:
+            raise SerializationError(f"key serialization with {self.key_serde!r} for topic "
+                                     f"{self.topic!r} failed: {type(exc).__name__}: {exc}", step=self.name) from exc
+        if self.passthrough and value is ctx.source_value and self.value_serde is ctx.source_value_serde:
+            vb = ctx.source_value_bytes
+        else:
+            try:
+                vb = self.value_serde.serialize(value)
+            except Exception as exc:
+                raise SerializationError(f"value serialization with {self.value_serde!r} for topic "
+                                         f"{self.topic!r} failed: {type(exc).__name__}: {exc}", step=self.name) from exc
+        self.records_out += 1
+        ctx.send(self.topic, kb, vb, timestamp, ctx.headers)
+
+    def metrics(self):
+        return {"records_out": self.records_out}

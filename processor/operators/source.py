@@ -1,0 +1,105 @@
+"""Sources: deserialize a record's bytes; table sources also materialize it.
+
+Invariant (table source): the store holds, per key, the latest value bytes read from the topic
+and the timestamp of the last REAL change; the source forwards ``Change(new, old)`` exactly when
+the key's value changes. An update whose value bytes equal the stored bytes is a no-op: nothing is
+forwarded, the stored timestamp is kept, ``noop_updates_skipped`` counts it (KIP-557). A
+tombstone for an absent key is likewise a no-op. Restoring from the source topic applies the same
+rule without forwarding, so a restored store equals the one built by processing.
+"""
+
+from __future__ import annotations
+
+from processor.errors import DeserializationError
+from processor.operators.base import Processor
+from processor.records import Change
+from processor.state import timestamped
+
+
+class StreamSource(Processor):
+    kind = "source"
+
+    def __init__(self, name, topic, key_serde, value_serde):
+        super().__init__(name)
+        self.topic = topic
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self.records_in = 0
+
+    def deserialize(self, key_bytes, value_bytes):
+        try:
+            key = self.key_serde.deserialize(key_bytes)
+        except Exception as exc:
+            raise DeserializationError(f"key deserialization with {self.key_serde!r} failed: "
+                                     f"{type(exc).__name__}: {exc}", step=self.name) from exc
+        try:
+            value = self.value_serde.deserialize(value_bytes)
+        except Exception as exc:
+            raise DeserializationError(f"value deserialization with {self.value_serde!r} failed: "
+                                     f"{type(exc).__name__}: {exc}", step=self.name) from exc
+        return key, value
+
+    def process_bytes(self, key_bytes, value_bytes, timestamp):
+        key, value = self.deserialize(key_bytes, value_bytes)
+        self.records_in += 1
+        ctx = self.context
+        ctx.source_value = value
+        ctx.source_value_bytes = value_bytes
+        ctx.source_value_serde = self.value_serde
+        self.forward(key, value, timestamp)
+
+    def restore_bytes(self, key_bytes, value_bytes, timestamp):
+        """Stream sources keep no state: nothing to restore."""
+
+    def metrics(self):
+        return {"records_in": self.records_in}
+
+
+class TableSource(StreamSource):
+    kind = "table-source"
+
+    def __init__(self, name, topic, key_serde, value_serde, store_name):
+        super().__init__(name, topic, key_serde, value_serde)
+        self.store_name = store_name
+        self.noop_updates_skipped = 0
+        self.store = None
+
+    def init(self, context):
+        super().init(context)
+        self.store = context.get_store(self.store_name)
+
+    def _apply(self, key_bytes, value_bytes, timestamp):
+        """Update the store; return the old stored bytes, or False when the update is a no-op."""
+        if key_bytes is None:
+            raise DeserializationError("a table record needs a non-null key", step=self.name)
+        old = self.store.get(key_bytes)
+        if value_bytes is None:
+            if old is None:
+                return False
+            self.store.delete(key_bytes)
+            return old
+        if old is not None and old[timestamped.TIMESTAMP_SIZE:] == value_bytes:
+            return False
+        self.store.put(key_bytes, timestamped.encode(timestamp, value_bytes))
+        return old
+
+    def process_bytes(self, key_bytes, value_bytes, timestamp):
+        key, value = self.deserialize(key_bytes, value_bytes)
+        self.records_in += 1
+        old = self._apply(key_bytes, value_bytes, timestamp)
+        if old is False:
+            self.noop_updates_skipped += 1
+            return
+        old_value = None if old is None else self.value_serde.deserialize(old[timestamped.TIMESTAMP_SIZE:])
+        ctx = self.context
+        ctx.source_value = value
+        ctx.source_value_bytes = value_bytes
+        ctx.source_value_serde = self.value_serde
+        self.forward(key, Change(value, old_value), timestamp)
+
+    def restore_bytes(self, key_bytes, value_bytes, timestamp):
+        self.deserialize(key_bytes, value_bytes)  # records that failed processing never reached the store
+        self._apply(key_bytes, value_bytes, timestamp)
+
+    def metrics(self):
+        return {"records_in": self.records_in, "noop_updates_skipped": self.noop_updates_skipped}

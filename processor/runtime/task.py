@@ -1,0 +1,131 @@
+"""Task: one partition number of one sub-topology, the unit of processing and of state.
+
+The worker, the test driver and the backfill all run records through this class, so they run
+the same operator code against the same store layout. A Task does no Kafka I/O: records come in
+as bytes with their provenance, results leave through a collector (``send(topic, key, value,
+timestamp, headers)``), and state lives in a store provider (``store(name)``, ``commit(offsets)``,
+``read_checkpoint()``).
+
+Invariants:
+- ``positions`` holds, per input topic-partition, the next offset to process; it advances only
+  after a record has been fully processed (or dead-lettered / skipped by policy).
+- ``commit()`` persists store writes and ``positions`` as one unit. The host must flush the
+  collector BEFORE calling it (outputs durable before the offsets that produced them).
+- Poison input (a key/value that does not deserialize) follows the ``on_error`` policy:
+  ``dlq`` (default) sends the original bytes to the dead-letter topic with provenance headers,
+  ``skip`` counts and logs it, ``fail`` raises. Errors in user functions always fail loudly,
+  naming the record and the step.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from processor.errors import DeserializationError, ProcessingError, ProcessorError, RecordError
+from processor.operators.base import ProcessorContext
+
+log = logging.getLogger("processor.task")
+
+ERROR_POLICIES = ("dlq", "skip", "fail")
+
+# Dead-letter record headers (values UTF-8).
+DLQ_HEADERS = ("dlq.source.topic", "dlq.source.partition", "dlq.source.offset", "dlq.step", "dlq.error")
+
+
+def dlq_topic_for(application_id: str) -> str:
+    return f"{application_id}-dlq"
+
+
+class Task:
+    def __init__(self, topology, sub_id: int, partition: int, stores, collector, wall_clock,
+                 on_error: str = "dlq", dlq_topic: str | None = None):
+        if on_error not in ERROR_POLICIES:
+            raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {on_error!r}")
+        if on_error == "dlq" and not dlq_topic:
+            raise ValueError("on_error='dlq' needs a dead-letter topic")
+        self.id = f"{sub_id}_{partition}"
+        self.sub_id = sub_id
+        self.partition = partition
+        self.topology = topology
+        self.stores = stores
+        self.collector = collector
+        self.on_error = on_error
+        self.dlq_topic = dlq_topic
+        self.context = ProcessorContext(self.id, stores, collector, wall_clock)
+        self.ops = topology.instantiate(sub_id, self.context)
+        self.sources = {}
+        for n in topology.subtopologies[sub_id]:
+            if n.source_topic:
+                self.sources[n.source_topic] = self.ops[n.name]
+        self.store_specs = topology.stores_of(sub_id)
+        self.positions: dict[tuple[str, int], int] = stores.read_checkpoint()
+        self.committed_positions = dict(self.positions)
+        self.dead_lettered = 0
+        self.skipped_poison = 0
+        self.processed = 0
+
+    # -- processing ---------------------------------------------------------------------------
+    def process(self, topic, partition, offset, timestamp, key, value, headers=None) -> None:
+        ctx = self.context
+        ctx.topic = topic
+        ctx.partition = partition
+        ctx.offset = offset
+        ctx.headers = headers
+        try:
+            self.sources[topic].process_bytes(key, value, timestamp)
+        except DeserializationError as exc:
+            self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
+        except RecordError as exc:
+            raise exc.with_provenance(topic, partition, offset) from exc.__cause__
+        except ProcessorError:
+            raise
+        except Exception as exc:
+            raise ProcessingError(f"{type(exc).__name__}: {exc}", topic=topic, partition=partition,
+                                  offset=offset, step=f"task {self.id}") from exc
+        self.positions[(topic, partition)] = offset + 1
+        self.processed += 1
+
+    def _poison(self, exc: RecordError, key, value, timestamp, headers) -> None:
+        if self.on_error == "fail":
+            raise exc
+        if self.on_error == "skip":
+            self.skipped_poison += 1
+            log.warning("skipped poison record (on_error=skip): %s", exc)
+            return
+        prov = [
+            ("dlq.source.topic", exc.topic.encode()),
+            ("dlq.source.partition", str(exc.partition).encode()),
+            ("dlq.source.offset", str(exc.offset).encode()),
+            ("dlq.step", str(exc.step).encode()),
+            ("dlq.error", exc.reason.encode("utf-8", "replace")),
+        ]
+        self.collector.send(self.dlq_topic, key, value, timestamp, list(headers or ()) + prov)
+        self.dead_lettered += 1
+        log.warning("dead-lettered poison record to %s: %s", self.dlq_topic, exc)
+
+    def restore(self, topic, partition, offset, timestamp, key, value) -> None:
+        """Re-apply a source-topic record to the stores it is the changelog of (no forwarding)."""
+        try:
+            self.sources[topic].restore_bytes(key, value, timestamp)
+        except DeserializationError:
+            pass  # it was dead-lettered / skipped when processed; it never reached the store
+        self.positions[(topic, partition)] = offset + 1
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def commit(self) -> dict[tuple[str, int], int]:
+        """Persist store writes and positions as one unit; returns the positions committed."""
+        pos = dict(self.positions)
+        self.stores.commit(pos)
+        self.committed_positions = pos
+        return pos
+
+    def metrics(self) -> dict[str, dict[str, int]]:
+        out = {name: m for name, op in self.ops.items() if (m := op.metrics())}
+        out["task"] = {"processed": self.processed, "dead_lettered": self.dead_lettered,
+                       "skipped_poison": self.skipped_poison}
+        return out
+
+    def close(self) -> None:
+        for op in self.ops.values():
+            op.close()
+        self.stores.close()

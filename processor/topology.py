@@ -1,0 +1,195 @@
+"""The logical graph, its optimization passes, sub-topologies and ``describe()``.
+
+A ``Topology`` is a DAG of ``LogicalNode``s built by the DSL. ``build()`` runs the named
+optimization passes (each followed by a sanity check of the graph) when optimization is on,
+then splits the graph into sub-topologies: connected components, each read from its own source
+topics; partition ``i`` of every source topic of one sub-topology belongs to task ``<sub>_<i>``.
+
+The physical side: ``instantiate(sub_id, context)`` creates fresh operator instances for one
+task, so every task (worker, test driver, backfill) runs its own copy of the same operator code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from processor.errors import TopologyError
+
+
+@dataclass(eq=False)
+class LogicalNode:
+    name: str
+    kind: str                                    # source | table-source | processor | sink
+    factory: Callable[["LogicalNode"], object]   # builds the operator for one task
+    parents: list["LogicalNode"] = field(default_factory=list)
+    children: list["LogicalNode"] = field(default_factory=list)
+    source_topic: str | None = None
+    sink_topic: str | None = None
+    stores: list[str] = field(default_factory=list)
+    value_preserving: bool = False               # forwards the value object it received
+    attrs: dict = field(default_factory=dict)
+
+    def __repr__(self):
+        return f"<{self.name}>"
+
+
+@dataclass
+class StoreSpec:
+    name: str
+    owner: str                   # node name
+    changelog_topic: str | None  # a source topic that IS the changelog (table sources), or None
+    key_serde: object = None
+    value_serde: object = None
+
+
+# Optimization passes: (name, function(topology) -> number of rewrites). Each is a separate,
+# named rewrite of the logical graph; a sanity check of the graph runs after each one.
+OPTIMIZATION_PASSES: list[tuple[str, Callable[["Topology"], int]]] = []
+
+
+class Topology:
+    def __init__(self, nodes: list[LogicalNode], stores: dict[str, StoreSpec], optimize: bool = True):
+        self.nodes = list(nodes)
+        self.stores = dict(stores)
+        self.optimize = optimize
+        self.applied_passes: list[tuple[str, int]] = []
+        self.check()
+        if optimize:
+            for name, rewrite in OPTIMIZATION_PASSES:
+                n = rewrite(self)
+                self.applied_passes.append((name, n))
+                try:
+                    self.check()
+                except TopologyError as exc:
+                    raise TopologyError(f"optimization pass {name!r} broke the topology: {exc}") from exc
+        self._mark_passthrough_sinks()
+        self.subtopologies = self._split()
+
+    # -- graph checks -------------------------------------------------------------------------
+    def check(self) -> None:
+        names = set()
+        for n in self.nodes:
+            if n.name in names:
+                raise TopologyError(f"duplicate node name {n.name!r}")
+            names.add(n.name)
+        known = set(map(id, self.nodes))
+        for n in self.nodes:
+            for c in n.children:
+                if id(c) not in known or n not in c.parents:
+                    raise TopologyError(f"edge {n.name} -> {c.name} is not symmetric or leaves the graph")
+            for p in n.parents:
+                if id(p) not in known or n not in p.children:
+                    raise TopologyError(f"edge {p.name} -> {n.name} is not symmetric or leaves the graph")
+            if n.kind in ("source", "table-source") and n.parents:
+                raise TopologyError(f"source {n.name} has parents")
+            if n.kind not in ("source", "table-source") and not n.parents:
+                raise TopologyError(f"processor {n.name} has no input")
+        topics = [n.source_topic for n in self.nodes if n.source_topic]
+        dup = {t for t in topics if topics.count(t) > 1}
+        if dup:
+            raise TopologyError(f"topic(s) {sorted(dup)} are read by more than one source; "
+                                f"read a topic once and reuse the stream/table")
+        for s in self.stores.values():
+            if s.owner not in names:
+                raise TopologyError(f"store {s.name!r} belongs to unknown node {s.owner!r}")
+
+    def _mark_passthrough_sinks(self) -> None:
+        for n in self.nodes:
+            if n.kind != "sink":
+                continue
+            cur, ok = n, True
+            while cur.kind not in ("source", "table-source"):
+                if len(cur.parents) != 1:
+                    ok = False
+                    break
+                cur = cur.parents[0]
+                if cur.kind not in ("source", "table-source") and not cur.value_preserving:
+                    ok = False
+                    break
+            n.attrs["passthrough"] = ok and n.attrs.get("value_serde") is cur.attrs.get("value_serde")
+
+    def _split(self) -> list[list[LogicalNode]]:
+        seen: dict[int, int] = {}
+        subs: list[list[LogicalNode]] = []
+        for start in self.nodes:
+            if id(start) in seen:
+                continue
+            comp, stack = [], [start]
+            seen[id(start)] = len(subs)
+            while stack:
+                n = stack.pop()
+                comp.append(n)
+                for m in n.parents + n.children:
+                    if id(m) not in seen:
+                        seen[id(m)] = len(subs)
+                        stack.append(m)
+            order = {id(n): i for i, n in enumerate(self.nodes)}
+            comp.sort(key=lambda n: order[id(n)])
+            subs.append(comp)
+        return subs
+
+    # -- queries ------------------------------------------------------------------------------
+    def source_topics(self, sub_id: int | None = None) -> list[str]:
+        subs = self.subtopologies if sub_id is None else [self.subtopologies[sub_id]]
+        return [n.source_topic for s in subs for n in s if n.source_topic]
+
+    def sink_topics(self) -> list[str]:
+        return sorted({n.sink_topic for n in self.nodes if n.sink_topic})
+
+    def subtopology_of_topic(self) -> dict[str, int]:
+        return {n.source_topic: i for i, s in enumerate(self.subtopologies) for n in s if n.source_topic}
+
+    def stores_of(self, sub_id: int) -> list[StoreSpec]:
+        names = {n.name for n in self.subtopologies[sub_id]}
+        return [s for s in self.stores.values() if s.owner in names]
+
+    def source_node(self, topic: str) -> LogicalNode:
+        for n in self.nodes:
+            if n.source_topic == topic:
+                return n
+        raise KeyError(topic)
+
+    def sink_nodes(self, topic: str) -> list[LogicalNode]:
+        return [n for n in self.nodes if n.sink_topic == topic]
+
+    # -- physical -----------------------------------------------------------------------------
+    def instantiate(self, sub_id: int, context) -> dict[str, object]:
+        """Fresh operators for one task of sub-topology ``sub_id``, wired and initialised."""
+        nodes = self.subtopologies[sub_id]
+        ops = {n.name: n.factory(n) for n in nodes}
+        for n in nodes:
+            ops[n.name].children = [ops[c.name] for c in n.children]
+        for n in nodes:
+            ops[n.name].init(context)
+        return ops
+
+    # -- describe -----------------------------------------------------------------------------
+    def describe(self) -> str:
+        lines = ["Topologies:"]
+        for i, sub in enumerate(self.subtopologies):
+            lines.append(f"   Sub-topology: {i}")
+            for n in sub:
+                if n.kind in ("source", "table-source"):
+                    head = f"    Source: {n.name} (topics: [{n.source_topic}])"
+                    if n.stores:
+                        head += f" (stores: [{', '.join(n.stores)}])"
+                elif n.kind == "sink":
+                    head = f"    Sink: {n.name} (topic: {n.sink_topic})"
+                else:
+                    head = f"    Processor: {n.name} (stores: [{', '.join(n.stores)}])"
+                lines.append(head)
+                lines.append(f"      --> {', '.join(c.name for c in n.children) or 'none'}")
+                if n.parents:
+                    lines.append(f"      <-- {', '.join(p.name for p in n.parents)}")
+        lines.append("Stores:")
+        for s in self.stores.values():
+            cl = f"changelog: source topic {s.changelog_topic}" if s.changelog_topic else "no changelog"
+            lines.append(f"    {s.name} (owner: {s.owner}; {cl})")
+        opt = "on" if self.optimize else "off"
+        applied = ", ".join(f"{n}: {c} rewrite(s)" for n, c in self.applied_passes) or "none applicable"
+        lines.append(f"Optimizations: {opt} (passes: {applied})")
+        return "\n".join(lines) + "\n"
+
+    def __repr__(self):
+        return self.describe()
