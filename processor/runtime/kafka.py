@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaException
+import logging
+import time
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from processor.errors import ConfigError
@@ -12,9 +15,14 @@ from processor.errors import ConfigError
 TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
 
 
+# librdkafka's own log lines go to Python logging instead of raw stderr.
+KAFKA_LOGGER = logging.getLogger("processor.kafka")
+
+
 def consumer_defaults(bootstrap_servers: str) -> dict:
     return {
         "bootstrap.servers": bootstrap_servers,
+        "logger": KAFKA_LOGGER,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
@@ -30,6 +38,7 @@ def consumer_defaults(bootstrap_servers: str) -> dict:
 def producer_defaults(bootstrap_servers: str) -> dict:
     return {
         "bootstrap.servers": bootstrap_servers,
+        "logger": KAFKA_LOGGER,
         "linger.ms": 5,
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 1000000,
@@ -40,7 +49,7 @@ def producer_defaults(bootstrap_servers: str) -> dict:
 
 
 def admin(bootstrap_servers: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap_servers})
+    return AdminClient({"bootstrap.servers": bootstrap_servers, "logger": KAFKA_LOGGER})
 
 
 def topic_partitions(bootstrap_servers: str, timeout_s: float = 10.0) -> dict[str, int]:
@@ -70,3 +79,35 @@ def create_topics(bootstrap_servers: str, topics: dict[str, int], exist_ok: bool
             if exist_ok and err.name() == "TOPIC_ALREADY_EXISTS":
                 continue
             raise ConfigError(f"cannot create topic {topic!r}: {err.str()}") from None
+
+
+def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> list:
+    """Every record of ``topic`` from the beginning to its current end, partition by partition
+    (a list of confluent_kafka Messages, ordered by partition then offset). Uses partition EOF,
+    not list_offsets, to find the end (list_offsets latest is wrong on some brokers)."""
+    parts = topic_partitions(bootstrap_servers).get(topic)
+    if parts is None:
+        raise ConfigError(f"topic {topic!r} does not exist on {bootstrap_servers}")
+    conf = consumer_defaults(bootstrap_servers)
+    conf["group.id"] = f"reader-{topic}-{time.time_ns()}"
+    c = Consumer(conf)
+    by_part: dict[int, list] = {p: [] for p in range(parts)}
+    try:
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(parts)])
+        done: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(done) < parts:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"reading {topic!r} did not reach the end of partitions "
+                                  f"{sorted(set(range(parts)) - done)} within {timeout_s:.0f} s")
+            for m in c.consume(1000, 0.2):
+                err = m.error()
+                if err is None:
+                    by_part[m.partition()].append(m)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    done.add(m.partition())
+                else:
+                    raise ConfigError(f"reading {topic!r}: {err.str()}")
+    finally:
+        c.close()
+    return [m for p in range(parts) for m in by_part[p]]

@@ -1,0 +1,152 @@
+"""The ``processor`` command.
+
+    processor demo [--bootstrap-servers B] [--records N]
+    processor run MODULE:ATTR --bootstrap-servers B --application-id ID --state-dir DIR
+    processor describe MODULE:ATTR
+    processor broker [--port P]
+
+Errors the user can fix (unreachable broker, missing topic, unresolvable MODULE:ATTR, bad
+input under ``--on-error fail``) print one line on stderr and exit non-zero, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import os
+import signal
+import sys
+import time
+
+from processor.errors import ConfigError, ProcessorError
+
+
+def resolve_topology(spec: str):
+    """``MODULE:ATTR`` (or ``path/to/file.py:ATTR``) -> Topology; ATTR may be a zero-argument function."""
+    from processor.topology import Topology
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"expected MODULE:ATTR, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            if not os.path.exists(module_name):
+                raise ConfigError(f"cannot load {module_name!r}: no such file")
+            loaded = importlib.util.spec_from_file_location("_processor_app", module_name)
+            module = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
+    except ImportError as exc:
+        raise ConfigError(f"cannot import module {module_name!r}: {exc}") from None
+    except Exception as exc:
+        raise ConfigError(f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, Topology):
+        if not callable(obj):
+            raise ConfigError(f"{spec} is a {type(obj).__name__}, not a Topology or a function returning one")
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise ConfigError(f"{spec}() raised {type(exc).__name__}: {exc}") from None
+        if not isinstance(obj, Topology):
+            raise ConfigError(f"{spec}() returned a {type(obj).__name__}, not a Topology")
+    return obj
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="processor", description="Kafka-native stream processor")
+    ap.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default per command)")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="run the example topology end to end (embedded local broker by default)")
+    d.add_argument("--bootstrap-servers", help="use this Kafka instead of starting the local broker")
+    d.add_argument("--records", type=int, default=2000)
+
+    r = sub.add_parser("run", help="run a topology as a consumer-group worker")
+    r.add_argument("topology", metavar="MODULE:ATTR")
+    r.add_argument("--bootstrap-servers", required=True)
+    r.add_argument("--application-id", required=True)
+    r.add_argument("--state-dir", required=True)
+    r.add_argument("--commit-interval-ms", type=int, default=1000)
+    r.add_argument("--on-error", choices=["dlq", "skip", "fail"], default="dlq",
+                   help="what to do with a record that does not deserialize (default: dlq)")
+    r.add_argument("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra librdkafka consumer setting (repeatable)")
+
+    de = sub.add_parser("describe", help="print a topology's sub-topologies, processors and stores")
+    de.add_argument("topology", metavar="MODULE:ATTR")
+
+    b = sub.add_parser("broker", help="start the local development broker (tansu) and print its address")
+    b.add_argument("--port", type=int, default=None)
+    return ap
+
+
+def _kv(pairs: list[str]) -> dict:
+    out = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        if not sep:
+            raise ConfigError(f"expected KEY=VALUE, got {p!r}")
+        out[k] = v
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    level = args.log_level or ("INFO" if args.command == "run" else "WARNING")
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # librdkafka chatter (connection retries) is noise next to our own one-line errors
+    logging.getLogger("processor.kafka").setLevel(max(logging.getLevelName(level), logging.ERROR)
+                                                  if args.command != "run" else level)
+    try:
+        if args.command == "demo":
+            from processor.demo import run_demo
+
+            return run_demo(args.bootstrap_servers, args.records)
+        if args.command == "describe":
+            print(resolve_topology(args.topology).describe(), end="")
+            return 0
+        if args.command == "run":
+            from processor.runtime.worker import Worker
+
+            topology = resolve_topology(args.topology)
+            worker = Worker(topology, args.bootstrap_servers, args.application_id, args.state_dir,
+                            commit_interval_ms=args.commit_interval_ms, on_error=args.on_error,
+                            consumer_config=_kv(args.consumer_config))
+            worker.run()
+            logging.getLogger("processor.worker").info(
+                "stopped after %d records; counters: %s", worker.records_processed, worker.metrics())
+            return 0
+        if args.command == "broker":
+            from processor.runtime.local_broker import LocalBroker
+
+            with LocalBroker(port=args.port) as broker:
+                print(broker.bootstrap_servers, flush=True)
+                stop = []
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, lambda *_: stop.append(1))
+                while not stop:
+                    time.sleep(0.2)
+            return 0
+    except ProcessorError as exc:
+        print(f"processor: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
