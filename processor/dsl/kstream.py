@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from processor.operators.filter import StreamFilter
 from processor.operators.map_values import StreamMapValues
-from processor.operators.sink import Sink
+from processor.operators.sink import PassThrough, Sink
 from processor.serde import Serdes
 from processor.topology import LogicalNode
 
@@ -35,6 +35,15 @@ class KStream:
         """``mapper(value) -> new value``; the result's serde defaults to JSON."""
         return self._then("KSTREAM-MAPVALUES", lambda n: StreamMapValues(n.name, mapper), name,
                           value_serde=value_serde or Serdes.json())
+
+    def merge(self, other: "KStream", name: str | None = None) -> "KStream":
+        """Records of both streams, each in its own order. Both sources join one sub-topology,
+        so their topics must be co-partitioned (equal partition counts)."""
+        b = self._builder
+        node = LogicalNode(name=b._name("KSTREAM-MERGE", name), kind="processor",
+                           factory=lambda n: PassThrough(n.name), value_preserving=True)
+        b._add(node, self._node, other._node)
+        return KStream(b, node, self.key_serde, self.value_serde)
 
     def to(self, topic: str, key_serde=None, value_serde=None, name: str | None = None) -> None:
         b = self._builder

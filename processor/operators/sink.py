@@ -12,6 +12,15 @@ from processor.errors import SerializationError
 from processor.operators.base import Processor
 
 
+class PassThrough(Processor):
+    """Forwards what it receives (the merge point of several parents)."""
+
+    kind = "pass-through"
+
+    def process(self, key, value, timestamp):
+        self.forward(key, value, timestamp)
+
+
 class TableToStream(Processor):
     kind = "to-stream"
 
