@@ -1,0 +1,196 @@
+"""RocksDB state: one database per task, one column family per store (rocksdict, raw bytes).
+
+Invariant: what is on disk is always the state as of one commit, together with the input
+offsets of that commit. Writes between commits stay in each store's pending map (visible to
+reads at once); ``RocksDBDatabase.commit(offsets)`` writes every store's pending writes and the
+offsets into the ``__checkpoint`` column family as ONE atomic WriteBatch. A crash therefore
+leaves state and offsets consistent, and a replayed record meets the state as of the last commit.
+
+Column families:
+  ``__meta``        ``format_version`` -> 1 byte (rejected loudly if unknown)
+  ``__checkpoint``  ``{topic}\\x00{partition}`` -> 8-byte BE next offset to process
+  ``<store>``       one per store, values in the timestamped layout (state/timestamped.py)
+
+Databases are opened with a bloom filter and a shared block cache, and reopened with all of
+their existing column families.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import rocksdict
+
+from processor.errors import StateError
+from processor.state.store import merge_sorted, prefix_upper_bound
+
+FORMAT_VERSION = 1
+_META = "__meta"
+_CHECKPOINT = "__checkpoint"
+_OFFSET = struct.Struct(">q")
+_MISSING = object()
+
+_block_cache = None
+
+
+def _options() -> rocksdict.Options:
+    global _block_cache
+    if _block_cache is None:
+        _block_cache = rocksdict.Cache(128 << 20)
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    table = rocksdict.BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    table.set_block_cache(_block_cache)
+    table.set_cache_index_and_filter_blocks(True)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+class RocksDBStore:
+    """One store: a column family plus the writes pending since the last commit."""
+
+    def __init__(self, name: str, cf):
+        self.name = name
+        self._cf = cf
+        self.pending: dict[bytes, bytes | None] = {}
+
+    def get(self, key):
+        v = self.pending.get(key, _MISSING)
+        if v is _MISSING:
+            return self._cf.get(key)
+        return v
+
+    def put(self, key, value):
+        self.pending[key] = value
+
+    def delete(self, key):
+        self.pending[key] = None
+
+    def put_all(self, entries):
+        self.pending.update(entries)
+
+    def range(self, lo=None, hi=None):
+        overlay = sorted(
+            (k, v) for k, v in self.pending.items()
+            if (lo is None or k >= lo) and (hi is None or k < hi)
+        )
+        return merge_sorted(self._base_range(lo, hi), overlay)
+
+    def _base_range(self, lo, hi):
+        ro = rocksdict.ReadOptions()
+        if hi is not None:
+            ro.set_iterate_upper_bound(hi)
+        it = self._cf.iter(ro)
+        if lo is None:
+            it.seek_to_first()
+        else:
+            it.seek(lo)
+        while it.valid():
+            yield it.key(), it.value()
+            it.next()
+
+    def prefix(self, prefix):
+        return self.range(prefix, prefix_upper_bound(prefix))
+
+    def items(self):
+        return self.range()
+
+
+class RocksDBDatabase:
+    """The database of one task. Use ``store(name)``, ``commit(offsets)``, ``close()``."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._opts = _options()
+        try:
+            existing = rocksdict.Rdict.list_cf(str(self.path)) if (self.path / "CURRENT").exists() else []
+            cfs = {name: self._opts for name in existing if name != "default"}
+            self._db = rocksdict.Rdict(str(self.path), self._opts, column_families=cfs)
+        except Exception as exc:
+            raise StateError(f"cannot open state database {self.path}: {exc}") from exc
+        self._cfs: dict[str, object] = {}
+        self.stores: dict[str, RocksDBStore] = {}
+        meta = self._cf(_META)
+        version = meta.get(b"format_version")
+        if version is None:
+            meta.put(b"format_version", bytes([FORMAT_VERSION]))
+        elif version != bytes([FORMAT_VERSION]):
+            self.close()
+            raise StateError(
+                f"state database {self.path} has format version {version[0]}, this build reads "
+                f"version {FORMAT_VERSION}; delete the directory to rebuild it from the changelog"
+            )
+
+    def _cf(self, name: str):
+        cf = self._cfs.get(name)
+        if cf is None:
+            try:
+                cf = self._db.get_column_family(name)
+            except Exception:
+                cf = self._db.create_column_family(name, self._opts)
+            self._cfs[name] = cf
+        return cf
+
+    def column_families(self) -> list[str]:
+        return rocksdict.Rdict.list_cf(str(self.path))
+
+    def store(self, name: str) -> RocksDBStore:
+        s = self.stores.get(name)
+        if s is None:
+            cf = self._cf(name)
+            s = RocksDBStore(name, cf)
+            self.stores[name] = s
+        return s
+
+    def read_checkpoint(self) -> dict[tuple[str, int], int]:
+        out = {}
+        for k, v in self._cf(_CHECKPOINT).items():
+            topic, _, part = k.decode("utf-8").rpartition("\x00")
+            out[(topic, int(part))] = _OFFSET.unpack(v)[0]
+        return out
+
+    def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Atomically persist every store's pending writes and the next offsets to process."""
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        n = 0
+        for s in self.stores.values():
+            if s.pending:
+                h = self._db.get_column_family_handle(s.name)
+                for k, v in s.pending.items():
+                    if v is None:
+                        wb.delete(k, h)
+                    else:
+                        wb.put(k, v, h)
+                n += len(s.pending)
+        if offsets:
+            self._cf(_CHECKPOINT)
+            h = self._db.get_column_family_handle(_CHECKPOINT)
+            for (topic, part), off in offsets.items():
+                wb.put(f"{topic}\x00{part}".encode("utf-8"), _OFFSET.pack(off), h)
+                n += 1
+        if n:
+            try:
+                self._db.write(wb)
+            except Exception as exc:
+                raise StateError(f"cannot write state database {self.path}: {exc}") from exc
+        for s in self.stores.values():
+            s.pending.clear()
+
+    def discard_pending(self) -> None:
+        for s in self.stores.values():
+            s.pending.clear()
+
+    def close(self) -> None:
+        for cf in self._cfs.values():
+            cf.close()
+        self._cfs.clear()
+        self.stores.clear()
+        self._db.close()
+
+    @staticmethod
+    def destroy(path: str | Path) -> None:
+        rocksdict.Rdict.destroy(str(path))
