@@ -306,9 +306,10 @@ class Worker:
                     if err.code() == _EOF:
                         self._at_eof.add((m.topic(), m.partition()))
                         continue
-                    if err.fatal() or not err.retriable():
-                        raise ConfigError(f"Kafka error: {err.str()}")
-                    log.warning("Kafka error (retrying): %s", err.str())
+                    if err.fatal():
+                        raise ConfigError(f"fatal Kafka error: {err.str()}")
+                    # librdkafka recovers from the rest itself (broker down, leader moves)
+                    log.warning("Kafka error (librdkafka retries): %s", err.str())
                     continue
                 topic = m.topic()
                 part = m.partition()
