@@ -126,6 +126,8 @@ class Task:
         return out
 
     def close(self) -> None:
-        for op in self.ops.values():
-            op.close()
-        self.stores.close()
+        try:
+            for op in self.ops.values():
+                op.close()
+        finally:
+            self.stores.close()

@@ -35,7 +35,15 @@ log = logging.getLogger("processor.worker")
 _EOF = KafkaError._PARTITION_EOF
 
 
+RESTORE_COMMIT_EVERY = 10_000
+RESTORE_STALL_S = 60.0
+
+
 class DeliveryFailed(ProcessorError):
+    pass
+
+
+class _RestoreInterrupted(Exception):
     pass
 
 
@@ -102,6 +110,7 @@ class Worker:
         self.commits = 0
         self.finished_tasks_metrics: list[dict] = []
         self._fatal: BaseException | None = None
+        self._group_offsets: dict[tuple[str, int], int] = {}
 
     # -- startup checks -----------------------------------------------------------------------
     def check_topics(self) -> dict[str, int]:
@@ -125,8 +134,12 @@ class Worker:
     # -- task management ----------------------------------------------------------------------
     def _open_task(self, sub: int, partition: int) -> Task:
         db = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
-        return Task(self.topology, sub, partition, db, self.collector, lambda: int(time.time() * 1000),
-                    on_error=self.on_error, dlq_topic=self.dlq_topic)
+        try:
+            return Task(self.topology, sub, partition, db, self.collector, lambda: int(time.time() * 1000),
+                        on_error=self.on_error, dlq_topic=self.dlq_topic)
+        except BaseException:
+            db.close()
+            raise
 
     def _on_assign(self, consumer, partitions):
         try:
@@ -140,15 +153,21 @@ class Worker:
                 task = self.tasks[(self._sub_of_topic[tp.topic], tp.partition)]
                 local = task.positions.get((tp.topic, tp.partition), 0)
                 group = max(committed.get((tp.topic, tp.partition), -1), 0)
+                self._group_offsets[(tp.topic, tp.partition)] = group
                 if local < group:
                     self._restore(task, tp.topic, tp.partition, local, group)
-                tp.offset = max(local, group) if max(local, group) > 0 else OFFSET_BEGINNING
+                start = max(local, group)
+                if start > 0:
+                    task.positions[(tp.topic, tp.partition)] = start
+                tp.offset = start if start > 0 else OFFSET_BEGINNING
                 self._assigned.add((tp.topic, tp.partition))
                 self._at_eof.discard((tp.topic, tp.partition))
             consumer.assign(partitions)
             log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in partitions))
+        except _RestoreInterrupted:
+            self._stop.set()  # stop requested mid-restore; progress so far is committed locally
         except Exception as exc:  # callbacks cannot raise into librdkafka: stop the worker instead
-            self._fatal = exc
+            self._fatal = self._fatal or exc
             self._stop.set()
 
     def _restore(self, task: Task, topic: str, partition: int, start: int, end: int) -> None:
@@ -160,6 +179,7 @@ class Worker:
         conf.update({"group.id": f"{self.application_id}-restore", "partition.assignment.strategy": "range"})
         restorer = Consumer(conf)
         n, t0, last_log = 0, time.monotonic(), time.monotonic()
+        last_progress = t0
         try:
             restorer.assign([TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)])
             done = start >= end
@@ -177,12 +197,23 @@ class Worker:
                         break
                     task.restore(topic, partition, off, m.timestamp()[1], m.key(), m.value())
                     n += 1
+                    last_progress = time.monotonic()
+                    if n % RESTORE_COMMIT_EVERY == 0:
+                        task.commit()  # bounded memory; state and position stay consistent
                     if off + 1 >= end:
                         done = True
                         break
-                if time.monotonic() - last_log > 5:
-                    last_log = time.monotonic()
-                    log.info("restoring task %s: %d records", task.id, n)
+                now = time.monotonic()
+                if self._stop.is_set():
+                    task.commit()
+                    raise _RestoreInterrupted()
+                if now - last_progress > RESTORE_STALL_S:
+                    raise ConfigError(f"restore of {topic}[{partition}] made no progress for "
+                                      f"{RESTORE_STALL_S:.0f} s at offset {task.positions.get((topic, partition))}")
+                if now - last_log > 5:
+                    last_log = now
+                    log.info("restoring task %s from %s[%d]: %d of %d records", task.id, topic, partition,
+                             n, end - start)
         finally:
             restorer.close()
         task.positions[(topic, partition)] = end
@@ -197,7 +228,7 @@ class Worker:
                 self.commit()
             self._close_tasks_for(partitions)
         except Exception as exc:
-            self._fatal = exc
+            self._fatal = self._fatal or exc
             self._stop.set()
 
     def _on_lost(self, consumer, partitions):
@@ -213,21 +244,34 @@ class Worker:
         for tp in partitions:
             self._assigned.discard((tp.topic, tp.partition))
             self._at_eof.discard((tp.topic, tp.partition))
+        errors = []
         for key in keys:
             task = self.tasks.pop(key, None)
             if task is not None:
                 self.finished_tasks_metrics.append(task.metrics())
-                task.close()
+                try:
+                    task.close()
+                except Exception as exc:  # close the others before reporting
+                    errors.append(exc)
+        if errors:
+            raise errors[0]
 
     # -- commit -------------------------------------------------------------------------------
     def commit(self) -> None:
+        """Flush outputs, then state+positions per task, then the group offsets. Never after a
+        fatal error, and never moves a group offset backwards."""
+        if self._fatal is not None:
+            return
         self.collector.flush()
         offsets = []
         for task in self.tasks.values():
             for (topic, part), off in task.commit().items():
-                offsets.append(TopicPartition(topic, part, off))
+                if off > self._group_offsets.get((topic, part), 0):
+                    offsets.append(TopicPartition(topic, part, off))
         if offsets:
             self.consumer.commit(offsets=offsets, asynchronous=False)
+            for tp in offsets:
+                self._group_offsets[(tp.topic, tp.partition)] = tp.offset
         self.commits += 1
 
     # -- main loop ----------------------------------------------------------------------------
@@ -295,6 +339,8 @@ class Worker:
         batch = self.batch_size
         while not stop.is_set():
             msgs = consumer.consume(batch, 0.1)
+            if self._fatal is not None:
+                break
             if msgs and self.first_record_at is None:
                 self.first_record_at = time.monotonic()
             n = 0

@@ -40,3 +40,43 @@ def test_restart_resumes_with_exact_output(kafka_bootstrap, unique, tmp_path, mo
     got = by_key(kafka.read_topic(kafka_bootstrap, out))
     want = driver_output_by_key(apps.filter_topology, inp, out, kafka.read_topic(kafka_bootstrap, inp))
     assert got == want
+
+
+def test_group_offset_never_moves_backwards_when_local_checkpoint_is_stale(kafka_bootstrap, unique, tmp_path):
+    """Worker with state dir A processes 0..50; another (state dir B) goes on to 100; A's stale
+    local checkpoint (50) must not pull the group's committed offset back on A's restart."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from processor import StreamsBuilder
+
+    inp, out, app = f"events-{unique}", f"copy-{unique}", f"app-{unique}"
+    kafka.create_topics(kafka_bootstrap, {inp: 1, out: 1})
+
+    def topo():
+        b = StreamsBuilder()
+        b.stream(inp).to(out)
+        return b.build()
+
+    def run(state):
+        w = Worker(topo(), kafka_bootstrap, app, tmp_path / state, consumer_config=TEST_CONSUMER_CONFIG)
+        w.run(until_drained=True, install_signal_handlers=False)
+        return w
+
+    def group_offset():
+        conf = kafka.consumer_defaults(kafka_bootstrap)
+        conf["group.id"] = app
+        c = Consumer(conf)
+        try:
+            return c.committed([TopicPartition(inp, 0)], timeout=10)[0].offset
+        finally:
+            c.close()
+
+    produce(kafka_bootstrap, inp, [(b"k", b"1")] * 50)
+    assert run("A").records_processed == 50
+    produce(kafka_bootstrap, inp, [(b"k", b"2")] * 50)
+    assert run("B").records_processed == 50
+    assert group_offset() == 100
+    again = run("A")
+    assert again.records_processed == 0
+    assert group_offset() == 100
+    assert len(kafka.read_topic(kafka_bootstrap, out)) == 100
