@@ -105,7 +105,8 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
 
         # What the same input gives in the broker-free test driver, partition by partition.
         expected: dict[str, list] = {t_big: [], t_status: []}
-        by_part = _partition_input(bootstrap_servers, t_orders)
+        input_msgs = kafka.read_topic(bootstrap_servers, t_orders)
+        by_part = _by_partition(input_msgs)
         logging.getLogger("processor.task").disabled = True  # the poison record was reported above
         for part_records in by_part:
             with TopologyTestDriver(demo_topology(t_orders, t_big, t_status), application_id=app) as d:
@@ -119,7 +120,7 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
         summary_ok = True
         for topic, serde in ((t_orders, ORDER_SERDE), (t_big, ORDER_SERDE), (t_status, Serdes.string()),
                              (dlq_topic_for(app), None)):
-            msgs = kafka.read_topic(bootstrap_servers, topic)
+            msgs = input_msgs if topic == t_orders else kafka.read_topic(bootstrap_servers, topic)
             print(f"{topic:<24}{len(msgs):>9}")
             for m in msgs[:show]:
                 key = m.key().decode("utf-8", "replace") if m.key() else None
@@ -150,8 +151,7 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
             broker.stop()
 
 
-def _partition_input(bootstrap_servers, topic):
-    msgs = kafka.read_topic(bootstrap_servers, topic)
+def _by_partition(msgs):
     parts: dict[int, list] = {}
     for m in msgs:
         parts.setdefault(m.partition(), []).append(m)

@@ -59,7 +59,6 @@ class Task:
                 self.sources[n.source_topic] = self.ops[n.name]
         self.store_specs = topology.stores_of(sub_id)
         self.positions: dict[tuple[str, int], int] = stores.read_checkpoint()
-        self.committed_positions = dict(self.positions)
         self.dead_lettered = 0
         self.skipped_poison = 0
         self.processed = 0
@@ -116,7 +115,6 @@ class Task:
         """Persist store writes and positions as one unit; returns the positions committed."""
         pos = dict(self.positions)
         self.stores.commit(pos)
-        self.committed_positions = pos
         return pos
 
     def metrics(self) -> dict[str, dict[str, int]]:

@@ -48,12 +48,14 @@ class _RestoreInterrupted(Exception):
 
 
 class KafkaCollector:
-    """Sends task output through the producer; delivery failures are collected and fatal."""
+    """Sends task output through its producer; delivery failures are collected and fatal."""
 
-    def __init__(self, producer: Producer):
-        self.producer = producer
+    def __init__(self, producer_config: dict):
         self.sent = 0
         self.errors: list[str] = []
+        # delivery reports only for failures: no per-record callback on the hot path
+        self.producer = Producer({**producer_config, "delivery.report.only.error": True,
+                                  "on_delivery": self.on_delivery_error})
 
     def send(self, topic, key, value, timestamp, headers):
         produce = self.producer.produce
@@ -107,7 +109,6 @@ class Worker:
         self.last_record_at: float | None = None
         self.records_processed = 0
         self.restored_records = 0
-        self.commits = 0
         self.finished_tasks_metrics: list[dict] = []
         self._fatal: BaseException | None = None
         self._group_offsets: dict[tuple[str, int], int] = {}
@@ -176,7 +177,7 @@ class Worker:
             return
         log.info("restoring task %s from %s[%d] offsets %d..%d", task.id, topic, partition, start, end)
         conf = kafka.consumer_defaults(self.bootstrap_servers)
-        conf.update({"group.id": f"{self.application_id}-restore", "partition.assignment.strategy": "range"})
+        conf["group.id"] = f"{self.application_id}-restore"  # assign() only; never commits
         restorer = Consumer(conf)
         n, t0, last_log = 0, time.monotonic(), time.monotonic()
         last_progress = t0
@@ -232,18 +233,17 @@ class Worker:
             self._stop.set()
 
     def _on_lost(self, consumer, partitions):
-        # Another member may own these now: drop uncommitted work, keep only what was committed.
-        for tp in partitions:
-            task = self.tasks.get((self._sub_of_topic[tp.topic], tp.partition))
-            if task is not None:
-                task.stores.discard_pending()
+        # Another member may own these now: close without committing (closing a task never
+        # writes its pending state), so only what was committed survives.
         self._close_tasks_for(partitions)
 
     def _close_tasks_for(self, partitions):
-        keys = {(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions}
         for tp in partitions:
             self._assigned.discard((tp.topic, tp.partition))
             self._at_eof.discard((tp.topic, tp.partition))
+        self._close_tasks({(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions})
+
+    def _close_tasks(self, keys):
         errors = []
         for key in keys:
             task = self.tasks.pop(key, None)
@@ -272,7 +272,6 @@ class Worker:
             self.consumer.commit(offsets=offsets, asynchronous=False)
             for tp in offsets:
                 self._group_offsets[(tp.topic, tp.partition)] = tp.offset
-        self.commits += 1
 
     # -- main loop ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -294,12 +293,8 @@ class Worker:
         assigned partition has been read to its end."""
         self._fatal = None
         self.check_topics()
-        pconf = kafka.producer_defaults(self.bootstrap_servers)
-        pconf.update({"delivery.report.only.error": True})
-        pconf.update(self._producer_config)
-        self.collector = KafkaCollector(None)
-        pconf["on_delivery"] = self.collector.on_delivery_error
-        self.collector.producer = Producer(pconf)
+        self.collector = KafkaCollector({**kafka.producer_defaults(self.bootstrap_servers),
+                                         **self._producer_config})
         cconf = kafka.consumer_defaults(self.bootstrap_servers)
         cconf.update({"group.id": self.application_id, "session.timeout.ms": 10000,
                       "heartbeat.interval.ms": 1000})
@@ -321,10 +316,7 @@ class Worker:
             try:
                 self.consumer.close()
             finally:
-                for task in list(self.tasks.values()):
-                    self.finished_tasks_metrics.append(task.metrics())
-                    task.close()
-                self.tasks.clear()
+                self._close_tasks(list(self.tasks))
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 

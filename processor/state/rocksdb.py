@@ -180,10 +180,6 @@ class RocksDBDatabase:
         for s in self.stores.values():
             s.pending.clear()
 
-    def discard_pending(self) -> None:
-        for s in self.stores.values():
-            s.pending.clear()
-
     def close(self) -> None:
         for cf in self._cfs.values():
             cf.close()

@@ -6,9 +6,10 @@ import json
 import random
 from collections import defaultdict
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from processor.runtime import kafka
+from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 
 
@@ -67,17 +68,19 @@ def driver_output_by_key(topology_factory, input_topic, output_topic, input_mess
         with TopologyTestDriver(topology_factory(), on_error="skip") as d:
             for m in parts[p]:
                 d.pipe_raw(input_topic, m.key(), m.value(), m.timestamp()[1])
-            for r in d.read_output(output_topic, key_serde=_raw, value_serde=_raw):
+            for r in d.read_output(output_topic, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()):
                 out[r.key].append((r.value, r.timestamp))
     return dict(out)
 
 
-class _Raw:
-    def serialize(self, v):
-        return v
 
-    def deserialize(self, b):
-        return b
-
-
-_raw = _Raw()
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The group's committed offset per partition (negative: none)."""
+    conf = kafka.consumer_defaults(bootstrap)
+    conf["group.id"] = group
+    c = Consumer(conf)
+    try:
+        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return {tp.partition: tp.offset for tp in tps}
+    finally:
+        c.close()

@@ -10,7 +10,8 @@ from processor.runtime import kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import by_key, driver_output_by_key, produce, table_updates
+from tests.integration.helpers import (by_key, committed_offsets, driver_output_by_key, produce,
+                                       table_updates)
 
 
 @pytest.mark.parametrize("lose_state", [False, True], ids=["same-state-dir", "state-dir-lost"])
@@ -45,8 +46,6 @@ def test_restart_resumes_with_exact_output(kafka_bootstrap, unique, tmp_path, mo
 def test_group_offset_never_moves_backwards_when_local_checkpoint_is_stale(kafka_bootstrap, unique, tmp_path):
     """Worker with state dir A processes 0..50; another (state dir B) goes on to 100; A's stale
     local checkpoint (50) must not pull the group's committed offset back on A's restart."""
-    from confluent_kafka import Consumer, TopicPartition
-
     from processor import StreamsBuilder
 
     inp, out, app = f"events-{unique}", f"copy-{unique}", f"app-{unique}"
@@ -63,13 +62,7 @@ def test_group_offset_never_moves_backwards_when_local_checkpoint_is_stale(kafka
         return w
 
     def group_offset():
-        conf = kafka.consumer_defaults(kafka_bootstrap)
-        conf["group.id"] = app
-        c = Consumer(conf)
-        try:
-            return c.committed([TopicPartition(inp, 0)], timeout=10)[0].offset
-        finally:
-            c.close()
+        return committed_offsets(kafka_bootstrap, app, inp, 1)[0]
 
     produce(kafka_bootstrap, inp, [(b"k", b"1")] * 50)
     assert run("A").records_processed == 50

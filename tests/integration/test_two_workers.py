@@ -10,11 +10,10 @@ import sys
 import threading
 import time
 
-from confluent_kafka import Consumer, TopicPartition
-
 from processor.runtime import kafka
 from tests.integration import apps
-from tests.integration.helpers import by_key, driver_output_by_key, produce, table_updates
+from tests.integration.helpers import (by_key, committed_offsets, driver_output_by_key, produce,
+                                       table_updates)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,17 +43,6 @@ def wait_for(cond, timeout, what):
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def committed(bootstrap, app, topic, parts=4) -> dict[int, int]:
-    conf = kafka.consumer_defaults(bootstrap)
-    conf["group.id"] = app
-    c = Consumer(conf)
-    try:
-        return {tp.partition: tp.offset for tp in c.committed([TopicPartition(topic, p) for p in range(parts)],
-                                                               timeout=10)}
-    finally:
-        c.close()
 
 
 def records_processed(log) -> int:
@@ -97,7 +85,7 @@ def test_two_workers_split_partitions_and_survive_sigterm(kafka_bootstrap, uniqu
         ends = {}
         for m in kafka.read_topic(kafka_bootstrap, inp):
             ends[m.partition()] = m.offset() + 1
-        wait_for(lambda: committed(kafka_bootstrap, app, inp) == ends, 90,
+        wait_for(lambda: committed_offsets(kafka_bootstrap, app, inp, 4) == ends, 90,
                  "worker B to commit the end of every partition")
         assert assigned_partitions(logs["B"]) == [0, 1, 2, 3]
         procs["B"].send_signal(signal.SIGTERM)
