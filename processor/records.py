@@ -40,6 +40,17 @@ class Change:
         return hash((repr(self.new), repr(self.old)))
 
 
+class Windowed(NamedTuple):
+    """A key of a windowed aggregate: the grouping key and its window ``[start, end)`` in ms."""
+
+    key: Any
+    start: int
+    end: int
+
+    def __repr__(self) -> str:
+        return f"[{self.key!r}@{self.start}/{self.end}]"
+
+
 class OutputRecord(NamedTuple):
     """A record read back from an output topic by the test driver."""
 

@@ -1,7 +1,9 @@
 """TopologyTestDriver: deterministic, broker-free execution of a topology.
 
 It drives the same ``Task`` code as the worker, with in-memory topics and stores, a commit after
-every input record, and a wall clock that moves only when told (``advance_wall_clock``).
+every input record, and a wall clock that moves only when told (``advance_wall_clock``, which
+runs wall-clock punctuation). ``close()`` (also on leaving a ``with`` block) flushes deferred
+emissions, as a graceful worker shutdown does; the output stays readable after it.
 Records a topology sends to one of its own source topics (internal topics) are fed back in
 before ``pipe_input`` returns, so processing is synchronous: after ``pipe_input`` returns, every
 consequence of that record is in the output topics.
@@ -14,6 +16,7 @@ from collections import defaultdict, deque
 from processor.errors import ConfigError
 from processor.records import OutputRecord
 from processor.runtime.task import Task, dlq_topic_for
+from processor.state import emitted as emitted_codec
 from processor.state import timestamped
 from processor.state.memory import MemoryStores
 
@@ -34,6 +37,7 @@ class ReadOnlyStore:
 
     def __init__(self, spec, stores: list):
         self.name = spec.name
+        self.kind = spec.kind
         self._key_serde = spec.key_serde
         self._value_serde = spec.value_serde
         self._stores = stores
@@ -46,21 +50,30 @@ class ReadOnlyStore:
                 return v
         return None
 
+    def _decode(self, raw):
+        if self.kind == "emitted":
+            e = emitted_codec.decode(raw)
+            return (None if e.value is None else self._value_serde.deserialize(e.value)), e.timestamp, e.emitted_at
+        ts, vb = timestamped.decode(raw)
+        return self._value_serde.deserialize(vb), ts
+
     def get(self, key):
+        """The value; for a last-emitted column ``(value, timestamp, emitted_at)``."""
         v = self._raw(key)
-        return None if v is None else self._value_serde.deserialize(timestamped.decode(v)[1])
+        if v is None:
+            return None
+        d = self._decode(v)
+        return d if self.kind == "emitted" else d[0]
 
     def get_with_timestamp(self, key):
         """``(value, timestamp)`` or None."""
         v = self._raw(key)
-        if v is None:
-            return None
-        ts, vb = timestamped.decode(v)
-        return self._value_serde.deserialize(vb), ts
+        return None if v is None else self._decode(v)[:2]
 
     def items(self):
+        """``[(key, value)]`` in key-byte order (last-emitted column: ``(key, (value, ts, emitted_at))``)."""
         rows = sorted((k, v) for s in self._stores for k, v in s.items())
-        return [(self._key_serde.deserialize(k), self._value_serde.deserialize(timestamped.decode(v)[1]))
+        return [(self._key_serde.deserialize(k), self._decode(v) if self.kind == "emitted" else self._decode(v)[0])
                 for k, v in rows]
 
     def __len__(self):
@@ -70,6 +83,7 @@ class ReadOnlyStore:
 class TopologyTestDriver:
     def __init__(self, topology, application_id: str = "test-app", on_error: str = "dlq",
                  initial_wall_clock_ms: int = 0):
+        topology = topology.for_application(application_id)
         self.topology = topology
         self.application_id = application_id
         self.dlq_topic = dlq_topic_for(application_id)
@@ -119,7 +133,19 @@ class TopologyTestDriver:
             task.commit()
 
     def advance_wall_clock(self, ms: int) -> None:
+        """Move the wall clock and run wall-clock punctuation (``Emit.every(n, clock="wall")``)."""
         self.wall_clock_ms += ms
+        for task in self.tasks:
+            task.punctuate_wall(self.wall_clock_ms)
+            task.commit()
+            self._drain()
+
+    def flush(self) -> None:
+        """Forward every deferred emission now, as a graceful shutdown does."""
+        for task in self.tasks:
+            task.flush()
+            task.commit()
+            self._drain()
 
     # -- output --------------------------------------------------------------------------------
     def read_output(self, topic: str, key_serde=None, value_serde=None) -> list[OutputRecord]:
@@ -155,10 +181,14 @@ class TopologyTestDriver:
         return out
 
     def close(self) -> None:
+        """Flush deferred emissions (as a graceful shutdown does) and close the tasks."""
         if not self._closed:
-            for t in self.tasks:
-                t.close()
             self._closed = True
+            try:
+                self.flush()
+            finally:
+                for t in self.tasks:
+                    t.close()
 
     def __enter__(self):
         return self

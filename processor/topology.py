@@ -5,12 +5,19 @@ optimization passes (each followed by a sanity check of the graph) when optimiza
 then splits the graph into sub-topologies: connected components, each read from its own source
 topics; partition ``i`` of every source topic of one sub-topology belongs to task ``<sub>_<i>``.
 
+Internal topics (repartition) are named ``<application-id>-<name>-repartition``. The logical
+graph knows only ``<name>-repartition``; ``for_application(application_id)`` returns a copy
+whose internal topic names are complete, which is what every host (worker, test driver) runs.
+A sub-topology boundary is exactly such a topic: its sink ends one connected component and its
+source starts another.
+
 The physical side: ``instantiate(sub_id, context)`` creates fresh operator instances for one
 task, so every task (worker, test driver, backfill) runs its own copy of the same operator code.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -41,6 +48,7 @@ class StoreSpec:
     changelog_topic: str | None  # a source topic that IS the changelog (table sources), or None
     key_serde: object = None
     value_serde: object = None
+    kind: str = "kv"             # kv | aggregate | emitted (last-emitted column) | window
 
 
 # Optimization passes: (name, function(topology) -> number of rewrites). Each is a separate,
@@ -53,6 +61,7 @@ class Topology:
         self.nodes = list(nodes)
         self.stores = dict(stores)
         self.optimize = optimize
+        self.application_id: str | None = None
         self.applied_passes: list[tuple[str, int]] = []
         self.check()
         if optimize:
@@ -129,13 +138,75 @@ class Topology:
             subs.append(comp)
         return subs
 
+    # -- application binding ------------------------------------------------------------------
+    def for_application(self, application_id: str) -> "Topology":
+        """A copy whose internal topics are named ``<application_id>-<name>``."""
+        if self.application_id == application_id:
+            return self
+        clones = {id(n): copy.copy(n) for n in self.nodes}
+        for n in self.nodes:
+            c = clones[id(n)]
+            c.parents = [clones[id(p)] for p in n.parents]
+            c.children = [clones[id(x)] for x in n.children]
+            c.attrs = dict(n.attrs)
+            base = n.attrs.get("internal_topic")
+            if base:
+                topic = f"{application_id}-{base}"
+                if n.source_topic:
+                    c.source_topic = topic
+                if n.sink_topic:
+                    c.sink_topic = topic
+        bound = Topology.__new__(Topology)
+        bound.nodes = [clones[id(n)] for n in self.nodes]
+        bound.stores = dict(self.stores)
+        bound.optimize = self.optimize
+        bound.application_id = application_id
+        bound.applied_passes = list(self.applied_passes)
+        bound.subtopologies = bound._split()
+        return bound
+
+    def internal_topics(self) -> dict[str, list[int]]:
+        """Internal topic -> the sub-topologies that write it."""
+        out: dict[str, list[int]] = {}
+        for i, sub in enumerate(self.subtopologies):
+            for n in sub:
+                if n.sink_topic and n.attrs.get("internal"):
+                    out.setdefault(n.sink_topic, []).append(i)
+        return out
+
+    def internal_topic_partitions(self, partitions: dict[str, int]) -> dict[str, int]:
+        """Partition count of each internal topic: the largest partition count among the source
+        topics of the sub-topologies that write it (as Kafka Streams), resolved through chains."""
+        writers = self.internal_topics()
+        counts: dict[str, int] = {}
+        while len(counts) < len(writers):
+            progress = False
+            for topic, subs in writers.items():
+                if topic in counts:
+                    continue
+                sources = [t for i in subs for t in self.source_topics(i)]
+                known = [counts.get(t, partitions.get(t)) if t in writers else partitions.get(t) for t in sources]
+                if all(k is not None for k in known) and known:
+                    counts[topic] = max(known)
+                    progress = True
+            if not progress:
+                missing = sorted(set(writers) - set(counts))
+                raise TopologyError(f"cannot size internal topic(s) {missing}: their writers read no "
+                                    f"topic of known size")
+        return counts
+
     # -- queries ------------------------------------------------------------------------------
     def source_topics(self, sub_id: int | None = None) -> list[str]:
         subs = self.subtopologies if sub_id is None else [self.subtopologies[sub_id]]
         return [n.source_topic for s in subs for n in s if n.source_topic]
 
-    def sink_topics(self) -> list[str]:
-        return sorted({n.sink_topic for n in self.nodes if n.sink_topic})
+    def sink_topics(self, internal: bool | None = None) -> list[str]:
+        """Sink topics; ``internal=False``: only user topics, ``True``: only internal ones."""
+        return sorted({n.sink_topic for n in self.nodes if n.sink_topic
+                       and (internal is None or bool(n.attrs.get("internal")) == internal)})
+
+    def external_source_topics(self) -> list[str]:
+        return [n.source_topic for n in self.nodes if n.source_topic and not n.attrs.get("internal")]
 
     def subtopology_of_topic(self) -> dict[str, int]:
         return {n.source_topic: i for i, s in enumerate(self.subtopologies) for n in s if n.source_topic}
@@ -178,6 +249,8 @@ class Topology:
                     head = f"    Sink: {n.name} (topic: {n.sink_topic})"
                 else:
                     head = f"    Processor: {n.name} (stores: [{', '.join(n.stores)}])"
+                    if "emit" in n.attrs:
+                        head += f" (emit: {n.attrs['emit']!r})"
                 lines.append(head)
                 lines.append(f"      --> {', '.join(c.name for c in n.children) or 'none'}")
                 if n.parents:
@@ -185,7 +258,7 @@ class Topology:
         lines.append("Stores:")
         for s in self.stores.values():
             cl = f"changelog: source topic {s.changelog_topic}" if s.changelog_topic else "no changelog"
-            lines.append(f"    {s.name} (owner: {s.owner}; {cl})")
+            lines.append(f"    {s.name} ({s.kind}; owner: {s.owner}; {cl})")
         opt = "on" if self.optimize else "off"
         applied = ", ".join(f"{n}: {c} rewrite(s)" for n, c in self.applied_passes) or "none applicable"
         lines.append(f"Optimizations: {opt} (passes: {applied})")

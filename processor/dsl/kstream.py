@@ -45,6 +45,19 @@ class KStream:
         b._add(node, self._node, other._node)
         return KStream(b, node, self.key_serde, self.value_serde)
 
+    def group_by_key(self, key_serde=None, value_serde=None):
+        """Group by the record key (no repartition: the key has not changed)."""
+        from processor.dsl.grouped import KGroupedStream
+
+        return KGroupedStream(self, None, key_serde or self.key_serde, value_serde or self.value_serde)
+
+    def group_by(self, selector, key_serde=None, value_serde=None):
+        """``selector(key, value) -> group_key``; goes through a repartition topic. The group
+        key serde defaults to string, the value serde to this stream's."""
+        from processor.dsl.grouped import KGroupedStream
+
+        return KGroupedStream(self, selector, key_serde or Serdes.string(), value_serde or self.value_serde)
+
     def to(self, topic: str, key_serde=None, value_serde=None, name: str | None = None) -> None:
         b = self._builder
         ks = key_serde or self.key_serde

@@ -41,6 +41,13 @@ class KTable:
         return self._then("KTABLE-MAPVALUES", lambda n: TableMapValues(n.name, mapper, vs), name,
                           value_serde=vs)
 
+    def group_by(self, selector, key_serde=None, value_serde=None):
+        """``selector(key, value) -> (group_key, group_value)`` (group_key None: the row is in no
+        group). Serdes of the repartition topic: key defaults to string, value to JSON."""
+        from processor.dsl.grouped import KGroupedTable
+
+        return KGroupedTable(self, selector, key_serde or Serdes.string(), value_serde or Serdes.json())
+
     def to_stream(self, name: str | None = None) -> KStream:
         b = self._builder
         node = LogicalNode(name=b._name("KTABLE-TOSTREAM", name), kind="processor",

@@ -33,6 +33,8 @@ class ProcessorContext:
         self.partition: int | None = None
         self.offset: int | None = None
         self.headers = None
+        self.sequence = 0            # internal records caused so far by the record in hand
+        self.stream_time = -1        # the task's largest record timestamp so far (-1: none yet)
         # Pass-through serialization: the value object the source deserialized, its bytes and
         # serde. A sink fed only through value-preserving steps reuses the bytes.
         self.source_value: Any = None
@@ -68,6 +70,16 @@ class Processor:
 
     def metrics(self) -> dict[str, int]:
         return {}
+
+    # Optional hooks, called by the task when a processor sets the matching flag:
+    #   punctuates_stream -> punctuate_stream(stream_time) after a record advanced stream time
+    #   punctuates_wall   -> punctuate_wall(now_ms) as the wall clock moves
+    # and flush() on graceful shutdown and partition revocation (deferred emissions go out).
+    punctuates_stream = False
+    punctuates_wall = False
+
+    def flush(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

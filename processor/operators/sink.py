@@ -4,11 +4,16 @@
 ``Sink`` serializes and hands the record to the task's collector, with the input record's
 timestamp and headers. A sink whose value reaches it only through value-preserving steps
 (filters, to_stream) reuses the source's bytes instead of serializing again.
+
+A sink to an internal topic (repartition) writes, instead of the input's headers, the
+provenance header ``processor.source`` (``processor/provenance.py``): the input record's topic,
+partition and offset and a sequence number, so the receiving task can drop replays.
 """
 
 from __future__ import annotations
 
 from processor.errors import SerializationError
+from processor import provenance
 from processor.operators.base import Processor
 
 
@@ -31,8 +36,9 @@ class TableToStream(Processor):
 class Sink(Processor):
     kind = "sink"
 
-    def __init__(self, name, topic, key_serde, value_serde, passthrough=False):
+    def __init__(self, name, topic, key_serde, value_serde, passthrough=False, internal=False):
         super().__init__(name)
+        self.internal = internal
         self.topic = topic
         self.key_serde = key_serde
         self.value_serde = value_serde
@@ -55,7 +61,19 @@ class Sink(Processor):
                 raise SerializationError(f"value serialization with {self.value_serde!r} for topic "
                                          f"{self.topic!r} failed: {type(exc).__name__}: {exc}", step=self.name) from exc
         self.records_out += 1
-        ctx.send(self.topic, kb, vb, timestamp, ctx.headers)
+        if self.internal:
+            if ctx.offset is None:  # caused by a punctuation or a flush, not by an input record
+                headers = None
+            else:
+                headers = [(provenance.HEADER, provenance.encode(ctx.topic, ctx.partition, ctx.offset,
+                                                                  ctx.sequence))]
+                ctx.sequence += 1
+            ctx.send(self.topic, kb, vb, timestamp, headers)
+        else:
+            headers = ctx.headers
+            if headers and provenance.find(headers) is not None:  # internal: not for user topics
+                headers = [h for h in headers if h[0] != provenance.HEADER]
+            ctx.send(self.topic, kb, vb, timestamp, headers)
 
     def metrics(self):
         return {"records_out": self.records_out}

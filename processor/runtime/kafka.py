@@ -43,6 +43,9 @@ def producer_defaults(bootstrap_servers: str) -> dict:
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 1000000,
         "acks": "all",
+        # Idempotence keeps each partition in send order across retries: the provenance
+        # high-water marks on internal topics rely on per-partition order.
+        "enable.idempotence": True,
         # Java's partitioner: the same key lands on the same partition as with Kafka Streams.
         "partitioner": "murmur2_random",
     }

@@ -11,6 +11,12 @@ Invariants:
   after a record has been fully processed (or dead-lettered / skipped by policy).
 - ``commit()`` persists store writes and ``positions`` as one unit. The host must flush the
   collector BEFORE calling it (outputs durable before the offsets that produced them).
+- Stream time is the largest record timestamp the task has processed; it drives windows and
+  stream-clock punctuation, and is committed with the stores (``__task`` store, ``stream_time``).
+- Records from internal topics carry a provenance header; the task keeps per (input topic,
+  source topic, source partition) the highest ``(offset, sequence)`` applied (``__task`` store,
+  committed with the state) and drops anything at or below it (``duplicates_dropped``). A
+  replay upstream therefore never changes state downstream twice (``processor/provenance.py``).
 - Poison input (a key/value that does not deserialize) follows the ``on_error`` policy:
   ``dlq`` (default) sends the original bytes to the dead-letter topic with provenance headers,
   ``skip`` counts and logs it, ``fail`` raises. Errors in user functions always fail loudly,
@@ -20,9 +26,11 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import struct
 
+from processor import provenance
 from processor.errors import DeserializationError, ProcessingError, ProcessorError, RecordError
-from processor.operators.base import ProcessorContext
+from processor.operators.base import Processor, ProcessorContext
 
 log = logging.getLogger("processor.task")
 
@@ -30,6 +38,11 @@ ERROR_POLICIES = ("dlq", "skip", "fail")
 
 # Dead-letter record headers (values UTF-8).
 DLQ_HEADERS = ("dlq.source.topic", "dlq.source.partition", "dlq.source.offset", "dlq.step", "dlq.error")
+
+
+TASK_STORE = "__task"
+_STREAM_TIME = b"stream_time"
+_TIME = struct.Struct(">q")
 
 
 def dlq_topic_for(application_id: str) -> str:
@@ -52,16 +65,29 @@ class Task:
         self.on_error = on_error
         self.dlq_topic = dlq_topic
         self.context = ProcessorContext(self.id, stores, collector, wall_clock)
+        self.task_store = stores.store(TASK_STORE)
+        raw = self.task_store.get(_STREAM_TIME)
+        self.stream_time = -1 if raw is None else _TIME.unpack(raw)[0]
+        self._committed_stream_time = self.stream_time
+        self.context.stream_time = self.stream_time
         self.ops = topology.instantiate(sub_id, self.context)
         self.sources = {}
+        self.internal_topics = set()
         for n in topology.subtopologies[sub_id]:
             if n.source_topic:
                 self.sources[n.source_topic] = self.ops[n.name]
+                if n.attrs.get("internal"):
+                    self.internal_topics.add(n.source_topic)
+        ops = list(self.ops.values())
+        self._stream_punctuators = [op for op in ops if op.punctuates_stream]
+        self._wall_punctuators = [op for op in ops if op.punctuates_wall]
+        self._flushers = [op for op in ops if type(op).flush is not Processor.flush]
         self.store_specs = topology.stores_of(sub_id)
         self.positions: dict[tuple[str, int], int] = stores.read_checkpoint()
         self.dead_lettered = 0
         self.skipped_poison = 0
         self.processed = 0
+        self.duplicates_dropped = 0
 
     # -- processing ---------------------------------------------------------------------------
     def process(self, topic, partition, offset, timestamp, key, value, headers=None) -> None:
@@ -70,9 +96,26 @@ class Task:
         ctx.partition = partition
         ctx.offset = offset
         ctx.headers = headers
+        ctx.sequence = 0
+        mark = None
+        previous_time = self.stream_time
         try:
+            if topic in self.internal_topics:
+                mark = self._check_provenance(topic, headers)
+                if mark is False:
+                    self.duplicates_dropped += 1
+                    self.positions[(topic, partition)] = offset + 1
+                    return
+            if timestamp > self.stream_time:
+                self.stream_time = ctx.stream_time = timestamp
             self.sources[topic].process_bytes(key, value, timestamp)
+            if mark is not None:
+                self.task_store.put(*mark)
+            if self.stream_time > previous_time:
+                for op in self._stream_punctuators:
+                    op.punctuate_stream(self.stream_time)
         except DeserializationError as exc:
+            self.stream_time = ctx.stream_time = previous_time
             self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
         except RecordError as exc:
             raise exc.with_provenance(topic, partition, offset) from exc.__cause__
@@ -83,6 +126,50 @@ class Task:
                                   offset=offset, step=f"task {self.id}") from exc
         self.positions[(topic, partition)] = offset + 1
         self.processed += 1
+
+    def _check_provenance(self, topic, headers):
+        """``False`` for a record already applied; else the high-water mark entry to write once
+        it is processed (None when the record carries no provenance)."""
+        raw = provenance.find(headers)
+        if raw is None:
+            return None
+        try:
+            src = provenance.decode(raw)
+        except ValueError as exc:
+            raise DeserializationError(f"bad {provenance.HEADER} header: {exc}", step=f"task {self.id}") from exc
+        mk = provenance.mark_key(topic, src.topic, src.partition)
+        seen = self.task_store.get(mk)
+        if seen is not None and (src.offset, src.sequence) <= provenance.decode_mark(seen):
+            return False
+        return mk, provenance.encode_mark(src.offset, src.sequence)
+
+    def _outside_record(self, what: str, fn) -> None:
+        """Run a punctuation or flush: no input record is in hand."""
+        ctx = self.context
+        ctx.topic = ctx.partition = ctx.offset = ctx.headers = None
+        ctx.source_value = ctx.source_value_bytes = ctx.source_value_serde = None
+        try:
+            fn()
+        except ProcessorError:
+            raise
+        except Exception as exc:
+            raise ProcessingError(f"{type(exc).__name__}: {exc}", step=f"task {self.id} {what}") from exc
+
+    def punctuate_wall(self, now_ms: int) -> None:
+        """Wall-clock punctuation (worker: every loop; driver: ``advance_wall_clock``)."""
+        if self._wall_punctuators:
+            def run():
+                for op in self._wall_punctuators:
+                    op.punctuate_wall(now_ms)
+            self._outside_record("wall-clock punctuation", run)
+
+    def flush(self) -> None:
+        """Forward every deferred emission (graceful shutdown, partition revocation)."""
+        if self._flushers:
+            def run():
+                for op in self._flushers:
+                    op.flush()
+            self._outside_record("flush", run)
 
     def _poison(self, exc: RecordError, key, value, timestamp, headers) -> None:
         if self.on_error == "fail":
@@ -114,13 +201,16 @@ class Task:
     def commit(self) -> dict[tuple[str, int], int]:
         """Persist store writes and positions as one unit; returns the positions committed."""
         pos = dict(self.positions)
+        if self.stream_time != self._committed_stream_time:
+            self.task_store.put(_STREAM_TIME, _TIME.pack(self.stream_time))
+            self._committed_stream_time = self.stream_time
         self.stores.commit(pos)
         return pos
 
     def metrics(self) -> dict[str, dict[str, int]]:
         out = {name: m for name, op in self.ops.items() if (m := op.metrics())}
         out["task"] = {"processed": self.processed, "dead_lettered": self.dead_lettered,
-                       "skipped_poison": self.skipped_poison}
+                       "skipped_poison": self.skipped_poison, "duplicates_dropped": self.duplicates_dropped}
         return out
 
     def close(self) -> None:

@@ -12,12 +12,21 @@ group's committed offset and its local checkpoint; when the local state is behin
 (the partition was processed elsewhere), its stores are caught up from their changelog (for a
 table source, the source topic itself) before processing resumes.
 
-Stop: SIGTERM/SIGINT finish the record in hand, commit, close stores and return.
+Internal topics (repartition) are created at start-up with the partition count of the topics
+their writers read, before any record could auto-create them on a broker that does that.
+
+Stop: SIGTERM/SIGINT finish the record in hand, flush deferred emissions (``Emit.every``),
+commit, close stores and return. Revoked partitions are flushed and committed before they go.
+
+Test hook: with ``PROCESSOR_TEST_KILL_BEFORE_COMMIT=N`` the worker SIGKILLs itself at its N-th
+commit with new records, after the outputs were forwarded and flushed to Kafka and before any
+state or offset is committed (the crash window emit-on-change must survive).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -88,6 +97,7 @@ class Worker:
                  *, commit_interval_ms: int = 1000, on_error: str = "dlq",
                  consumer_config: dict | None = None, producer_config: dict | None = None,
                  batch_size: int = 1000, startup_timeout_s: float = 10.0):
+        topology = topology.for_application(application_id)
         self.topology = topology
         self.bootstrap_servers = bootstrap_servers
         self.application_id = application_id
@@ -112,16 +122,34 @@ class Worker:
         self.finished_tasks_metrics: list[dict] = []
         self._fatal: BaseException | None = None
         self._group_offsets: dict[tuple[str, int], int] = {}
+        self._wall_punctuation = any(
+            (e := n.attrs.get("emit")) is not None and e.mode == "every" and e.clock == "wall"
+            for n in topology.nodes)
+        kill = os.environ.get("PROCESSOR_TEST_KILL_BEFORE_COMMIT")
+        self._kill_at_commit = int(kill) if kill else None
+        self._commits_with_records = 0
+        self._processed_at_last_commit = 0
 
     # -- startup checks -----------------------------------------------------------------------
     def check_topics(self) -> dict[str, int]:
         """Refuse to start, with one clear message, on a missing topic or a partition mismatch."""
         parts = kafka.topic_partitions(self.bootstrap_servers, self.startup_timeout_s)
-        missing = [t for t in self.topology.source_topics() + self.topology.sink_topics() if t not in parts]
+        topo = self.topology
+        missing = [t for t in topo.external_source_topics() + topo.sink_topics(internal=False) if t not in parts]
         if missing:
             raise ConfigError(f"topic(s) {', '.join(sorted(set(missing)))} do not exist on "
                               f"{self.bootstrap_servers}; create them before starting "
                               f"application {self.application_id!r}")
+        wanted = topo.internal_topic_partitions(parts)
+        for t, n in wanted.items():
+            if t in parts and parts[t] != n:
+                raise ConfigError(f"internal topic {t} has {parts[t]} partitions, but application "
+                                  f"{self.application_id!r} needs {n} (the partition count of its input); "
+                                  f"delete it or reset the application")
+        create = {t: n for t, n in wanted.items() if t not in parts}
+        if create:
+            kafka.create_topics(self.bootstrap_servers, create)
+            parts.update(create)
         for i in range(len(self.topology.subtopologies)):
             counts = {t: parts[t] for t in self.topology.source_topics(i)}
             if len(set(counts.values())) > 1:
@@ -156,7 +184,15 @@ class Worker:
                 group = max(committed.get((tp.topic, tp.partition), -1), 0)
                 self._group_offsets[(tp.topic, tp.partition)] = group
                 if local < group:
-                    self._restore(task, tp.topic, tp.partition, local, group)
+                    if self._unrestorable(task):
+                        # Stores with no changelog yet (aggregates): rebuild them by reprocessing
+                        # from the local checkpoint; downstream sees those emissions again.
+                        log.warning("task %s: local state of %s[%d] is at %d, the group at %d; "
+                                    "reprocessing to rebuild stores that have no changelog",
+                                    task.id, tp.topic, tp.partition, local, group)
+                        group = local
+                    else:
+                        self._restore(task, tp.topic, tp.partition, local, group)
                 start = max(local, group)
                 if start > 0:
                     task.positions[(tp.topic, tp.partition)] = start
@@ -170,6 +206,10 @@ class Worker:
         except Exception as exc:  # callbacks cannot raise into librdkafka: stop the worker instead
             self._fatal = self._fatal or exc
             self._stop.set()
+
+    @staticmethod
+    def _unrestorable(task: Task) -> bool:
+        return any(s.changelog_topic is None for s in task.store_specs)
 
     def _restore(self, task: Task, topic: str, partition: int, start: int, end: int) -> None:
         """Bring the stores whose changelog is ``topic`` from offset ``start`` up to ``end``."""
@@ -226,6 +266,10 @@ class Worker:
     def _on_revoke(self, consumer, partitions):
         try:
             if not self._closing:
+                for key in {(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions}:
+                    task = self.tasks.get(key)
+                    if task is not None and self._fatal is None:
+                        task.flush()
                 self.commit()
             self._close_tasks_for(partitions)
         except Exception as exc:
@@ -263,6 +307,12 @@ class Worker:
         if self._fatal is not None:
             return
         self.collector.flush()
+        if self._kill_at_commit is not None and self.records_processed > self._processed_at_last_commit:
+            self._commits_with_records += 1
+            if self._commits_with_records >= self._kill_at_commit:
+                log.warning("test hook: SIGKILL after forwarding, before committing")
+                os.kill(os.getpid(), signal.SIGKILL)
+        self._processed_at_last_commit = self.records_processed
         offsets = []
         for task in self.tasks.values():
             for (topic, part), off in task.commit().items():
@@ -310,6 +360,8 @@ class Worker:
             self._loop(until_drained, max_seconds)
             if self._fatal is not None:
                 raise self._fatal
+            for task in self.tasks.values():
+                task.flush()
             self.commit()
         finally:
             self._closing = True
@@ -361,6 +413,10 @@ class Worker:
             if n:
                 self.records_processed += n
                 self.last_record_at = time.monotonic()
+            if self._wall_punctuation:
+                now_ms = int(time.time() * 1000)
+                for task in tasks.values():
+                    task.punctuate_wall(now_ms)
             now = time.monotonic()
             if now - last_commit >= self.commit_interval_s:
                 self.commit()

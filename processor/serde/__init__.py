@@ -179,3 +179,10 @@ class Serdes:
     @staticmethod
     def avro(schema, schema_id: int | None = None) -> AvroSerde:
         return AvroSerde(schema, schema_id)
+
+    @staticmethod
+    def windowed(inner: Serde, size_ms: int):
+        """Keys of a windowed aggregate: ``{inner key bytes}{8-byte BE window start}``."""
+        from processor.serde.windowed import WindowedSerde
+
+        return WindowedSerde(inner, size_ms)

@@ -1,0 +1,201 @@
+"""Grouped tables and streams: ``count``, ``reduce``, ``aggregate``, ``windowed_by``.
+
+Each aggregation creates its store ``<name>`` and the last-emitted column ``<name>.emitted``
+(``name`` defaults to ``KTABLE-AGGREGATE-STATE-STORE-<index>``). When grouping changes the key,
+the records first go through the internal topic ``<application-id>-<name>-repartition``, which
+starts a new sub-topology. Emission is a policy, ``emit=`` (default ``Emit.on_change()``).
+"""
+
+from __future__ import annotations
+
+from processor.dsl.emit import Emit
+from processor.errors import TopologyError
+from processor.operators.aggregate import StreamAggregate, TableAggregate, WindowedStreamAggregate
+from processor.operators.group_by import StreamGroupBy, TableGroupBy
+from processor.operators.sink import Sink
+from processor.operators.source import StreamSource
+from processor.serde import Serdes
+from processor.serde.change import ChangeSerde
+from processor.state.window_key import WindowStoreKeySerde
+from processor.topology import LogicalNode, StoreSpec
+
+
+def _check_emit(emit, windowed: bool) -> Emit:
+    emit = emit or Emit.on_change()
+    if not isinstance(emit, Emit):
+        raise TopologyError(f"emit= takes an Emit policy (Emit.on_change(), ...), not {emit!r}")
+    if emit.mode == "on_window_close" and not windowed:
+        raise TopologyError("Emit.on_window_close() needs a windowed aggregation "
+                            "(group_by_key().windowed_by(TimeWindows.of(...)))")
+    return emit
+
+
+def _count_init():
+    return 0
+
+
+def _count_add(key, value, agg):
+    return agg + 1
+
+
+def _count_sub(key, value, agg):
+    return agg - 1
+
+
+def _repartition(builder, parent: LogicalNode, select: LogicalNode, store: str, key_serde, value_serde):
+    """select -> sink(<store>-repartition) | source(<store>-repartition); returns the source node."""
+    b = builder
+    topic = f"{store}-repartition"
+    b._add(select, parent)
+    sink = LogicalNode(
+        name=b._name("KSTREAM-SINK"), kind="sink", sink_topic=topic,
+        factory=lambda n: Sink(n.name, n.sink_topic, n.attrs["key_serde"], n.attrs["value_serde"], internal=True),
+        attrs={"key_serde": key_serde, "value_serde": value_serde, "internal": True, "internal_topic": topic},
+    )
+    b._add(sink, select)
+    source = LogicalNode(
+        name=b._name("KSTREAM-SOURCE"), kind="source", source_topic=topic,
+        factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs["key_serde"], n.attrs["value_serde"]),
+        attrs={"key_serde": key_serde, "value_serde": value_serde, "internal": True, "internal_topic": topic},
+    )
+    b._add(source)
+    return source
+
+
+def _aggregate_node(builder, parent, name, store, key_serde, value_serde, factory, store_key_serde=None):
+    b = builder
+    node = LogicalNode(name=b._name("KTABLE-AGGREGATE", name), kind="processor", factory=factory,
+                       stores=[store, store + ".emitted"])
+    b._add(node, parent)
+    b._add_store(StoreSpec(store, node.name, None, store_key_serde or key_serde, value_serde,
+                           kind="window" if store_key_serde else "aggregate"))
+    b._add_store(StoreSpec(store + ".emitted", node.name, None, store_key_serde or key_serde, value_serde,
+                           kind="emitted"))
+    return node
+
+
+class KGroupedTable:
+    """``table.group_by(selector)``: ``selector(key, value) -> (group_key, group_value)``."""
+
+    def __init__(self, table, selector, key_serde, value_serde):
+        self._table = table
+        self._selector = selector
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+
+    def _build(self, kind, initializer, adder, subtractor, emit, name, value_serde):
+        from processor.dsl.ktable import KTable
+
+        emit = _check_emit(emit, windowed=False)
+        b = self._table._builder
+        store = name or f"KTABLE-AGGREGATE-STATE-STORE-{b._index:010d}"
+        if store in b._stores:
+            raise TopologyError(f"store name {store!r} is used twice")
+        ks = self.key_serde
+        select = LogicalNode(name=b._name("KTABLE-SELECT"), kind="processor",
+                             factory=lambda n: TableGroupBy(n.name, self._selector, ks))
+        source = _repartition(b, self._table._node, select, store, ks, ChangeSerde(self.value_serde))
+        node = _aggregate_node(
+            b, source, None, store, ks, value_serde,
+            lambda n: TableAggregate(n.name, store, ks, value_serde, emit, initializer, adder, subtractor))
+        node.attrs.update(kind=kind, emit=emit)
+        return KTable(b, node, ks, value_serde, store_name=store)
+
+    def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
+        """Rows per group; stays 0 (not deleted) when the last row leaves, as in Kafka Streams."""
+        return self._build("count", _count_init, _count_add, _count_sub, emit, name, value_serde or Serdes.json())
+
+    def reduce(self, adder, subtractor, emit: Emit | None = None, name: str | None = None, value_serde=None):
+        """``adder(agg, value)``, ``subtractor(agg, value)``; a None result deletes the group."""
+        return self._build("reduce", None, adder, subtractor, emit, name, value_serde or self.value_serde)
+
+    def aggregate(self, initializer, adder, subtractor, emit: Emit | None = None, name: str | None = None,
+                  value_serde=None):
+        """``initializer()``, ``adder(key, value, agg)``, ``subtractor(key, value, agg)``; the
+        value serde defaults to JSON; a None result deletes the group."""
+        return self._build("aggregate", initializer, adder, subtractor, emit, name, value_serde or Serdes.json())
+
+
+class KGroupedStream:
+    """``stream.group_by_key()`` or ``stream.group_by(selector)`` (then through a repartition topic)."""
+
+    def __init__(self, stream, selector, key_serde, value_serde):
+        self._stream = stream
+        self._selector = selector   # None: group by the existing key, no repartition
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+
+    def _input(self, store):
+        b = self._stream._builder
+        if self._selector is None:
+            return self._stream._node
+        select = LogicalNode(name=b._name("KSTREAM-KEY-SELECT"), kind="processor",
+                             factory=lambda n: StreamGroupBy(n.name, self._selector))
+        return _repartition(b, self._stream._node, select, store, self.key_serde, self.value_serde)
+
+    def _build(self, kind, initializer, aggregator, emit, name, value_serde, windows=None):
+        from processor.dsl.ktable import KTable
+
+        emit = _check_emit(emit, windowed=windows is not None)
+        b = self._stream._builder
+        store = name or f"KTABLE-AGGREGATE-STATE-STORE-{b._index:010d}"
+        if store in b._stores:
+            raise TopologyError(f"store name {store!r} is used twice")
+        parent = self._input(store)
+        ks = self.key_serde
+        if windows is None:
+            node = _aggregate_node(
+                b, parent, None, store, ks, value_serde,
+                lambda n: StreamAggregate(n.name, store, ks, value_serde, emit, initializer, aggregator))
+            table_key_serde = ks
+        else:
+            node = _aggregate_node(
+                b, parent, None, store, ks, value_serde,
+                lambda n: WindowedStreamAggregate(n.name, store, ks, value_serde, emit, initializer,
+                                                  aggregator, windows),
+                store_key_serde=WindowStoreKeySerde(ks, windows.size_ms))
+            table_key_serde = Serdes.windowed(ks, windows.size_ms)
+            node.attrs["windows"] = windows
+        node.attrs.update(kind=kind, emit=emit)
+        return KTable(b, node, table_key_serde, value_serde, store_name=store)
+
+    def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
+        return self._build("count", _count_init, _count_add, emit, name, value_serde or Serdes.json())
+
+    def reduce(self, reducer, emit: Emit | None = None, name: str | None = None, value_serde=None):
+        """``reducer(agg, value)``; the first value of a key is its aggregate."""
+        return self._build("reduce", None, reducer, emit, name, value_serde or self.value_serde)
+
+    def aggregate(self, initializer, aggregator, emit: Emit | None = None, name: str | None = None,
+                  value_serde=None):
+        """``initializer()``, ``aggregator(key, value, agg)``; the value serde defaults to JSON."""
+        return self._build("aggregate", initializer, aggregator, emit, name, value_serde or Serdes.json())
+
+    def windowed_by(self, windows) -> "TimeWindowedKStream":
+        from processor.dsl.windows import TimeWindows
+
+        if not isinstance(windows, TimeWindows):
+            raise TopologyError(f"windowed_by takes TimeWindows.of(size)..., not {windows!r}")
+        return TimeWindowedKStream(self, windows)
+
+
+class TimeWindowedKStream:
+    """Tumbling (``TimeWindows.of(size)``) or hopping (``.advance_by(step)``) windows, with
+    ``.grace(ms)``; the result table's keys are ``Windowed(key, start, end)``."""
+
+    def __init__(self, grouped: KGroupedStream, windows):
+        self._grouped = grouped
+        self.windows = windows
+
+    def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
+        return self._grouped._build("count", _count_init, _count_add, emit, name,
+                                    value_serde or Serdes.json(), self.windows)
+
+    def reduce(self, reducer, emit: Emit | None = None, name: str | None = None, value_serde=None):
+        return self._grouped._build("reduce", None, reducer, emit, name,
+                                    value_serde or self._grouped.value_serde, self.windows)
+
+    def aggregate(self, initializer, aggregator, emit: Emit | None = None, name: str | None = None,
+                  value_serde=None):
+        return self._grouped._build("aggregate", initializer, aggregator, emit, name,
+                                    value_serde or Serdes.json(), self.windows)

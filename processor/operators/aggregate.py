@@ -1,0 +1,238 @@
+"""Aggregations: grouped tables and grouped streams, plain and windowed.
+
+Invariant: the store ``<store>`` holds, per group key (per window and key for windowed
+aggregates), the current aggregate's bytes and the timestamp of its last REAL change; an update
+that leaves the bytes unchanged writes nothing and keeps that timestamp (KIP-557). What is
+forwarded, and when, is decided by the aggregate's emission policy (``operators/emission.py``)
+against the last-emitted column ``<store>.emitted``.
+
+Table aggregation (``KGroupedTable``): a ``Change(new, old)`` for a group subtracts ``old`` and
+adds ``new`` in one step, as Kafka Streams' KTableAggregate: the subtractor runs only when the
+group has an aggregate, the initializer only when it has none. An aggregate (or a reduce) whose
+result is None is deleted. ``count`` is an aggregate that stays at 0 when its last row leaves,
+as in Kafka Streams.
+
+Stream aggregation (``KGroupedStream``): records with a null key or value are skipped and
+counted (``skipped_null``), as in Kafka Streams.
+
+Windowed aggregation (``TimeWindowedKStream``): a record at ``ts`` updates every window
+``[start, start + size)`` that contains it (starts are multiples of the advance, never negative).
+A window is closed once stream time (the task's largest timestamp so far, including this record)
+reaches ``end + grace``; a record for a closed window is not applied to it and, when all of its
+windows are closed, counted in ``late_records_dropped``. Closed windows are emitted (under
+``Emit.on_window_close``; a deferred ``Emit.every`` emission goes out first) and then purged from
+both columns.
+"""
+
+from __future__ import annotations
+
+from processor.errors import ProcessorError
+from processor.operators.base import Processor
+from processor.operators.emission import AggregateEmitter
+from processor.records import Windowed
+from processor.state import timestamped
+from processor.state import window_key
+
+TS = timestamped.TIMESTAMP_SIZE
+
+
+class _Aggregate(Processor):
+    kind = "aggregate"
+
+    def __init__(self, name, store_name, key_serde, value_serde, emit):
+        super().__init__(name)
+        self.store_name = store_name
+        self.key_serde = key_serde
+        self.value_serde = value_serde
+        self.emit = emit
+        self.records_in = 0
+        self.store = None
+        self.emitter = None
+        self.punctuates_stream = emit.mode == "every" and emit.clock == "stream"
+        self.punctuates_wall = emit.mode == "every" and emit.clock == "wall"
+
+    def init(self, context):
+        super().init(context)
+        self.store = context.get_store(self.store_name)
+        if self.emit.mode == "every" and self.emit.clock == "wall":
+            clock = context.wall_clock
+        else:
+            clock = lambda: context.stream_time  # noqa: E731
+        self.emitter = AggregateEmitter(self.emit, self.store, context.get_store(self.store_name + ".emitted"),
+                                        self.value_serde, self._key_of, self.forward, clock)
+
+    def _key_of(self, kb):
+        return self.key_serde.deserialize(kb)
+
+    def _current(self, kb):
+        raw = self.store.get(kb)
+        return raw, (None if raw is None else self.value_serde.deserialize(raw[TS:]))
+
+    def _put(self, kb, raw, new_value, ts) -> None:
+        """Store the new aggregate (None: delete) and let the emission policy see the update."""
+        if new_value is None:
+            new_bytes = None
+        else:
+            try:
+                new_bytes = self.value_serde.serialize(new_value)
+            except Exception as exc:
+                raise ProcessorError(f"aggregate value {new_value!r} does not serialize with "
+                                     f"{self.value_serde!r}: {type(exc).__name__}: {exc}") from exc
+        old_bytes = None if raw is None else raw[TS:]
+        if new_bytes != old_bytes:
+            if new_bytes is None:
+                self.store.delete(kb)
+            else:
+                self.store.put(kb, timestamped.encode(ts, new_bytes))
+        self.emitter.updated(kb, new_bytes, ts)
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise self.user_error(fn, exc) from exc
+
+    def punctuate_stream(self, stream_time: int) -> None:
+        self.emitter.punctuate(stream_time)
+
+    def punctuate_wall(self, now: int) -> None:
+        self.emitter.punctuate(now)
+
+    def flush(self) -> None:
+        self.emitter.flush()
+
+    def metrics(self):
+        return {"records_in": self.records_in, **self.emitter.metrics()}
+
+
+class TableAggregate(_Aggregate):
+    """``KGroupedTable.aggregate/reduce/count``: input ``Change(new, old)`` per group key.
+
+    ``initializer`` None means reduce: the first value is the aggregate, and adder/subtractor
+    take ``(agg, value)``; otherwise they take ``(key, value, agg)``.
+    """
+
+    def __init__(self, name, store_name, key_serde, value_serde, emit, initializer, adder, subtractor):
+        super().__init__(name, store_name, key_serde, value_serde, emit)
+        self.initializer = initializer
+        self.adder = adder
+        self.subtractor = subtractor
+
+    def process(self, key, change, timestamp):
+        self.records_in += 1
+        kb = self.key_serde.serialize(key)
+        raw, agg = self._current(kb)
+        reduce = self.initializer is None
+        if change.old is not None and agg is not None:
+            agg = (self._call(self.subtractor, agg, change.old) if reduce
+                   else self._call(self.subtractor, key, change.old, agg))
+        if change.new is not None:
+            if agg is None:
+                agg = (change.new if reduce
+                       else self._call(self.adder, key, change.new, self._call(self.initializer)))
+            else:
+                agg = (self._call(self.adder, agg, change.new) if reduce
+                       else self._call(self.adder, key, change.new, agg))
+        self._put(kb, raw, agg, timestamp)
+
+
+class StreamAggregate(_Aggregate):
+    """``KGroupedStream.aggregate/reduce/count``: input plain values per group key."""
+
+    def __init__(self, name, store_name, key_serde, value_serde, emit, initializer, aggregator):
+        super().__init__(name, store_name, key_serde, value_serde, emit)
+        self.initializer = initializer
+        self.aggregator = aggregator
+        self.skipped_null = 0
+
+    def _next(self, key, value, agg):
+        if self.initializer is None:  # reduce
+            return value if agg is None else self._call(self.aggregator, agg, value)
+        if agg is None:
+            agg = self._call(self.initializer)
+        return self._call(self.aggregator, key, value, agg)
+
+    def process(self, key, value, timestamp):
+        if key is None or value is None:
+            self.skipped_null += 1
+            return
+        self.records_in += 1
+        kb = self.key_serde.serialize(key)
+        raw, agg = self._current(kb)
+        self._put(kb, raw, self._next(key, value, agg), timestamp)
+
+    def metrics(self):
+        return {**super().metrics(), "skipped_null": self.skipped_null}
+
+
+class WindowedStreamAggregate(StreamAggregate):
+    """``TimeWindowedKStream.aggregate/reduce/count``: one aggregate per (window, key)."""
+
+    def __init__(self, name, store_name, key_serde, value_serde, emit, initializer, aggregator, windows):
+        super().__init__(name, store_name, key_serde, value_serde, emit, initializer, aggregator)
+        self.size = windows.size_ms
+        self.advance = windows.advance_ms
+        self.grace = windows.grace_ms
+        self.punctuates_stream = True  # windows close on stream time
+        self.late_records_dropped = 0
+        self.windows_closed = 0
+        self._earliest_start: int | None = None
+
+    def init(self, context):
+        super().init(context)
+        first = next(iter(self.store.items()), None)
+        self._earliest_start = None if first is None else window_key.decode(first[0])[0]
+
+    def _key_of(self, wk):
+        start, kb = window_key.decode(wk)
+        return Windowed(self.key_serde.deserialize(kb), start, start + self.size)
+
+    def process(self, key, value, timestamp):
+        if key is None or value is None:
+            self.skipped_null += 1
+            return
+        self.records_in += 1
+        kb = self.key_serde.serialize(key)
+        stream_time = self.context.stream_time
+        first = max(0, timestamp - self.size + self.advance) // self.advance * self.advance
+        applied = False
+        for start in range(first, timestamp + 1, self.advance):
+            if start + self.size + self.grace <= stream_time:
+                continue  # this window is closed
+            if not start <= timestamp < start + self.size:
+                continue
+            wk = window_key.encode(start, kb)
+            raw, agg = self._current(wk)
+            self._put(wk, raw, self._next(key, value, agg), timestamp)
+            if self._earliest_start is None or start < self._earliest_start:
+                self._earliest_start = start
+            applied = True
+        if not applied:
+            self.late_records_dropped += 1
+
+    def punctuate_stream(self, stream_time: int) -> None:
+        if self.emit.mode == "every" and self.emit.clock == "stream":
+            self.emitter.punctuate(stream_time)
+        self._close_windows(stream_time)
+
+    def _close_windows(self, stream_time: int) -> None:
+        if self._earliest_start is None or self._earliest_start + self.size + self.grace > stream_time:
+            return
+        # windows with start + size + grace <= stream_time, i.e. start < stream_time - size - grace + 1
+        bound = window_key.start_bound(stream_time - self.size - self.grace + 1)
+        closed = list(self.store.range(None, bound))
+        final = self.emit.mode == "on_window_close"
+        for wk, raw in closed:
+            if final:
+                self.emitter.window_closed(wk, raw[TS:], timestamped.timestamp_of(raw))
+            else:
+                self.emitter.emit_pending(wk)
+            self.store.delete(wk)
+            self.emitter.forget(wk)
+        self.windows_closed += len(closed)
+        nxt = next(iter(self.store.range(bound, None)), None)
+        self._earliest_start = None if nxt is None else window_key.decode(nxt[0])[0]
+
+    def metrics(self):
+        return {**super().metrics(), "late_records_dropped": self.late_records_dropped,
+                "windows_closed": self.windows_closed}

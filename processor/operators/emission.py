@@ -1,0 +1,175 @@
+"""Emission control of one aggregate: the last-emitted column and the ``Emit`` policy.
+
+Invariant: ``<store>.emitted`` holds, per key, exactly what was last forwarded for it (bytes,
+the timestamp it carried, when it was emitted). A policy compares the key's current value bytes
+with those bytes and never forwards a no-op (except ``Emit.on_update()``, the explicit opt-out).
+Both columns live in the task's stores and are committed with the input offsets as one unit, so
+a record replayed after a crash meets the last-emitted column as of the last commit and its
+emission happens again: a crash can duplicate an emission, never lose one (the replay bug that
+made Kafka Streams turn KIP-557's emit-on-change off).
+
+Policies (see ``processor.dsl.emit``):
+  ``on_update``        forward ``Change(new, last_emitted)`` for every update
+  ``on_change``        forward when the bytes differ from the last-emitted bytes
+  ``every(n, clock)``  at most one emission per key per ``n`` ms of ``clock``; a deferred key is
+                       forwarded by the punctuator once its interval has passed, or by ``flush()``
+  ``on_window_close``  nothing on update; the windowed aggregate calls ``window_closed``
+
+Pending keys of ``every`` are kept in memory (a heap of deadlines) and rebuilt when the task
+opens by comparing the two columns, so a key deferred before a crash is still emitted after it.
+Counters: ``records_emitted``, ``noop_updates_skipped``, ``emissions_deferred``.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from processor.records import Change
+from processor.state import emitted as emitted_codec
+from processor.state import timestamped
+
+TS = timestamped.TIMESTAMP_SIZE
+
+
+class AggregateEmitter:
+    def __init__(self, emit, store, emitted_store, value_serde, key_of, forward, clock):
+        self.emit = emit
+        self.mode = emit.mode
+        self.interval = emit.interval_ms
+        self.store = store
+        self.emitted = emitted_store
+        self.value_serde = value_serde
+        self.key_of = key_of          # key bytes -> key object forwarded downstream
+        self._forward = forward       # (key, Change, timestamp)
+        self.clock = clock            # () -> now on the policy's clock
+        self.records_emitted = 0
+        self.noop_updates_skipped = 0
+        self.emissions_deferred = 0
+        self._pending: dict[bytes, tuple[int, int]] = {}   # key -> (deadline, timestamp to carry)
+        self._heap: list[tuple[int, bytes]] = []
+        if self.mode == "every":
+            self._rebuild_pending()
+
+    # -- updates ------------------------------------------------------------------------------
+    def updated(self, kb: bytes, new_bytes: bytes | None, record_ts: int) -> None:
+        """The store's value for ``kb`` is now ``new_bytes`` (None: deleted), by a record at ``record_ts``."""
+        mode = self.mode
+        if mode == "on_window_close":
+            self.emissions_deferred += 1
+            return
+        em_raw = self.emitted.get(kb)
+        em = None if em_raw is None else emitted_codec.decode(em_raw)
+        em_bytes = None if em is None else em.value
+        if mode == "on_update":
+            self._emit(kb, new_bytes, em_bytes, record_ts, 0)
+            return
+        if new_bytes == em_bytes:
+            self.noop_updates_skipped += 1
+            if self._pending:
+                self._pending.pop(kb, None)   # back to what was emitted: nothing pending
+            return
+        if mode == "on_change":
+            self._emit(kb, new_bytes, em_bytes, record_ts, 0)
+            return
+        now = self.clock()
+        if em is None or now - em.emitted_at >= self.interval:
+            self._pending.pop(kb, None)
+            self._emit(kb, new_bytes, em_bytes, record_ts, now)
+        else:
+            deadline = em.emitted_at + self.interval
+            self._pending[kb] = (deadline, record_ts)
+            heapq.heappush(self._heap, (deadline, kb))
+            self.emissions_deferred += 1
+
+    def _emit(self, kb, new_bytes, old_bytes, ts, now) -> None:
+        if new_bytes is None and self.mode != "every":
+            self.emitted.delete(kb)
+        else:
+            self.emitted.put(kb, emitted_codec.encode(new_bytes, ts, now))
+        d = self.value_serde.deserialize
+        self.records_emitted += 1
+        self._forward(self.key_of(kb), Change(None if new_bytes is None else d(new_bytes),
+                                              None if old_bytes is None else d(old_bytes)), ts)
+
+    def _emit_current(self, kb, ts_if_deleted, now) -> None:
+        """Forward ``kb``'s current value if it differs from its last emission."""
+        cur = self.store.get(kb)
+        em_raw = self.emitted.get(kb)
+        em_bytes = None if em_raw is None else emitted_codec.decode(em_raw).value
+        cur_bytes = None if cur is None else cur[TS:]
+        if cur_bytes == em_bytes:
+            return
+        ts = ts_if_deleted if cur is None else timestamped.timestamp_of(cur)
+        self._emit(kb, cur_bytes, em_bytes, ts, now)
+
+    # -- closing-time control -------------------------------------------------------------------
+    def punctuate(self, now: int) -> None:
+        """Forward every deferred key whose interval has passed at ``now`` (policy clock)."""
+        heap, pending = self._heap, self._pending
+        while heap and heap[0][0] <= now:
+            deadline, kb = heapq.heappop(heap)
+            entry = pending.get(kb)
+            if entry is None or entry[0] != deadline:
+                continue  # emitted or re-scheduled since
+            del pending[kb]
+            self._emit_current(kb, entry[1], now)
+
+    def flush(self) -> None:
+        """Forward every deferred key now (graceful shutdown, partition revocation)."""
+        if not self._pending:
+            return
+        now = self.clock()
+        for kb in sorted(self._pending):
+            self._emit_current(kb, self._pending[kb][1], now)
+        self._pending.clear()
+        self._heap.clear()
+
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def forget(self, kb: bytes) -> None:
+        """Drop ``kb``'s last-emitted entry and pending emission (its window was purged)."""
+        self.emitted.delete(kb)
+        self._pending.pop(kb, None)
+
+    def emit_pending(self, kb: bytes) -> None:
+        """Forward ``kb`` now if it has a deferred emission (its window is about to close)."""
+        entry = self._pending.pop(kb, None)
+        if entry is not None:
+            self._emit_current(kb, entry[1], self.clock())
+
+    def window_closed(self, kb: bytes, value_bytes: bytes, ts: int) -> None:
+        """``Emit.on_window_close``: forward the final value of a window, once."""
+        self.records_emitted += 1
+        self._forward(self.key_of(kb), Change(self.value_serde.deserialize(value_bytes), None), ts)
+
+    def _rebuild_pending(self) -> None:
+        """After a restart: every key whose current value differs from its last emission is due
+        at its last emission + interval (at once if it was never emitted)."""
+        em = iter(self.emitted.items())
+        cur = iter(self.store.items())
+        e = next(em, None)
+        c = next(cur, None)
+        while e is not None or c is not None:
+            if c is not None and (e is None or c[0] < e[0]):
+                kb, cur_bytes, ts, em_entry = c[0], c[1][TS:], timestamped.timestamp_of(c[1]), None
+                c = next(cur, None)
+            elif e is not None and (c is None or e[0] < c[0]):
+                kb, cur_bytes, ts, em_entry = e[0], None, None, emitted_codec.decode(e[1])
+                e = next(em, None)
+            else:
+                kb, cur_bytes, ts = c[0], c[1][TS:], timestamped.timestamp_of(c[1])
+                em_entry = emitted_codec.decode(e[1])
+                c = next(cur, None)
+                e = next(em, None)
+            em_bytes = None if em_entry is None else em_entry.value
+            if cur_bytes == em_bytes:
+                continue
+            deadline = 0 if em_entry is None else em_entry.emitted_at + self.interval
+            self._pending[kb] = (deadline, em_entry.timestamp if ts is None else ts)
+            heapq.heappush(self._heap, (deadline, kb))
+
+    def metrics(self) -> dict[str, int]:
+        return {"records_emitted": self.records_emitted,
+                "noop_updates_skipped": self.noop_updates_skipped,
+                "emissions_deferred": self.emissions_deferred}

@@ -1,0 +1,44 @@
+"""Windowed key codec for output topics (a contract, Kafka Streams' ``TimeWindowedSerde`` layout).
+
+Layout::
+
+    {inner key bytes}{8-byte BE window start (ms)}
+
+The window end is not written; it is ``start + size``, so the serde needs the window size.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from processor.records import Windowed
+from processor.serde import Serde
+
+_START = struct.Struct(">q")
+
+
+class WindowedSerde(Serde):
+    name = "windowed"
+
+    def __init__(self, inner: Serde, size_ms: int):
+        self.inner = inner
+        self.size_ms = size_ms
+
+    def _identity(self):
+        return (self.inner, self.size_ms)
+
+    def serialize(self, key: Windowed):
+        if key is None:
+            return None
+        return self.inner.serialize(key.key) + _START.pack(key.start)
+
+    def deserialize(self, data):
+        if data is None:
+            return None
+        if len(data) < 8:
+            raise ValueError(f"windowed key too short ({len(data)} bytes)")
+        (start,) = _START.unpack_from(data, len(data) - 8)
+        return Windowed(self.inner.deserialize(data[:-8]), start, start + self.size_ms)
+
+    def __repr__(self):
+        return f"Serdes.windowed({self.inner!r}, {self.size_ms})"
