@@ -114,3 +114,36 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> l
     finally:
         c.close()
     return [m for p in range(parts) for m in by_part[p]]
+
+
+def partitions_with_records_from(bootstrap_servers: str, positions: dict[tuple[str, int], int],
+                                 timeout_s: float = 30.0) -> set[tuple[str, int]]:
+    """Which of ``{(topic, partition): offset}`` hold a record at or after ``offset`` (found by
+    reading up to partition EOF, not by list_offsets)."""
+    if not positions:
+        return set()
+    conf = consumer_defaults(bootstrap_servers)
+    conf["group.id"] = f"probe-{time.time_ns()}"
+    c = Consumer(conf)
+    more: set[tuple[str, int]] = set()
+    try:
+        c.assign([TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in positions.items()])
+        done: set[tuple[str, int]] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(done) < len(positions):
+            if time.monotonic() > deadline:
+                raise ConfigError(f"probing {sorted(set(positions) - done)} did not reach the end "
+                                  f"within {timeout_s:.0f} s")
+            for m in c.consume(100, 0.2):
+                key = (m.topic(), m.partition())
+                err = m.error()
+                if err is None:
+                    more.add(key)
+                    done.add(key)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    done.add(key)
+                else:
+                    raise ConfigError(f"probing {key[0]}[{key[1]}]: {err.str()}")
+    finally:
+        c.close()
+    return more

@@ -128,6 +128,8 @@ class Worker:
         kill = os.environ.get("PROCESSOR_TEST_KILL_BEFORE_COMMIT")
         self._kill_at_commit = int(kill) if kill else None
         self._commits_with_records = 0
+        self._sent_at_drain_check = 0
+        self._internal_topics = set(topology.internal_topics())
         self._processed_at_last_commit = 0
 
     # -- startup checks -----------------------------------------------------------------------
@@ -323,6 +325,19 @@ class Worker:
             for tp in offsets:
                 self._group_offsets[(tp.topic, tp.partition)] = tp.offset
 
+    def _drained(self) -> bool:
+        """Every assigned partition is at its end, and so is every internal partition this worker
+        reads after the records it wrote itself reached the broker."""
+        if self.collector.sent == self._sent_at_drain_check:
+            return True
+        self.collector.flush()
+        self._sent_at_drain_check = self.collector.sent
+        internal = {tp: self.tasks[(self._sub_of_topic[tp[0]], tp[1])].positions.get(tp, 0)
+                    for tp in self._assigned if tp[0] in self._internal_topics}
+        more = kafka.partitions_with_records_from(self.bootstrap_servers, internal)
+        self._at_eof -= more
+        return not more
+
     # -- main loop ----------------------------------------------------------------------------
     def stop(self) -> None:
         self._stop.set()
@@ -423,7 +438,7 @@ class Worker:
                 last_commit = now
             else:
                 self.collector.producer.poll(0)
-            if until_drained and self._assigned and self._at_eof >= self._assigned:
+            if until_drained and self._assigned and self._at_eof >= self._assigned and self._drained():
                 break
             if max_seconds is not None and now - started > max_seconds:
                 break
