@@ -84,7 +84,10 @@ class _Aggregate(Processor):
                 self.store.delete(kb)
             else:
                 self.store.put(kb, timestamped.encode(ts, new_bytes))
-        self.emitter.updated(kb, new_bytes, ts)
+            value_ts = ts
+        else:
+            value_ts = ts if raw is None else timestamped.timestamp_of(raw)
+        self.emitter.updated(kb, new_bytes, ts, value_ts)
 
     def _call(self, fn, *args):
         try:

@@ -51,8 +51,10 @@ class AggregateEmitter:
             self._rebuild_pending()
 
     # -- updates ------------------------------------------------------------------------------
-    def updated(self, kb: bytes, new_bytes: bytes | None, record_ts: int) -> None:
-        """The store's value for ``kb`` is now ``new_bytes`` (None: deleted), by a record at ``record_ts``."""
+    def updated(self, kb: bytes, new_bytes: bytes | None, record_ts: int, value_ts: int) -> None:
+        """The store's value for ``kb`` is now ``new_bytes`` (None: deleted), by a record at
+        ``record_ts``; ``value_ts`` is the timestamp of the value's last real change. ``on_update``
+        forwards with the record's timestamp, every other policy with the value's."""
         mode = self.mode
         if mode == "on_window_close":
             self.emissions_deferred += 1
@@ -69,15 +71,15 @@ class AggregateEmitter:
                 self._pending.pop(kb, None)   # back to what was emitted: nothing pending
             return
         if mode == "on_change":
-            self._emit(kb, new_bytes, em_bytes, record_ts, 0)
+            self._emit(kb, new_bytes, em_bytes, value_ts, 0)
             return
         now = self.clock()
         if em is None or now - em.emitted_at >= self.interval:
             self._pending.pop(kb, None)
-            self._emit(kb, new_bytes, em_bytes, record_ts, now)
+            self._emit(kb, new_bytes, em_bytes, value_ts, now)
         else:
             deadline = em.emitted_at + self.interval
-            self._pending[kb] = (deadline, record_ts)
+            self._pending[kb] = (deadline, value_ts)
             heapq.heappush(self._heap, (deadline, kb))
             self.emissions_deferred += 1
 

@@ -7,7 +7,8 @@
   (Kafka Streams since KIP-904);
 - otherwise ``(old_group, Change(None, old'))`` then ``(new_group, Change(new', None))``, as two
   records (the subtraction first, as in Kafka Streams);
-- a side that is absent, or whose group is None, sends nothing (``no_group`` counts the latter).
+- a side that is absent, or whose group is None, sends nothing (``no_group`` counts new
+  values that join no group).
 
 ``StreamGroupBy``: ``selector(k, v) -> group``; records with a null group or a null value are
 dropped before the repartition topic (an aggregation would skip them) and counted.
@@ -28,7 +29,7 @@ class TableGroupBy(Processor):
         self.key_serde = key_serde
         self.no_group = 0
 
-    def _select(self, key, value):
+    def _select(self, key, value, count=False):
         if value is None:
             return None
         try:
@@ -37,12 +38,13 @@ class TableGroupBy(Processor):
         except Exception as exc:
             raise self.user_error(self.selector, exc) from exc
         if group is None:
-            self.no_group += 1
+            if count:
+                self.no_group += 1
             return None
         return group, new_value
 
     def process(self, key, change, timestamp):
-        new = self._select(key, change.new)
+        new = self._select(key, change.new, count=True)
         old = self._select(key, change.old)
         if new is not None and old is not None and \
                 self.key_serde.serialize(new[0]) == self.key_serde.serialize(old[0]):

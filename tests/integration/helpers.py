@@ -26,8 +26,9 @@ def table_updates(n: int, keys: int, seed: int = 1, delete_rate: float = 0.1):
     return out
 
 
-def produce(bootstrap: str, topic: str, records, timestamp0: int = 1_000_000) -> dict[int, int]:
-    """Produce (key, value) pairs; returns {partition: end offset} from the delivery reports."""
+def produce(bootstrap: str, topic: str, records, timestamp0: int = 1_000_000, timestamps=None) -> dict[int, int]:
+    """Produce (key, value) pairs, record ``i`` at ``timestamp0 + i`` (or ``timestamps[i]``);
+    returns {partition: end offset} from the delivery reports."""
     ends: dict[int, int] = {}
     errors = []
 
@@ -41,13 +42,29 @@ def produce(bootstrap: str, topic: str, records, timestamp0: int = 1_000_000) ->
     for i, (k, v) in enumerate(records):
         while True:
             try:
-                p.produce(topic, v, k, timestamp=timestamp0 + i, on_delivery=on_delivery)
+                ts = timestamp0 + i if timestamps is None else timestamps[i]
+                p.produce(topic, v, k, timestamp=ts, on_delivery=on_delivery)
                 break
             except BufferError:
                 p.poll(0.05)
     assert p.flush(30) == 0
     assert not errors, errors
     return ends
+
+
+def skewed_events(n: int, keys: int, seed: int = 1, exponent: float = 1.1, amounts: int = 1000,
+                  regions=("eu", "us", "apac", "latam", "mea")):
+    """(key bytes, json value bytes) stream events: user keys with a Zipf-like skew (the key of
+    rank r has weight 1 / (r + 1) ** exponent), value ``{"amount": int, "region": str}`` with
+    regions skewed the same way."""
+    rnd = random.Random(seed)
+    user_keys = [f"user-{i:05d}".encode() for i in range(keys)]
+    user_w = [1 / (r + 1) ** exponent for r in range(keys)]
+    region_w = [1 / (r + 1) for r in range(len(regions))]
+    users = rnd.choices(user_keys, weights=user_w, k=n)
+    regs = rnd.choices(regions, weights=region_w, k=n)
+    return [(u, json.dumps({"amount": rnd.randrange(amounts), "region": r}, separators=(",", ":")).encode())
+            for u, r in zip(users, regs)]
 
 
 def by_key(messages) -> dict[bytes, list]:
@@ -60,17 +77,28 @@ def by_key(messages) -> dict[bytes, list]:
 
 def driver_output_by_key(topology_factory, input_topic, output_topic, input_messages) -> dict[bytes, list]:
     """What the broker-free driver produces for the same input, partition by partition."""
-    out = defaultdict(list)
+    return driver_outputs_by_key(topology_factory, input_topic, [output_topic], input_messages)[output_topic]
+
+
+def driver_outputs_by_key(topology_factory, input_topic, output_topics, input_messages,
+                          per_partition: bool = True) -> dict[str, dict[bytes, list]]:
+    """``{output topic: {key: [(value bytes, timestamp), ...]}}`` the broker-free driver produces
+    for the same input: one driver per input partition (the order a task sees), or with
+    ``per_partition=False`` one driver over all of it. Read after ``close()``, which flushes
+    deferred emissions as a graceful worker shutdown does."""
+    out = {t: defaultdict(list) for t in output_topics}
     parts = defaultdict(list)
     for m in input_messages:
-        parts[m.partition()].append(m)
+        parts[m.partition() if per_partition else 0].append(m)
     for p in sorted(parts):
-        with TopologyTestDriver(topology_factory(), on_error="skip") as d:
+        d = TopologyTestDriver(topology_factory(), on_error="skip")
+        with d:
             for m in parts[p]:
                 d.pipe_raw(input_topic, m.key(), m.value(), m.timestamp()[1])
-            for r in d.read_output(output_topic, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()):
-                out[r.key].append((r.value, r.timestamp))
-    return dict(out)
+        for t in output_topics:
+            for r in d.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()):
+                out[t][r.key].append((r.value, r.timestamp))
+    return {t: dict(v) for t, v in out.items()}
 
 
 
