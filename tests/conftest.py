@@ -55,6 +55,30 @@ def kafka_bootstrap(tmp_path_factory):
         yield broker.bootstrap_servers
 
 
+_report_lines: list[tuple[str, str]] = []
+
+
+@pytest.fixture
+def report(request):
+    """``report(line)``: a figure for the log; printed in pytest's terminal summary (no ``-s``
+    needed), under the test's id."""
+    def add(line: str) -> None:
+        _report_lines.append((request.node.nodeid, line))
+    return add
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _report_lines:
+        return
+    terminalreporter.section("figures reported by tests")
+    last = None
+    for nodeid, line in _report_lines:
+        if nodeid != last:
+            terminalreporter.write_line(nodeid)
+            last = nodeid
+        terminalreporter.write_line(f"    {line}")
+
+
 @pytest.fixture
 def unique():
     """A short unique suffix for topic and application names."""

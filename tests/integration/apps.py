@@ -12,3 +12,71 @@ def filter_topology():
     b.table(os.environ["APP_INPUT"], key_serde=Serdes.string(), value_serde=Serdes.json()) \
         .filter(lambda k, v: v["amount"] > 100).to_stream().to(os.environ["APP_OUTPUT"])
     return b.build()
+
+
+# -- aggregations (issue 3) ----------------------------------------------------------------------
+# Input: a stream keyed by user, value {"amount": int, "region": str}.
+
+def _max_amount(agg, value):
+    return agg if agg["amount"] >= value["amount"] else value
+
+
+def _add_amount(key, value, agg):
+    return agg + value["amount"]
+
+
+def _level(key, value, agg):
+    return value["amount"] % 4
+
+
+def _zero():
+    return 0
+
+
+POLICY_OUTPUTS = ("on-update", "on-change", "every-1000", "window-close", "sum-by-region")
+
+
+def aggregate_policies_topology():
+    """One input stream, five aggregates, one output topic each (``$APP_OUTPUT_PREFIX-<suffix>``,
+    suffixes in ``POLICY_OUTPUTS``): max amount per user under ``Emit.on_update()``,
+    ``Emit.on_change()`` and ``Emit.every(1000)`` (stream clock); a 10 s tumbling count per user
+    with 1 s grace under ``Emit.on_window_close()``; the sum of amounts per region (through the
+    repartition topic ``<app>-sum-by-region-repartition``, default ``Emit.on_change()``)."""
+    from processor import Emit, TimeWindows
+
+    out = os.environ["APP_OUTPUT_PREFIX"]
+    b = StreamsBuilder()
+    s = b.stream(os.environ["APP_INPUT"], key_serde=Serdes.string(), value_serde=Serdes.json())
+    s.group_by_key().reduce(_max_amount, emit=Emit.on_update(), name="max-on-update") \
+        .to_stream().to(f"{out}-on-update")
+    s.group_by_key().reduce(_max_amount, emit=Emit.on_change(), name="max-on-change") \
+        .to_stream().to(f"{out}-on-change")
+    s.group_by_key().reduce(_max_amount, emit=Emit.every(1000), name="max-every-1000") \
+        .to_stream().to(f"{out}-every-1000")
+    s.group_by_key().windowed_by(TimeWindows.of(10_000).grace(1_000)) \
+        .count(emit=Emit.on_window_close(), name="count-10s") \
+        .to_stream().to(f"{out}-window-close")
+    s.group_by(lambda k, v: v["region"]).aggregate(_zero, _add_amount, name="sum-by-region") \
+        .to_stream().to(f"{out}-sum-by-region")
+    return b.build()
+
+
+CRASH_OUTPUTS = ("level", "sum-by-region")
+
+
+def crash_aggregates_topology():
+    """For the crash test: per user the latest ``amount % 4`` under ``Emit.on_change()`` (a third
+    of the updates or so are no-ops, so the last-emitted column decides what goes out), and the
+    sum of amounts per region through a repartition topic (``Emit.on_change()``). Outputs
+    ``$APP_OUTPUT_PREFIX-level`` and ``$APP_OUTPUT_PREFIX-sum-by-region``."""
+    from processor import Emit
+
+    out = os.environ["APP_OUTPUT_PREFIX"]
+    b = StreamsBuilder()
+    s = b.stream(os.environ["APP_INPUT"], key_serde=Serdes.string(), value_serde=Serdes.json())
+    s.group_by_key().aggregate(_zero, _level, emit=Emit.on_change(), name="level-on-change") \
+        .to_stream().to(f"{out}-level")
+    s.group_by(lambda k, v: v["region"]).aggregate(_zero, _add_amount, emit=Emit.on_change(),
+                                                   name="sum-by-region") \
+        .to_stream().to(f"{out}-sum-by-region")
+    return b.build()
