@@ -17,7 +17,7 @@ from collections import Counter
 
 from confluent_kafka import Producer
 
-from processor import StreamsBuilder
+from processor import Emit, StreamsBuilder
 from processor.runtime import kafka
 from processor.runtime.local_broker import LocalBroker
 from processor.runtime.task import dlq_topic_for
@@ -29,14 +29,24 @@ ORDER_SERDE = Serdes.avro("order", schema_id=1)
 STATUSES = ["NEW", "PAID", "SHIPPED", "CANCELLED"]
 
 
-def demo_topology(orders_topic: str, big_topic: str, status_topic: str):
-    """Orders of 100.00 or more, as a table; and each order's status as a string."""
+def demo_topology(orders_topic: str, big_topic: str, status_topic: str,
+                  revenue_topic: str = "revenue", status_counts_topic: str = "status-counts"):
+    """Orders of 100.00 or more, as a table; each order's status as a string; revenue per
+    customer (emitted on change) and orders per status (emitted on every update), both
+    aggregated through repartition topics."""
     b = StreamsBuilder()
     orders = b.table(orders_topic, key_serde=Serdes.string(), value_serde=ORDER_SERDE)
     orders.filter(lambda k, v: v["amount"] >= 10_000, name="big-orders-filter") \
         .to_stream().to(big_topic)
     orders.map_values(lambda v: v["status"], value_serde=Serdes.string(), name="status-of") \
         .to_stream().to(status_topic)
+    orders.group_by(lambda k, v: (v["customer_id"], v["amount"])) \
+        .aggregate(lambda: 0, lambda k, v, total: total + v, lambda k, v, total: total - v,
+                   emit=Emit.on_change(), name="revenue-by-customer") \
+        .to_stream().to(revenue_topic)
+    orders.group_by(lambda k, v: (v["status"], v["id"])) \
+        .count(emit=Emit.on_update(), name="orders-by-status") \
+        .to_stream().to(status_counts_topic)
     return b.build()
 
 
@@ -86,14 +96,16 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
         run = time.strftime("%H%M%S")
         app = f"demo-{run}"
         t_orders, t_big, t_status = f"orders-{run}", f"big-orders-{run}", f"order-status-{run}"
-        kafka.create_topics(bootstrap_servers, {t_orders: 4, t_big: 4, t_status: 4})
+        t_revenue, t_counts = f"revenue-{run}", f"status-counts-{run}"
+        names = (t_orders, t_big, t_status, t_revenue, t_counts)
+        kafka.create_topics(bootstrap_servers, {t: 4 for t in names})
         data = demo_input(records)
         p = Producer(kafka.producer_defaults(bootstrap_servers))
         for k, v, ts in data:
             p.produce(t_orders, v, k, timestamp=ts)
         p.flush()
         del p
-        topo = demo_topology(t_orders, t_big, t_status)
+        topo = demo_topology(*names)
         print(f"\nproduced {len(data):,} records to {t_orders} (4 partitions): "
               f"{sum(v is None for _, v, _ in data)} deletes, 1 poison record\n")
         print(topo.describe())
@@ -104,22 +116,30 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
         print(f"worker processed {w.records_processed:,} records (throughput: see benchmarks/)\n")
 
         # What the same input gives in the broker-free test driver, partition by partition.
+        # Table operators are per partition (compared key by key, in order); aggregates mix
+        # partitions through repartition topics (their final tables are compared).
         expected: dict[str, list] = {t_big: [], t_status: []}
         input_msgs = kafka.read_topic(bootstrap_servers, t_orders)
         by_part = _by_partition(input_msgs)
         logging.getLogger("processor.task").disabled = True  # the poison record was reported above
         for part_records in by_part:
-            with TopologyTestDriver(demo_topology(t_orders, t_big, t_status), application_id=app) as d:
+            with TopologyTestDriver(demo_topology(*names), application_id=app) as d:
                 for m in part_records:
                     d.pipe_raw(t_orders, m.key(), m.value(), m.timestamp()[1])
                 for t in expected:
                     expected[t].extend((r.key, r.value) for r in d.read_output(t))
+        expected_final: dict[str, dict] = {}
+        with TopologyTestDriver(demo_topology(*names), application_id=app) as d:
+            for m in input_msgs:
+                d.pipe_raw(t_orders, m.key(), m.value(), m.timestamp()[1])
+        for t in (t_revenue, t_counts):
+            expected_final[t] = {r.key: r.value for r in d.read_output(t)}
 
         logging.getLogger("processor.task").disabled = False
         print(f"{'topic':<24}{'records':>9}  sample")
         summary_ok = True
         for topic, serde in ((t_orders, ORDER_SERDE), (t_big, ORDER_SERDE), (t_status, Serdes.string()),
-                             (dlq_topic_for(app), None)):
+                             (t_revenue, Serdes.json()), (t_counts, Serdes.json()), (dlq_topic_for(app), None)):
             msgs = input_msgs if topic == t_orders else kafka.read_topic(bootstrap_servers, topic)
             print(f"{topic:<24}{len(msgs):>9}")
             for m in msgs[:show]:
@@ -141,9 +161,23 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
                 summary_ok &= same
                 print(f"{'':<24}{'':>9}  equals the test driver's output, key by key and in order: "
                       f"{'yes' if same else 'NO'}")
+            if topic in expected_final:
+                final = {m.key().decode(): serde.deserialize(m.value()) for m in msgs}
+                same = final == expected_final[topic]
+                summary_ok &= same
+                print(f"{'':<24}{'':>9}  final table ({len(final)} keys) equals the test driver's: "
+                      f"{'yes' if same else 'NO'}")
+        metrics = w.metrics()
         print("\ncounters:")
-        for node, counters in w.metrics().items():
+        for node, counters in metrics.items():
             print(f"  {node}: " + ", ".join(f"{k}={v:,}" for k, v in counters.items()))
+        print("\naggregations (emission policy: records in -> records emitted):")
+        for node in topo.nodes:
+            if "emit" in node.attrs and node.name in metrics:
+                m = metrics[node.name]
+                print(f"  {node.stores[0]:<22} {node.attrs['emit']!r:<20} {m['records_in']:>7,} in -> "
+                      f"{m['records_emitted']:>7,} emitted  ({m['noop_updates_skipped']:,} no-op updates "
+                      f"skipped, {m['emissions_deferred']:,} deferred)")
         print(f"\ndemo finished in {time.monotonic() - t_start:.1f} s")
         return 0 if summary_ok else 1
     finally:
