@@ -17,7 +17,7 @@ from collections import Counter
 
 from confluent_kafka import Producer
 
-from processor import Emit, StreamsBuilder
+from processor import Emit, StreamsBuilder, TimeWindows
 from processor.runtime import kafka
 from processor.runtime.local_broker import LocalBroker
 from processor.runtime.task import dlq_topic_for
@@ -29,11 +29,16 @@ ORDER_SERDE = Serdes.avro("order", schema_id=1)
 STATUSES = ["NEW", "PAID", "SHIPPED", "CANCELLED"]
 
 
+WINDOW = TimeWindows.of(10_000).grace(2_000)
+
+
 def demo_topology(orders_topic: str, big_topic: str, status_topic: str,
-                  revenue_topic: str = "revenue", status_counts_topic: str = "status-counts"):
+                  revenue_topic: str = "revenue", status_counts_topic: str = "status-counts",
+                  windows_topic: str = "updates-per-order"):
     """Orders of 100.00 or more, as a table; each order's status as a string; revenue per
     customer (emitted on change) and orders per status (emitted on every update), both
-    aggregated through repartition topics."""
+    aggregated through repartition topics; updates per order per 10 s window, emitted once per
+    window when it closes (2 s grace; later records are dropped and counted)."""
     b = StreamsBuilder()
     orders = b.table(orders_topic, key_serde=Serdes.string(), value_serde=ORDER_SERDE)
     orders.filter(lambda k, v: v["amount"] >= 10_000, name="big-orders-filter") \
@@ -47,6 +52,9 @@ def demo_topology(orders_topic: str, big_topic: str, status_topic: str,
     orders.group_by(lambda k, v: (v["status"], v["id"])) \
         .count(emit=Emit.on_update(), name="orders-by-status") \
         .to_stream().to(status_counts_topic)
+    orders.to_stream().group_by_key().windowed_by(WINDOW) \
+        .count(emit=Emit.on_window_close(), name="updates-per-order-10s") \
+        .to_stream().to(windows_topic)
     return b.build()
 
 
@@ -58,6 +66,7 @@ def demo_input(n: int, seed: int = 7) -> list[tuple[bytes, bytes | None, int]]:
     ts = 1_700_000_000_000
     for i in range(n):
         ts += rnd.randrange(1, 50)
+        late = 15_000 if i % 97 == 96 else 0   # now and then a record 15 s late
         if i == n // 2:
             out.append((b"order-poison", b"\x00\x00\x00\x00\x01\xff not avro", ts))
             continue
@@ -65,7 +74,7 @@ def demo_input(n: int, seed: int = 7) -> list[tuple[bytes, bytes | None, int]]:
         r = rnd.random()
         if key in rows and r < 0.08:
             del rows[key]
-            out.append((key.encode(), None, ts))
+            out.append((key.encode(), None, ts - late))
             continue
         if key in rows and r < 0.16:
             value = dict(rows[key])  # exact duplicate: a no-op update
@@ -76,7 +85,7 @@ def demo_input(n: int, seed: int = 7) -> list[tuple[bytes, bytes | None, int]]:
             value = {"id": key, "customer_id": f"cust-{rnd.randrange(50):02d}",
                      "amount": rnd.randrange(200, 20_000), "status": "NEW"}
         rows[key] = value
-        out.append((key.encode(), ORDER_SERDE.serialize(value), ts))
+        out.append((key.encode(), ORDER_SERDE.serialize(value), ts - late))
     return out
 
 
@@ -96,8 +105,8 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
         run = time.strftime("%H%M%S")
         app = f"demo-{run}"
         t_orders, t_big, t_status = f"orders-{run}", f"big-orders-{run}", f"order-status-{run}"
-        t_revenue, t_counts = f"revenue-{run}", f"status-counts-{run}"
-        names = (t_orders, t_big, t_status, t_revenue, t_counts)
+        t_revenue, t_counts, t_windows = f"revenue-{run}", f"status-counts-{run}", f"updates-per-order-{run}"
+        names = (t_orders, t_big, t_status, t_revenue, t_counts, t_windows)
         kafka.create_topics(bootstrap_servers, {t: 4 for t in names})
         data = demo_input(records)
         p = Producer(kafka.producer_defaults(bootstrap_servers))
@@ -118,7 +127,7 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
         # What the same input gives in the broker-free test driver, partition by partition.
         # Table operators are per partition (compared key by key, in order); aggregates mix
         # partitions through repartition topics (their final tables are compared).
-        expected: dict[str, list] = {t_big: [], t_status: []}
+        expected: dict[str, list] = {t_big: [], t_status: [], t_windows: []}
         input_msgs = kafka.read_topic(bootstrap_servers, t_orders)
         by_part = _by_partition(input_msgs)
         logging.getLogger("processor.task").disabled = True  # the poison record was reported above
@@ -127,7 +136,7 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
                 for m in part_records:
                     d.pipe_raw(t_orders, m.key(), m.value(), m.timestamp()[1])
                 for t in expected:
-                    expected[t].extend((r.key, r.value) for r in d.read_output(t))
+                    expected[t].extend((r.key, r.value) for r in d.read_output(t, Serdes.bytes(), Serdes.bytes()))
         expected_final: dict[str, dict] = {}
         with TopologyTestDriver(demo_topology(*names), application_id=app) as d:
             for m in input_msgs:
@@ -139,11 +148,15 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
         print(f"{'topic':<24}{'records':>9}  sample")
         summary_ok = True
         for topic, serde in ((t_orders, ORDER_SERDE), (t_big, ORDER_SERDE), (t_status, Serdes.string()),
-                             (t_revenue, Serdes.json()), (t_counts, Serdes.json()), (dlq_topic_for(app), None)):
+                             (t_revenue, Serdes.json()), (t_counts, Serdes.json()), (t_windows, Serdes.json()),
+                             (dlq_topic_for(app), None)):
             msgs = input_msgs if topic == t_orders else kafka.read_topic(bootstrap_servers, topic)
             print(f"{topic:<24}{len(msgs):>9}")
             for m in msgs[:show]:
-                key = m.key().decode("utf-8", "replace") if m.key() else None
+                if topic == t_windows:
+                    key = Serdes.windowed(Serdes.string(), WINDOW.size_ms).deserialize(m.key())
+                else:
+                    key = m.key().decode("utf-8", "replace") if m.key() else None
                 if serde is None:
                     hdrs = {h: v.decode() for h, v in (m.headers() or []) if h.startswith("dlq.source")}
                     val = f"{_fmt(m.value(), 30)} headers={hdrs}"
@@ -154,8 +167,8 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
                         val = f"<{len(m.value())} bytes that do not deserialize>"
                 print(f"{'':<24}{'':>9}  {key}: {val}")
             if topic in expected:
-                got = sorted(((m.key().decode(), m.value()) for m in msgs), key=lambda kv: kv[0])
-                want = sorted(((k, serde.serialize(v)) for k, v in expected[topic]), key=lambda kv: kv[0])
+                got = sorted(((m.key(), m.value()) for m in msgs), key=lambda kv: kv[0])
+                want = sorted(expected[topic], key=lambda kv: kv[0])
                 # per key, in order (sorted() is stable, so each key keeps its sequence)
                 same = got == want
                 summary_ok &= same
@@ -175,9 +188,10 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
         for node in topo.nodes:
             if "emit" in node.attrs and node.name in metrics:
                 m = metrics[node.name]
+                late = f", {m['late_records_dropped']:,} late records dropped" if "late_records_dropped" in m else ""
                 print(f"  {node.stores[0]:<22} {node.attrs['emit']!r:<20} {m['records_in']:>7,} in -> "
                       f"{m['records_emitted']:>7,} emitted  ({m['noop_updates_skipped']:,} no-op updates "
-                      f"skipped, {m['emissions_deferred']:,} deferred)")
+                      f"skipped, {m['emissions_deferred']:,} deferred{late})")
         print(f"\ndemo finished in {time.monotonic() - t_start:.1f} s")
         return 0 if summary_ok else 1
     finally:

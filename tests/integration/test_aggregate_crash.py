@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 
 from processor import provenance
@@ -27,25 +28,29 @@ from tests.integration.helpers import (by_key, committed_offsets, driver_outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N = 40_000
+BACKLOG = 10_000
+CHUNK = 1_000
 KILL_AT_COMMIT = 3
 
 
-def run_worker_process(bootstrap, app, state, env, log, timeout_s=90):
+def start_worker_process(bootstrap, app, state, env, log):
     e = dict(os.environ, **env)
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-    with open(log, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "processor.cli", "--log-level", "INFO", "run",
-             "tests.integration.apps:crash_aggregates_topology", "--bootstrap-servers", bootstrap,
-             "--application-id", app, "--state-dir", str(state), "--commit-interval-ms", "200",
-             "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500"],
-            cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=err)
-        try:
-            return proc.wait(timeout=timeout_s)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    return subprocess.Popen(
+        [sys.executable, "-m", "processor.cli", "--log-level", "INFO", "run",
+         "tests.integration.apps:crash_aggregates_topology", "--bootstrap-servers", bootstrap,
+         "--application-id", app, "--state-dir", str(state), "--commit-interval-ms", "200",
+         "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500"],
+        cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+
+
+def wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_sigkill_between_forward_and_commit_loses_no_emission(kafka_bootstrap, unique, tmp_path, monkeypatch,
@@ -58,15 +63,29 @@ def test_sigkill_between_forward_and_commit_loses_no_emission(kafka_bootstrap, u
         monkeypatch.setenv(k, v)
     kafka.create_topics(kafka_bootstrap, {inp: 4, level: 4, by_region: 4})
     records = skewed_events(N, keys=1_000, seed=7)
-    ends = produce(kafka_bootstrap, inp, records)   # record i at timestamp 1_000_000 + i
-    assert sum(ends.values()) == N
+    # Record i at timestamp 1_000_000 + i. A backlog first; the rest arrives while the worker runs
+    # (and after it died), so the crash falls mid-stream: the restart replays and goes on.
+    ends = produce(kafka_bootstrap, inp, records[:BACKLOG])
 
     # 1. The worker kills itself at its third commit with new records: outputs flushed, nothing committed.
     log = tmp_path / "worker.log"
-    rc = run_worker_process(kafka_bootstrap, app, tmp_path / "state", {
-        **env, "PROCESSOR_TEST_KILL_BEFORE_COMMIT": str(KILL_AT_COMMIT)}, log)
+    proc = start_worker_process(kafka_bootstrap, app, tmp_path / "state",
+                                {**env, "PROCESSOR_TEST_KILL_BEFORE_COMMIT": str(KILL_AT_COMMIT)}, log)
+    try:
+        wait_for(lambda: "processor.worker: assigned" in open(log).read() or proc.poll() is not None,
+                 60, "the worker's assignment")
+        for i in range(BACKLOG, N, CHUNK):
+            for p, end in produce(kafka_bootstrap, inp, records[i:i + CHUNK], timestamp0=1_000_000 + i).items():
+                ends[p] = max(ends.get(p, 0), end)
+            time.sleep(0.1)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert rc == -signal.SIGKILL, open(log).read()[-3000:]
     assert "test hook: SIGKILL after forwarding, before committing" in open(log).read()
+    assert sum(ends.values()) == N
 
     input_messages = kafka.read_topic(kafka_bootstrap, inp)
     position = {m.timestamp()[1]: (m.partition(), m.offset()) for m in input_messages}
@@ -81,12 +100,14 @@ def test_sigkill_between_forward_and_commit_loses_no_emission(kafka_bootstrap, u
     uncommitted_out = [ts for seq in before.values() for _, ts in seq
                        if position[ts][1] >= committed[position[ts][0]]]
     assert uncommitted_out, (committed, ends)
-    uncommitted_repartition = 0
-    for m in kafka.read_topic(kafka_bootstrap, repartition):
+    uncommitted_repartition = processed_before_crash = 0
+    for m in kafka.read_topic(kafka_bootstrap, repartition):   # one record per input record
         src = provenance.decode(provenance.find(m.headers()))
         assert src.topic == inp
         uncommitted_repartition += src.offset >= committed[src.partition]
+        processed_before_crash += 1
     assert uncommitted_repartition > 0
+    assert processed_before_crash < N   # mid-stream: after the restart, replay and then new records
 
     # 2. Restart without the hook, same state directory and group, until drained.
     w = Worker(apps.crash_aggregates_topology(), kafka_bootstrap, app, tmp_path / "state",
@@ -125,8 +146,9 @@ def test_sigkill_between_forward_and_commit_loses_no_emission(kafka_bootstrap, u
     assert final == {k: seq[-1][0] for k, seq in want_region.items()}
     assert {k.decode(): json.loads(v) for k, v in final.items()} == dict(sums)
 
-    report(f"input {N} records on 4 partitions; SIGKILL at commit {KILL_AT_COMMIT} with group offsets "
-           f"{[committed[p] for p in range(4)]} of {[ends[p] for p in range(4)]} ({replayed} records replayed)")
+    report(f"input {N} records on 4 partitions; SIGKILL at commit {KILL_AT_COMMIT} after {processed_before_crash} "
+           f"records were processed, group offsets {[committed[p] for p in range(4)]} of "
+           f"{[ends[p] for p in range(4)]} ({replayed} records after the committed offsets)")
     report(f"level on_change: {len(uncommitted_out)} emissions forwarded before the crash but not committed; "
            f"output {sum(map(len, got.values()))} records vs driver {sum(map(len, want.values()))} "
            f"-> {duplicates} duplicates from the replay, 0 lost")
