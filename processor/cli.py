@@ -86,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
     de = sub.add_parser("describe", help="print a topology's sub-topologies, processors and stores")
     de.add_argument("topology", metavar="MODULE:ATTR")
+    de.add_argument("--application-id", help="name internal topics as this application's worker does")
 
     b = sub.add_parser("broker", help="start the local development broker (tansu) and print its address")
     b.add_argument("--port", type=int, default=None)
@@ -116,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_demo(args.bootstrap_servers, args.records)
         if args.command == "describe":
-            print(resolve_topology(args.topology).describe(), end="")
+            topo = resolve_topology(args.topology)
+            if args.application_id:
+                topo = topo.for_application(args.application_id)
+            print(topo.describe(), end="")
             return 0
         if args.command == "run":
             from processor.runtime.worker import Worker

@@ -15,10 +15,15 @@ as in Kafka Streams.
 Stream aggregation (``KGroupedStream``): records with a null key or value are skipped and
 counted (``skipped_null``), as in Kafka Streams.
 
+Stream time, per aggregate (as Kafka Streams' observed stream time): the largest timestamp of
+the records that reached this aggregate, this one included; it is kept in the task store
+(``observed_time\x00<operator>``) and committed with the state. It is the clock of windows and
+of ``Emit.every(n)`` on stream time. An aggregate's timestamp never goes backwards: a real
+change carries max(record, previous aggregate) timestamps, as in Kafka Streams.
+
 Windowed aggregation (``TimeWindowedKStream``): a record at ``ts`` updates every window
 ``[start, start + size)`` that contains it (starts are multiples of the advance, never negative).
-A window is closed once stream time (the task's largest timestamp so far, including this record)
-reaches ``end + grace``; a record for a closed window is not applied to it and, when all of its
+A window is closed once stream time reaches ``end + grace``; a record for a closed window is not applied to it and, when all of its
 windows are closed, counted in ``late_records_dropped``. Closed windows are emitted (under
 ``Emit.on_window_close``; a deferred ``Emit.every`` emission goes out first) and then purged from
 both columns.
@@ -26,14 +31,18 @@ both columns.
 
 from __future__ import annotations
 
+import struct
+
 from processor.errors import ProcessorError
 from processor.operators.base import Processor
 from processor.operators.emission import AggregateEmitter
 from processor.records import Windowed
 from processor.state import timestamped
 from processor.state import window_key
+from processor.state.store import TASK_STORE
 
 TS = timestamped.TIMESTAMP_SIZE
+_TIME = struct.Struct(">q")
 
 
 class _Aggregate(Processor):
@@ -50,19 +59,36 @@ class _Aggregate(Processor):
         self.emitter = None
         self.punctuates_stream = emit.mode == "every" and emit.clock == "stream"
         self.punctuates_wall = emit.mode == "every" and emit.clock == "wall"
+        self.observed_time = -1
+        self._time_key = b"observed_time\x00" + name.encode("utf-8")
 
     def init(self, context):
         super().init(context)
         self.store = context.get_store(self.store_name)
+        self._task_store = context.get_store(TASK_STORE)
+        raw = self._task_store.get(self._time_key)
+        self.observed_time = -1 if raw is None else _TIME.unpack(raw)[0]
         if self.emit.mode == "every" and self.emit.clock == "wall":
             clock = context.wall_clock
         else:
-            clock = lambda: context.stream_time  # noqa: E731
+            clock = lambda: self.observed_time  # noqa: E731
         self.emitter = AggregateEmitter(self.emit, self.store, context.get_store(self.store_name + ".emitted"),
                                         self.value_serde, self._key_of, self.forward, clock)
 
     def _key_of(self, kb):
         return self.key_serde.deserialize(kb)
+
+    def _observe(self, ts) -> bool:
+        """Advance this aggregate's stream time; True when it moved."""
+        if ts > self.observed_time:
+            self.observed_time = ts
+            self._task_store.put(self._time_key, _TIME.pack(ts))
+            return True
+        return False
+
+    def _after(self, advanced: bool) -> None:
+        if advanced and self.punctuates_stream:
+            self.punctuate_stream(self.observed_time)
 
     def _current(self, kb):
         raw = self.store.get(kb)
@@ -79,15 +105,19 @@ class _Aggregate(Processor):
                 raise ProcessorError(f"aggregate value {new_value!r} does not serialize with "
                                      f"{self.value_serde!r}: {type(exc).__name__}: {exc}") from exc
         old_bytes = None if raw is None else raw[TS:]
+        old_ts = None if raw is None else timestamped.timestamp_of(raw)
         if new_bytes != old_bytes:
+            # as Kafka Streams: an aggregate's timestamp never goes backwards
+            value_ts = ts if old_ts is None else max(ts, old_ts)
             if new_bytes is None:
                 self.store.delete(kb)
             else:
-                self.store.put(kb, timestamped.encode(ts, new_bytes))
-            value_ts = ts
+                self.store.put(kb, timestamped.encode(value_ts, new_bytes))
+            record_ts = value_ts
         else:
-            value_ts = ts if raw is None else timestamped.timestamp_of(raw)
-        self.emitter.updated(kb, new_bytes, ts, value_ts)
+            value_ts = ts if old_ts is None else old_ts      # a no-op keeps the last real change's
+            record_ts = ts if old_ts is None else max(ts, old_ts)
+        self.emitter.updated(kb, new_bytes, record_ts, value_ts)
 
     def _call(self, fn, *args):
         try:
@@ -123,6 +153,7 @@ class TableAggregate(_Aggregate):
 
     def process(self, key, change, timestamp):
         self.records_in += 1
+        advanced = self._observe(timestamp)
         kb = self.key_serde.serialize(key)
         raw, agg = self._current(kb)
         reduce = self.initializer is None
@@ -137,6 +168,7 @@ class TableAggregate(_Aggregate):
                 agg = (self._call(self.adder, agg, change.new) if reduce
                        else self._call(self.adder, key, change.new, agg))
         self._put(kb, raw, agg, timestamp)
+        self._after(advanced)
 
 
 class StreamAggregate(_Aggregate):
@@ -160,9 +192,11 @@ class StreamAggregate(_Aggregate):
             self.skipped_null += 1
             return
         self.records_in += 1
+        advanced = self._observe(timestamp)
         kb = self.key_serde.serialize(key)
         raw, agg = self._current(kb)
         self._put(kb, raw, self._next(key, value, agg), timestamp)
+        self._after(advanced)
 
     def metrics(self):
         return {**super().metrics(), "skipped_null": self.skipped_null}
@@ -195,8 +229,9 @@ class WindowedStreamAggregate(StreamAggregate):
             self.skipped_null += 1
             return
         self.records_in += 1
+        advanced = self._observe(timestamp)
         kb = self.key_serde.serialize(key)
-        stream_time = self.context.stream_time
+        stream_time = self.observed_time
         first = max(0, timestamp - self.size + self.advance) // self.advance * self.advance
         applied = False
         for start in range(first, timestamp + 1, self.advance):
@@ -212,6 +247,7 @@ class WindowedStreamAggregate(StreamAggregate):
             applied = True
         if not applied:
             self.late_records_dropped += 1
+        self._after(advanced)
 
     def punctuate_stream(self, stream_time: int) -> None:
         if self.emit.mode == "every" and self.emit.clock == "stream":

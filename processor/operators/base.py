@@ -34,7 +34,6 @@ class ProcessorContext:
         self.offset: int | None = None
         self.headers = None
         self.sequence = 0            # internal records caused so far by the record in hand
-        self.stream_time = -1        # the task's largest record timestamp so far (-1: none yet)
         # Pass-through serialization: the value object the source deserialized, its bytes and
         # serde. A sink fed only through value-preserving steps reuses the bytes.
         self.source_value: Any = None
@@ -71,11 +70,10 @@ class Processor:
     def metrics(self) -> dict[str, int]:
         return {}
 
-    # Optional hooks, called by the task when a processor sets the matching flag:
-    #   punctuates_stream -> punctuate_stream(stream_time) after a record advanced stream time
-    #   punctuates_wall   -> punctuate_wall(now_ms) as the wall clock moves
-    # and flush() on graceful shutdown and partition revocation (deferred emissions go out).
-    punctuates_stream = False
+    # Optional hooks, called by the task: punctuate_wall(now_ms) as the wall clock moves, for a
+    # processor that sets ``punctuates_wall``; flush() on graceful shutdown and partition
+    # revocation (deferred emissions go out). Stream-time punctuation is the operator's own
+    # business: it sees every record that advances its stream time.
     punctuates_wall = False
 
     def flush(self) -> None:

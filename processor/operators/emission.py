@@ -52,9 +52,10 @@ class AggregateEmitter:
 
     # -- updates ------------------------------------------------------------------------------
     def updated(self, kb: bytes, new_bytes: bytes | None, record_ts: int, value_ts: int) -> None:
-        """The store's value for ``kb`` is now ``new_bytes`` (None: deleted), by a record at
-        ``record_ts``; ``value_ts`` is the timestamp of the value's last real change. ``on_update``
-        forwards with the record's timestamp, every other policy with the value's."""
+        """The store's value for ``kb`` is now ``new_bytes`` (None: deleted); ``value_ts`` is the
+        timestamp of the value's last real change. ``on_update`` forwards with ``record_ts``
+        (for a no-op update, the later of the record's and the value's), every other policy
+        with ``value_ts``."""
         mode = self.mode
         if mode == "on_window_close":
             self.emissions_deferred += 1
@@ -79,12 +80,15 @@ class AggregateEmitter:
             self._emit(kb, new_bytes, em_bytes, value_ts, now)
         else:
             deadline = em.emitted_at + self.interval
+            if kb not in self._pending:  # the deadline only moves when the key is emitted
+                heapq.heappush(self._heap, (deadline, kb))
             self._pending[kb] = (deadline, value_ts)
-            heapq.heappush(self._heap, (deadline, kb))
             self.emissions_deferred += 1
 
     def _emit(self, kb, new_bytes, old_bytes, ts, now) -> None:
-        if new_bytes is None and self.mode != "every":
+        if new_bytes is None:
+            # No entry means "nothing emitted": a deleted key leaves no trace. (Under ``every``, a
+            # key re-created within the interval after its tombstone is emitted at once.)
             self.emitted.delete(kb)
         else:
             self.emitted.put(kb, emitted_codec.encode(new_bytes, ts, now))
@@ -131,7 +135,8 @@ class AggregateEmitter:
 
     def forget(self, kb: bytes) -> None:
         """Drop ``kb``'s last-emitted entry and pending emission (its window was purged)."""
-        self.emitted.delete(kb)
+        if self.mode != "on_window_close":  # that policy never writes the column
+            self.emitted.delete(kb)
         self._pending.pop(kb, None)
 
     def emit_pending(self, kb: bytes) -> None:

@@ -7,8 +7,8 @@
   (Kafka Streams since KIP-904);
 - otherwise ``(old_group, Change(None, old'))`` then ``(new_group, Change(new', None))``, as two
   records (the subtraction first, as in Kafka Streams);
-- a side that is absent, or whose group is None, sends nothing (``no_group`` counts new
-  values that join no group).
+- a side that is absent, or whose selected group or value is None, sends nothing (``no_group``
+  counts new values that join no group), as Kafka Streams' KTableRepartitionMap.
 
 ``StreamGroupBy``: ``selector(k, v) -> group``; records with a null group or a null value are
 dropped before the repartition topic (an aggregation would skip them) and counted.
@@ -37,7 +37,7 @@ class TableGroupBy(Processor):
             group, new_value = pair
         except Exception as exc:
             raise self.user_error(self.selector, exc) from exc
-        if group is None:
+        if group is None or new_value is None:
             if count:
                 self.no_group += 1
             return None

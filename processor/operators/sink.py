@@ -5,8 +5,8 @@
 timestamp and headers. A sink whose value reaches it only through value-preserving steps
 (filters, to_stream) reuses the source's bytes instead of serializing again.
 
-A sink to an internal topic (repartition) writes, instead of the input's headers, the
-provenance header ``processor.source`` (``processor/provenance.py``): the input record's topic,
+A sink to an internal topic (repartition) writes the input's headers plus the provenance
+header ``processor.source`` (``processor/provenance.py``): the input record's topic,
 partition and offset and a sequence number, so the receiving task can drop replays.
 """
 
@@ -62,13 +62,12 @@ class Sink(Processor):
                                          f"{self.topic!r} failed: {type(exc).__name__}: {exc}", step=self.name) from exc
         self.records_out += 1
         if self.internal:
-            if ctx.offset is None:  # caused by a punctuation or a flush, not by an input record
-                headers = None
-            else:
-                headers = [(provenance.HEADER, provenance.encode(ctx.topic, ctx.partition, ctx.offset,
-                                                                  ctx.sequence))]
+            headers = [h for h in ctx.headers or () if h[0] != provenance.HEADER]
+            if ctx.offset is not None:  # else: caused by a punctuation or a flush
+                headers.append((provenance.HEADER, provenance.encode(ctx.topic, ctx.partition, ctx.offset,
+                                                                      ctx.sequence)))
                 ctx.sequence += 1
-            ctx.send(self.topic, kb, vb, timestamp, headers)
+            ctx.send(self.topic, kb, vb, timestamp, headers or None)
         else:
             headers = ctx.headers
             if headers and provenance.find(headers) is not None:  # internal: not for user topics

@@ -11,8 +11,6 @@ Invariants:
   after a record has been fully processed (or dead-lettered / skipped by policy).
 - ``commit()`` persists store writes and ``positions`` as one unit. The host must flush the
   collector BEFORE calling it (outputs durable before the offsets that produced them).
-- Stream time is the largest record timestamp the task has processed; it drives windows and
-  stream-clock punctuation, and is committed with the stores (``__task`` store, ``stream_time``).
 - Records from internal topics carry a provenance header; the task keeps per (input topic,
   source topic, source partition) the highest ``(offset, sequence)`` applied (``__task`` store,
   committed with the state) and drops anything at or below it (``duplicates_dropped``). A
@@ -26,11 +24,11 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import struct
 
 from processor import provenance
 from processor.errors import DeserializationError, ProcessingError, ProcessorError, RecordError
 from processor.operators.base import Processor, ProcessorContext
+from processor.state.store import TASK_STORE
 
 log = logging.getLogger("processor.task")
 
@@ -38,11 +36,6 @@ ERROR_POLICIES = ("dlq", "skip", "fail")
 
 # Dead-letter record headers (values UTF-8).
 DLQ_HEADERS = ("dlq.source.topic", "dlq.source.partition", "dlq.source.offset", "dlq.step", "dlq.error")
-
-
-TASK_STORE = "__task"
-_STREAM_TIME = b"stream_time"
-_TIME = struct.Struct(">q")
 
 
 def dlq_topic_for(application_id: str) -> str:
@@ -66,10 +59,6 @@ class Task:
         self.dlq_topic = dlq_topic
         self.context = ProcessorContext(self.id, stores, collector, wall_clock)
         self.task_store = stores.store(TASK_STORE)
-        raw = self.task_store.get(_STREAM_TIME)
-        self.stream_time = -1 if raw is None else _TIME.unpack(raw)[0]
-        self._committed_stream_time = self.stream_time
-        self.context.stream_time = self.stream_time
         self.ops = topology.instantiate(sub_id, self.context)
         self.sources = {}
         self.internal_topics = set()
@@ -79,7 +68,6 @@ class Task:
                 if n.attrs.get("internal"):
                     self.internal_topics.add(n.source_topic)
         ops = list(self.ops.values())
-        self._stream_punctuators = [op for op in ops if op.punctuates_stream]
         self._wall_punctuators = [op for op in ops if op.punctuates_wall]
         self._flushers = [op for op in ops if type(op).flush is not Processor.flush]
         self.store_specs = topology.stores_of(sub_id)
@@ -98,7 +86,6 @@ class Task:
         ctx.headers = headers
         ctx.sequence = 0
         mark = None
-        previous_time = self.stream_time
         try:
             if topic in self.internal_topics:
                 mark = self._check_provenance(topic, headers)
@@ -106,16 +93,10 @@ class Task:
                     self.duplicates_dropped += 1
                     self.positions[(topic, partition)] = offset + 1
                     return
-            if timestamp > self.stream_time:
-                self.stream_time = ctx.stream_time = timestamp
             self.sources[topic].process_bytes(key, value, timestamp)
             if mark is not None:
                 self.task_store.put(*mark)
-            if self.stream_time > previous_time:
-                for op in self._stream_punctuators:
-                    op.punctuate_stream(self.stream_time)
         except DeserializationError as exc:
-            self.stream_time = ctx.stream_time = previous_time
             self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
         except RecordError as exc:
             raise exc.with_provenance(topic, partition, offset) from exc.__cause__
@@ -201,9 +182,6 @@ class Task:
     def commit(self) -> dict[tuple[str, int], int]:
         """Persist store writes and positions as one unit; returns the positions committed."""
         pos = dict(self.positions)
-        if self.stream_time != self._committed_stream_time:
-            self.task_store.put(_STREAM_TIME, _TIME.pack(self.stream_time))
-            self._committed_stream_time = self.stream_time
         self.stores.commit(pos)
         return pos
 

@@ -372,11 +372,17 @@ class Worker:
         try:
             self.consumer.subscribe(sorted(self._sub_of_topic), on_assign=self._on_assign,
                                     on_revoke=self._on_revoke, on_lost=self._on_lost)
-            self._loop(until_drained, max_seconds)
-            if self._fatal is not None:
-                raise self._fatal
-            for task in self.tasks.values():
-                task.flush()
+            while True:
+                self._loop(until_drained, max_seconds)
+                if self._fatal is not None:
+                    raise self._fatal
+                sent = self.collector.sent
+                for task in self.tasks.values():
+                    task.flush()
+                # Drained, but the flush sent deferred emissions: if some went to internal
+                # topics this worker reads, process them too before stopping.
+                if not until_drained or self._stop.is_set() or self.collector.sent == sent:
+                    break
             self.commit()
         finally:
             self._closing = True

@@ -62,3 +62,8 @@ def merge_sorted(base: Iterator[tuple[bytes, bytes]], overlay: list[tuple[bytes,
         if o[1] is not None:
             yield o
         o = next(ov, None)
+
+
+# The task's own store (a column family like any other): per-operator bookkeeping that must be
+# committed with the state, e.g. an aggregate's observed stream time, internal high-water marks.
+TASK_STORE = "__task"

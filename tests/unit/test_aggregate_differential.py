@@ -115,12 +115,13 @@ def windowed_max(emit):
 def test_windowed_aggregate_on_window_close_emits_each_closed_window_once_with_its_final_value(script):
     def go(emit):
         with TopologyTestDriver(windowed_max(emit)) as d:
-            ts = 0
+            ts = ts_max = 0
             for key, value, dt in script:
                 ts += dt - 10  # out-of-order and late records too (clamped at 0)
                 ts = max(ts, 0)
+                ts_max = max(ts_max, ts)
                 d.pipe_input("nums", key, value, timestamp=ts)
-            stream_time = d.tasks[0].stream_time
+            stream_time = ts_max
         return [(r.key, r.value, r.timestamp) for r in d.read_output("out")], stream_time
 
     on_update, _ = go(Emit.on_update())

@@ -125,3 +125,29 @@ def test_aggregation_counters():
             d.pipe_input("people", "alice", {"city": "oslo", "age": age}, timestamp=i)
         m = d.metrics()["KTABLE-AGGREGATE-0000000004"]
         assert m == {"records_in": 3, "records_emitted": 1, "noop_updates_skipped": 2, "emissions_deferred": 0}
+
+
+def test_a_selected_null_value_joins_no_group():
+    """As Kafka Streams' KTableRepartitionMap: a side whose selected value is None is not sent,
+    so no (None<-None) change reaches the aggregate and no tombstone appears for a group with
+    no result."""
+    b = StreamsBuilder()
+    t = b.table("rows", value_serde=Serdes.json())
+    t.group_by(lambda k, v: (v["g"], v.get("x"))) \
+        .reduce(lambda agg, v: agg + v, lambda agg, v: agg - v, emit=Emit.on_update(), name="r") \
+        .to_stream().to("out")
+    with TopologyTestDriver(b.build()) as d:
+        d.pipe_input("rows", "a", {"g": "G1", "x": 5}, timestamp=1)
+        d.pipe_input("rows", "a", {"g": "G2"}, timestamp=2)
+        assert out(d, "out") == [("G1", 5, 1), ("G1", 0, 2)]
+        assert [r.key for r in d.read_output("test-app-r-repartition", Serdes.string(), ChangeSerde(Serdes.json()))] \
+            == ["G1", "G1"]
+
+
+def test_aggregate_timestamps_never_go_backwards():
+    with TopologyTestDriver(ages_by_city(Emit.on_update(), kind="count")) as d:
+        d.pipe_input("people", "a", {"city": "oslo", "age": 1}, timestamp=100)
+        d.pipe_input("people", "b", {"city": "oslo", "age": 1}, timestamp=50)
+        d.pipe_input("people", "b", {"city": "oslo", "age": 2}, timestamp=40)   # no-op for the count
+        assert out(d) == [("oslo", 1, 100), ("oslo", 2, 100), ("oslo", 2, 100)]
+        assert d.get_store("ages").get_with_timestamp("oslo") == (2, 100)

@@ -32,7 +32,8 @@ def test_hopping_windows_update_every_window_that_contains_the_record():
     with TopologyTestDriver(windowed_counts(TimeWindows.of(10).advance_by(5))) as d:
         d.pipe_input("clicks", "a", 1, timestamp=7)
         d.pipe_input("clicks", "a", 1, timestamp=3)
-        assert out(d) == [(W("a", 0), 1, 7), (W("a", 5), 1, 7), (W("a", 0), 2, 3)]
+        # an aggregate's timestamp never goes backwards (max of record and aggregate, as Kafka Streams)
+        assert out(d) == [(W("a", 0), 1, 7), (W("a", 5), 1, 7), (W("a", 0), 2, 7)]
 
 
 def test_window_close_with_grace_and_a_late_record():
@@ -75,3 +76,18 @@ def test_windowed_output_key_layout():
         d.pipe_input("clicks", "a", 1, timestamp=12)
         raw = d.read_output("out", Serdes.bytes(), Serdes.bytes())
         assert [(r.key, r.value) for r in raw] == [(b"a" + (10).to_bytes(8, "big"), b"1")]
+
+
+def test_stream_time_is_the_aggregates_own():
+    """A record filtered out before the aggregate does not move its stream time (Kafka Streams'
+    observed stream time), so it closes no window."""
+    b = StreamsBuilder()
+    b.stream("clicks").filter(lambda k, v: v != "noise").group_by_key() \
+        .windowed_by(TimeWindows.of(10)).count(emit=Emit.on_window_close(), name="w").to_stream().to("out")
+    with TopologyTestDriver(b.build()) as d:
+        d.pipe_input("clicks", "k", "x", timestamp=5)
+        d.pipe_input("clicks", "k", "noise", timestamp=100)
+        d.pipe_input("clicks", "k", "x", timestamp=7)
+        d.pipe_input("clicks", "k", "x", timestamp=10)
+        assert out(d) == [(W("k", 0), 2, 7)]
+        assert d.metrics()["KTABLE-AGGREGATE-0000000002"]["late_records_dropped"] == 0
