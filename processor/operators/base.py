@@ -34,6 +34,7 @@ class ProcessorContext:
         self.offset: int | None = None
         self.headers = None
         self.sequence = 0            # internal records caused so far by the record in hand
+        self.outbox: list = []       # internal records waiting for the next commit
         # Pass-through serialization: the value object the source deserialized, its bytes and
         # serde. A sink fed only through value-preserving steps reuses the bytes.
         self.source_value: Any = None
@@ -45,6 +46,14 @@ class ProcessorContext:
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int, headers) -> None:
         self.collector.send(topic, key, value, timestamp, headers)
+
+    def send_internal(self, topic: str, key, value, timestamp: int, headers) -> None:
+        """Send to an internal topic. Outside an input record (punctuation, flush), and behind
+        such a record, it goes to the task's outbox instead (``processor/state/outbox.py``)."""
+        if self.offset is None or self.outbox:
+            self.outbox.append((topic, key, value, timestamp, headers))
+        else:
+            self.collector.send(topic, key, value, timestamp, headers)
 
 
 class Processor:

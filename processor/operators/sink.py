@@ -67,7 +67,7 @@ class Sink(Processor):
                 headers.append((provenance.HEADER, provenance.encode(ctx.topic, ctx.partition, ctx.offset,
                                                                       ctx.sequence)))
                 ctx.sequence += 1
-            ctx.send(self.topic, kb, vb, timestamp, headers or None)
+            ctx.send_internal(self.topic, kb, vb, timestamp, headers or None)
         else:
             headers = ctx.headers
             if headers and provenance.find(headers) is not None:  # internal: not for user topics

@@ -15,6 +15,10 @@ Invariants:
   source topic, source partition) the highest ``(offset, sequence)`` applied (``__task`` store,
   committed with the state) and drops anything at or below it (``duplicates_dropped``). A
   replay upstream therefore never changes state downstream twice (``processor/provenance.py``).
+- Internal records sent outside an input record (punctuation, flush) go through the outbox:
+  persisted with the state at commit, sent after it, resent if the task reopens before the
+  next commit confirmed them (``processor/state/outbox.py``). They carry the provenance
+  ``("__punctuation:<sub-topology>", partition, <commit counter>, <index>)``.
 - Poison input (a key/value that does not deserialize) follows the ``on_error`` policy:
   ``dlq`` (default) sends the original bytes to the dead-letter topic with provenance headers,
   ``skip`` counts and logs it, ``fail`` raises. Errors in user functions always fail loudly,
@@ -28,6 +32,7 @@ import logging
 from processor import provenance
 from processor.errors import DeserializationError, ProcessingError, ProcessorError, RecordError
 from processor.operators.base import Processor, ProcessorContext
+from processor.state import outbox as outbox_codec
 from processor.state.store import TASK_STORE
 
 log = logging.getLogger("processor.task")
@@ -36,6 +41,10 @@ ERROR_POLICIES = ("dlq", "skip", "fail")
 
 # Dead-letter record headers (values UTF-8).
 DLQ_HEADERS = ("dlq.source.topic", "dlq.source.partition", "dlq.source.offset", "dlq.step", "dlq.error")
+
+
+_OUTBOX = b"outbox"
+_OUTBOX_COUNTER = b"outbox_counter"
 
 
 def dlq_topic_for(application_id: str) -> str:
@@ -76,6 +85,12 @@ class Task:
         self.skipped_poison = 0
         self.processed = 0
         self.duplicates_dropped = 0
+        raw = self.task_store.get(_OUTBOX_COUNTER)
+        self._outbox_counter = 0 if raw is None else int.from_bytes(raw, "big")
+        self._outbox_unconfirmed = False
+        raw = self.task_store.get(_OUTBOX)
+        if raw is not None:  # sent before a crash, maybe not delivered: send again
+            self._send_outbox(outbox_codec.decode(raw))
 
     # -- processing ---------------------------------------------------------------------------
     def process(self, topic, partition, offset, timestamp, key, value, headers=None) -> None:
@@ -182,8 +197,31 @@ class Task:
     def commit(self) -> dict[tuple[str, int], int]:
         """Persist store writes and positions as one unit; returns the positions committed."""
         pos = dict(self.positions)
+        if self._outbox_unconfirmed:  # the host flushed the collector before this commit
+            self.task_store.delete(_OUTBOX)
+            self._outbox_unconfirmed = False
+        records = self.context.outbox
+        if records:
+            self.context.outbox = []
+            self._outbox_counter += 1
+            source = f"__punctuation:{self.sub_id}"
+            n = 0
+            for i, (topic, key, value, ts, headers) in enumerate(records):
+                if provenance.find(headers) is None:
+                    prov = provenance.encode(source, self.partition, self._outbox_counter, n)
+                    records[i] = (topic, key, value, ts, list(headers or ()) + [(provenance.HEADER, prov)])
+                    n += 1
+            self.task_store.put(_OUTBOX, outbox_codec.encode(records))
+            self.task_store.put(_OUTBOX_COUNTER, self._outbox_counter.to_bytes(8, "big"))
         self.stores.commit(pos)
+        if records:
+            self._send_outbox(records)
         return pos
+
+    def _send_outbox(self, records) -> None:
+        for topic, key, value, ts, headers in records:
+            self.collector.send(topic, key, value, ts, headers)
+        self._outbox_unconfirmed = True
 
     def metrics(self) -> dict[str, dict[str, int]]:
         out = {name: m for name, op in self.ops.items() if (m := op.metrics())}

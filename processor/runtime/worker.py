@@ -273,6 +273,8 @@ class Worker:
                     if task is not None and self._fatal is None:
                         task.flush()
                 self.commit()
+                if self._fatal is None:
+                    self.collector.flush()  # the flush's outbox records, sent by the commit
             self._close_tasks_for(partitions)
         except Exception as exc:
             self._fatal = self._fatal or exc
@@ -379,11 +381,12 @@ class Worker:
                 sent = self.collector.sent
                 for task in self.tasks.values():
                     task.flush()
+                self.commit()  # sends the flush's internal records (outbox) after persisting them
                 # Drained, but the flush sent deferred emissions: if some went to internal
                 # topics this worker reads, process them too before stopping.
                 if not until_drained or self._stop.is_set() or self.collector.sent == sent:
                     break
-            self.commit()
+            self.collector.flush()
         finally:
             self._closing = True
             try:

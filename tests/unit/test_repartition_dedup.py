@@ -39,7 +39,7 @@ def test_replayed_internal_records_are_dropped_and_counted():
         d.pipe_raw(TOPIC, b"x", v, 1, header(4, 7))    # older input: replay
         d.pipe_raw(TOPIC, b"x", v, 1, header(5, 0, partition=1))  # another source partition
         d.pipe_raw(TOPIC, b"x", v, 1, header(6, 0))
-        d.pipe_raw(TOPIC, b"x", v, 1)                  # no provenance (a punctuation's): applied
+        d.pipe_raw(TOPIC, b"x", v, 1)                  # no provenance (not written by a task): applied
         assert [r.value for r in d.read_output("out")] == [1, 2, 3, 4, 5]
         assert d.metrics()["task"]["duplicates_dropped"] == 2
         assert d.get_store("sums").get("x") == 5
