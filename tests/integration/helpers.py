@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections import defaultdict
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -47,6 +48,40 @@ def produce(bootstrap: str, topic: str, records, timestamp0: int = 1_000_000, ti
                 break
             except BufferError:
                 p.poll(0.05)
+    assert p.flush(30) == 0
+    assert not errors, errors
+    return ends
+
+
+def produce_paced(bootstrap: str, topic: str, records, chunk: int, pause_s: float, timestamp0: int = 1_000_000,
+                  hurry=lambda: False) -> dict[int, int]:
+    """Produce (key, value) pairs, record ``i`` at ``timestamp0 + i``, through one producer in
+    chunks of ``chunk`` records each flushed and followed by ``pause_s`` of quiet, so a worker
+    sees input arrive steadily; once ``hurry()`` is true the rest goes out at once. Returns
+    {partition: end offset} from the delivery reports."""
+    ends: dict[int, int] = {}
+    errors = []
+
+    def on_delivery(err, msg):
+        if err is not None:
+            errors.append(err)
+        else:
+            ends[msg.partition()] = max(ends.get(msg.partition(), 0), msg.offset() + 1)
+
+    p = Producer(kafka.producer_defaults(bootstrap))
+    paced = True
+    for i, (k, v) in enumerate(records):
+        while True:
+            try:
+                p.produce(topic, v, k, timestamp=timestamp0 + i, on_delivery=on_delivery)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if paced and (i + 1) % chunk == 0:
+            assert p.flush(30) == 0
+            paced = not hurry()
+            if paced:
+                time.sleep(pause_s)
     assert p.flush(30) == 0
     assert not errors, errors
     return ends

@@ -23,13 +23,13 @@ from processor.runtime import kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import (by_key, committed_offsets, driver_outputs_by_key, produce,
+from tests.integration.helpers import (by_key, committed_offsets, driver_outputs_by_key, produce_paced,
                                        skewed_events)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N = 40_000
-BACKLOG = 10_000
-CHUNK = 1_000
+CHUNK = 500
+COMMIT_INTERVAL_MS = 500
 KILL_AT_COMMIT = 3
 
 
@@ -39,7 +39,7 @@ def start_worker_process(bootstrap, app, state, env, log):
     return subprocess.Popen(
         [sys.executable, "-m", "processor.cli", "--log-level", "INFO", "run",
          "tests.integration.apps:crash_aggregates_topology", "--bootstrap-servers", bootstrap,
-         "--application-id", app, "--state-dir", str(state), "--commit-interval-ms", "200",
+         "--application-id", app, "--state-dir", str(state), "--commit-interval-ms", str(COMMIT_INTERVAL_MS),
          "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500"],
         cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
 
@@ -63,21 +63,17 @@ def test_sigkill_between_forward_and_commit_loses_no_emission(kafka_bootstrap, u
         monkeypatch.setenv(k, v)
     kafka.create_topics(kafka_bootstrap, {inp: 4, level: 4, by_region: 4})
     records = skewed_events(N, keys=1_000, seed=7)
-    # Record i at timestamp 1_000_000 + i. A backlog first; the rest arrives while the worker runs
-    # (and after it died), so the crash falls mid-stream: the restart replays and goes on.
-    ends = produce(kafka_bootstrap, inp, records[:BACKLOG])
-
-    # 1. The worker kills itself at its third commit with new records: outputs flushed, nothing committed.
+    # Record i at timestamp 1_000_000 + i, arriving steadily (a chunk every ~50 ms) from the
+    # worker's assignment on, so every commit interval of the worker holds new input records and
+    # the crash falls mid-stream; once the worker is dead, the rest arrives at once.
     log = tmp_path / "worker.log"
     proc = start_worker_process(kafka_bootstrap, app, tmp_path / "state",
                                 {**env, "PROCESSOR_TEST_KILL_BEFORE_COMMIT": str(KILL_AT_COMMIT)}, log)
     try:
         wait_for(lambda: "processor.worker: assigned" in open(log).read() or proc.poll() is not None,
                  60, "the worker's assignment")
-        for i in range(BACKLOG, N, CHUNK):
-            for p, end in produce(kafka_bootstrap, inp, records[i:i + CHUNK], timestamp0=1_000_000 + i).items():
-                ends[p] = max(ends.get(p, 0), end)
-            time.sleep(0.1)
+        ends = produce_paced(kafka_bootstrap, inp, records, chunk=CHUNK, pause_s=0.05,
+                             hurry=lambda: proc.poll() is not None)
         rc = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
@@ -111,51 +107,53 @@ def test_sigkill_between_forward_and_commit_loses_no_emission(kafka_bootstrap, u
 
     # 2. Restart without the hook, same state directory and group, until drained.
     w = Worker(apps.crash_aggregates_topology(), kafka_bootstrap, app, tmp_path / "state",
-               commit_interval_ms=200, consumer_config=TEST_CONSUMER_CONFIG)
+               commit_interval_ms=COMMIT_INTERVAL_MS, consumer_config=TEST_CONSUMER_CONFIG)
     w.run(until_drained=True, install_signal_handlers=False)
     assert committed_offsets(kafka_bootstrap, app, inp, 4) == {p: ends[p] for p in range(4)}
     replayed = N - sum(committed.values())
-    assert w.metrics()["task"]["duplicates_dropped"] > 0   # replayed repartition records dropped
+    # Every replayed repartition record whose original was on the broker is dropped, no other.
+    assert w.metrics()["task"]["duplicates_dropped"] == uncommitted_repartition
 
-    # 3. The level per user (on_change): per key, exactly what went out before the crash, then the
-    # driver's output for every record from the committed offset on. Nothing lost.
+    # 3. Read back, and the driver's answer: the level per user per input partition (exact
+    # sequences), the sums per region over all of the input (final values only).
     got = by_key(kafka.read_topic(kafka_bootstrap, level))
     want = driver_outputs_by_key(apps.crash_aggregates_topology, inp, [level], input_messages)[level]
-    assert sum(map(len, want.values())) > N // 2
+    got_region = by_key(kafka.read_topic(kafka_bootstrap, by_region))
+    want_region = driver_outputs_by_key(apps.crash_aggregates_topology, inp, [by_region], input_messages,
+                                        per_partition=False)[by_region]
     lost = [k for k in want if not is_subsequence(want[k], got.get(k, []))]
+    duplicates = sum(map(len, got.values())) - sum(map(len, want.values()))
+    report(f"input {N} records on 4 partitions; SIGKILL at commit {KILL_AT_COMMIT} after {processed_before_crash} "
+           f"records were processed, group offsets {[committed[p] for p in range(4)]} of "
+           f"{[ends[p] for p in range(4)]} ({replayed} records from the committed offsets on)")
+    report(f"level (on_change): {len(uncommitted_out)} emissions forwarded before the crash but not committed; "
+           f"output {sum(map(len, got.values()))} records vs driver {sum(map(len, want.values()))} "
+           f"-> {duplicates} duplicates from the replay; keys with a lost emission: {len(lost)}")
+    report(f"sum-by-region: {uncommitted_repartition} uncommitted repartition records before the crash, "
+           f"{w.metrics()['task']['duplicates_dropped']} replayed ones dropped by provenance; "
+           f"output {sum(map(len, got_region.values()))} records vs driver {sum(map(len, want_region.values()))}")
+
+    # 4. On change: nothing lost. Per key, exactly what went out before the crash (a prefix of the
+    # driver's output), then the driver's output for every record from the committed offset on.
+    assert sum(map(len, want.values())) > N // 2
     assert lost == []
     assert set(got) == set(want)
     assert {k: seq[-1] for k, seq in got.items()} == {k: seq[-1] for k, seq in want.items()}
     for k, seq in before.items():
-        assert seq == want[k][:len(seq)], k   # before the crash: a prefix of the driver's output
+        assert seq == want[k][:len(seq)], k
     expected = {k: before.get(k, []) + [(v, ts) for v, ts in want[k] if position[ts][1] >= committed[position[ts][0]]]
                 for k in want}
     assert got == expected
-    duplicates = sum(map(len, got.values())) - sum(map(len, want.values()))
     assert duplicates == len(uncommitted_out) > 0
 
-    # 4. Sums per region through the repartition topic: exact, not double counted.
+    # 5. Sums per region through the repartition topic: exact, not double counted.
     sums = Counter()
     for _, v in records:
         d = json.loads(v)
         sums[d["region"]] += d["amount"]
-    got_region = by_key(kafka.read_topic(kafka_bootstrap, by_region))
-    want_region = driver_outputs_by_key(apps.crash_aggregates_topology, inp, [by_region], input_messages,
-                                        per_partition=False)[by_region]
     final = {k: seq[-1][0] for k, seq in got_region.items()}
     assert final == {k: seq[-1][0] for k, seq in want_region.items()}
     assert {k.decode(): json.loads(v) for k, v in final.items()} == dict(sums)
-
-    report(f"input {N} records on 4 partitions; SIGKILL at commit {KILL_AT_COMMIT} after {processed_before_crash} "
-           f"records were processed, group offsets {[committed[p] for p in range(4)]} of "
-           f"{[ends[p] for p in range(4)]} ({replayed} records after the committed offsets)")
-    report(f"level on_change: {len(uncommitted_out)} emissions forwarded before the crash but not committed; "
-           f"output {sum(map(len, got.values()))} records vs driver {sum(map(len, want.values()))} "
-           f"-> {duplicates} duplicates from the replay, 0 lost")
-    report(f"sum-by-region: {uncommitted_repartition} uncommitted repartition records before the crash, "
-           f"{w.metrics()['task']['duplicates_dropped']} replayed ones dropped by provenance; "
-           f"final sums exact; output {sum(map(len, got_region.values()))} records "
-           f"vs driver {sum(map(len, want_region.values()))}")
 
 
 def is_subsequence(small, big) -> bool:

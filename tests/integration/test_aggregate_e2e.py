@@ -89,4 +89,5 @@ def test_aggregates_per_policy_on_broker_equal_driver(kafka_bootstrap, unique, t
     for s, store in (("on-update", "max-on-update"), ("on-change", "max-on-change"),
                      ("every-1000", "max-every-1000"), ("window-close", "count-10s"),
                      ("sum-by-region", "sum-by-region")):
+        assert counters[store]["records_in"] == N, s
         assert counters[store]["records_emitted"] == emitted[s], s
