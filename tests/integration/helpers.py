@@ -30,35 +30,15 @@ def table_updates(n: int, keys: int, seed: int = 1, delete_rate: float = 0.1):
 def produce(bootstrap: str, topic: str, records, timestamp0: int = 1_000_000, timestamps=None) -> dict[int, int]:
     """Produce (key, value) pairs, record ``i`` at ``timestamp0 + i`` (or ``timestamps[i]``);
     returns {partition: end offset} from the delivery reports."""
-    ends: dict[int, int] = {}
-    errors = []
-
-    def on_delivery(err, msg):
-        if err is not None:
-            errors.append(err)
-        else:
-            ends[msg.partition()] = max(ends.get(msg.partition(), 0), msg.offset() + 1)
-
-    p = Producer(kafka.producer_defaults(bootstrap))
-    for i, (k, v) in enumerate(records):
-        while True:
-            try:
-                ts = timestamp0 + i if timestamps is None else timestamps[i]
-                p.produce(topic, v, k, timestamp=ts, on_delivery=on_delivery)
-                break
-            except BufferError:
-                p.poll(0.05)
-    assert p.flush(30) == 0
-    assert not errors, errors
-    return ends
+    return produce_paced(bootstrap, topic, records, chunk=0, pause_s=0, timestamp0=timestamp0, timestamps=timestamps)
 
 
 def produce_paced(bootstrap: str, topic: str, records, chunk: int, pause_s: float, timestamp0: int = 1_000_000,
-                  hurry=lambda: False) -> dict[int, int]:
-    """Produce (key, value) pairs, record ``i`` at ``timestamp0 + i``, through one producer in
-    chunks of ``chunk`` records each flushed and followed by ``pause_s`` of quiet, so a worker
-    sees input arrive steadily; once ``hurry()`` is true the rest goes out at once. Returns
-    {partition: end offset} from the delivery reports."""
+                  hurry=lambda: False, timestamps=None) -> dict[int, int]:
+    """Produce (key, value) pairs, record ``i`` at ``timestamp0 + i`` (or ``timestamps[i]``),
+    through one producer; with ``chunk`` > 0 in chunks of ``chunk`` records each flushed and
+    followed by ``pause_s`` of quiet, so a worker sees input arrive steadily; once ``hurry()`` is
+    true the rest goes out at once. Returns {partition: end offset} from the delivery reports."""
     ends: dict[int, int] = {}
     errors = []
 
@@ -69,11 +49,12 @@ def produce_paced(bootstrap: str, topic: str, records, chunk: int, pause_s: floa
             ends[msg.partition()] = max(ends.get(msg.partition(), 0), msg.offset() + 1)
 
     p = Producer(kafka.producer_defaults(bootstrap))
-    paced = True
+    paced = chunk > 0
     for i, (k, v) in enumerate(records):
+        ts = timestamp0 + i if timestamps is None else timestamps[i]
         while True:
             try:
-                p.produce(topic, v, k, timestamp=timestamp0 + i, on_delivery=on_delivery)
+                p.produce(topic, v, k, timestamp=ts, on_delivery=on_delivery)
                 break
             except BufferError:
                 p.poll(0.05)
