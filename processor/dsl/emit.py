@@ -72,10 +72,6 @@ class Emit:
             else _raise(ValueError("Emit.on_update().on_change() contradicts itself; use Emit.on_change()"))),
     )
 
-    @property
-    def suppresses_noops(self) -> bool:
-        return self.mode != "on_update"
-
     def __repr__(self):
         if self.mode == "every":
             clock = "" if self.clock == "stream" else f", clock={self.clock!r}"

@@ -130,9 +130,6 @@ class AggregateEmitter:
         self._pending.clear()
         self._heap.clear()
 
-    def has_pending(self) -> bool:
-        return bool(self._pending)
-
     def forget(self, kb: bytes) -> None:
         """Drop ``kb``'s last-emitted entry and pending emission (its window was purged)."""
         if self.mode != "on_window_close":  # that policy never writes the column
