@@ -21,6 +21,9 @@ from typing import NamedTuple
 
 HEADER = "processor.source"
 VERSION = 1
+# Headers only internal topics carry; sinks never copy them onward (a sink to an internal topic
+# writes its own). The second is the foreign-key join's echo (processor/serde/subscription.py).
+INTERNAL_HEADERS = frozenset({HEADER, "processor.fk.subscription"})
 _HEAD = struct.Struct(">BiqI")
 
 

@@ -25,7 +25,8 @@ class _MemoryCollector:
     def __init__(self, driver):
         self._driver = driver
 
-    def send(self, topic, key, value, timestamp, headers):
+    def send(self, topic, key, value, timestamp, headers, partition=None):
+        # one partition per topic here: an explicit partition is always 0 (the task's own)
         self._driver._deliver(topic, key, value, timestamp, headers)
 
     def flush(self):
@@ -51,6 +52,8 @@ class ReadOnlyStore:
         return None
 
     def _decode(self, raw):
+        if self.kind in ("version", "subscription"):  # internal bookkeeping: raw bytes
+            return raw, None
         if self.kind == "emitted":
             e = emitted_codec.decode(raw)
             return (None if e.value is None else self._value_serde.deserialize(e.value)), e.timestamp, e.emitted_at

@@ -36,6 +36,9 @@ class LogicalNode:
     stores: list[str] = field(default_factory=list)
     value_preserving: bool = False               # forwards the value object it received
     attrs: dict = field(default_factory=dict)
+    # Tables whose current values this node reads (joins): not an edge records flow along, but
+    # it puts both in one sub-topology, so the table's store is in the same task.
+    lookups: list["LogicalNode"] = field(default_factory=list)
 
     def __repr__(self):
         return f"<{self.name}>"
@@ -51,14 +54,91 @@ class StoreSpec:
     kind: str = "kv"             # kv | aggregate | emitted (last-emitted column) | window
 
 
+def _clone_graph(nodes: list[LogicalNode]) -> list[LogicalNode]:
+    """Copies of ``nodes`` wired to each other (attrs dicts copied, values shared)."""
+    clones = {id(n): copy.copy(n) for n in nodes}
+    for n in nodes:
+        c = clones[id(n)]
+        c.parents = [clones[id(p)] for p in n.parents]
+        c.children = [clones[id(x)] for x in n.children]
+        c.lookups = [clones[id(x)] for x in n.lookups]
+        c.stores = list(n.stores)
+        c.attrs = dict(n.attrs)
+    return [clones[id(n)] for n in nodes]
+
+
+# -- the self-join pass (KIP-862) ------------------------------------------------------------------
+def same_input(a: LogicalNode, b: LogicalNode) -> bool:
+    """Whether two join inputs are provably one stream/table: the same node, or two stream
+    sources of one topic with equal key and value serdes (nothing in between: the join's
+    parents ARE the sources). Two sources of one topic deliver every record to both, in the
+    same order, so they are the same stream."""
+    if a is b:
+        return True
+    return (a.kind == b.kind == "source" and a.source_topic == b.source_topic
+            and a.attrs.get("key_serde") == b.attrs.get("key_serde")
+            and a.attrs.get("value_serde") == b.attrs.get("value_serde"))
+
+
+def _merge_sources(topology: "Topology", keep: LogicalNode, drop: LogicalNode) -> None:
+    """Give ``drop``'s children to ``keep`` (after its own, so records reach them in the same
+    order as before) and remove ``drop``."""
+    for c in drop.children:
+        c.parents = [keep if p is drop else p for p in c.parents]
+        keep.children.append(c)
+    drop.children = []
+    topology.remove_node(drop)
+
+
+def rewrite_self_joins(topology: "Topology") -> int:
+    """KIP-862: a join whose two sides are the same stream or table keeps one state store.
+
+    Join builders mark their first side node with ``attrs["self_join"]``: ``kind`` (stream or
+    table), ``how``, ``other`` (the second side node's name) and ``rewrite(topology, node)``,
+    which replaces both sides by one operator over one store. This pass decides WHERE it is
+    safe, and the rewrite functions say why the result is the same:
+
+    * table-table primary-key joins (inner, left and outer): rewritten. A table's row is the
+      same on both sides, so all three kinds give ``joiner(v, v)`` exactly when ``v`` exists
+      (``processor/dsl/joins.py``). Not when the join's store was named (``name=``): a named
+      store is a queryable result and is kept.
+    * stream-stream joins: only inner joins are rewritten (``processor/dsl/stream_join.py``).
+      Left and outer joins also emit unmatched records when their window closes; which records
+      count as unmatched depends on the order the two sides see a record, which one store
+      cannot reproduce record for record, so they keep two stores.
+    """
+    count = 0
+    for node in list(topology.nodes):
+        info = node.attrs.get("self_join")
+        if not info or not any(n is node for n in topology.nodes):
+            continue
+        other = topology.node(info["other"])
+        a, b = node.parents[0], other.parents[0]
+        if not same_input(a, b):
+            continue
+        if info["kind"] == "table" and info.get("named"):
+            continue
+        if info["kind"] == "stream" and info["how"] != "inner":
+            continue
+        if a is not b:
+            _merge_sources(topology, a, b)
+        info["rewrite"](topology, node)
+        count += 1
+    return count
+
+
 # Optimization passes: (name, function(topology) -> number of rewrites). Each is a separate,
 # named rewrite of the logical graph; a sanity check of the graph runs after each one.
-OPTIMIZATION_PASSES: list[tuple[str, Callable[["Topology"], int]]] = []
+OPTIMIZATION_PASSES: list[tuple[str, Callable[["Topology"], int]]] = [
+    ("self-join", rewrite_self_joins),
+]
 
 
 class Topology:
     def __init__(self, nodes: list[LogicalNode], stores: dict[str, StoreSpec], optimize: bool = True):
-        self.nodes = list(nodes)
+        # Optimization passes rewrite the graph in place: work on a copy, so a builder's nodes
+        # (and a topology built from them without optimization) stay as they were.
+        self.nodes = _clone_graph(nodes) if optimize else list(nodes)
         self.stores = dict(stores)
         self.optimize = optimize
         self.application_id: str | None = None
@@ -94,11 +174,23 @@ class Topology:
                 raise TopologyError(f"source {n.name} has parents")
             if n.kind not in ("source", "table-source") and not n.parents:
                 raise TopologyError(f"processor {n.name} has no input")
-        topics = [n.source_topic for n in self.nodes if n.source_topic]
-        dup = {t for t in topics if topics.count(t) > 1}
+            for x in n.lookups:
+                if id(x) not in known:
+                    raise TopologyError(f"{n.name} looks up {x.name}, which is not in the graph")
+        by_topic: dict[str, list[LogicalNode]] = {}
+        for n in self.nodes:
+            if n.source_topic:
+                by_topic.setdefault(n.source_topic, []).append(n)
+        dup = {t: ns for t, ns in by_topic.items() if len(ns) > 1}
         if dup:
-            raise TopologyError(f"topic(s) {sorted(dup)} are read by more than one source; "
-                                f"read a topic once and reuse the stream/table")
+            # Two stream sources of one topic are allowed inside one sub-topology (a task then
+            # hands each record to both, in graph order): that is the unoptimized form of a
+            # stream self-join. Anything else would make two tasks consume one topic.
+            sub_of = {id(n): i for i, sub in enumerate(self._split()) for n in sub}
+            for t, ns in sorted(dup.items()):
+                if any(n.kind != "source" for n in ns) or len({sub_of[id(n)] for n in ns}) > 1:
+                    raise TopologyError(f"topic {t!r} is read by more than one source; "
+                                        f"read a topic once and reuse the stream/table")
         for s in self.stores.values():
             if s.owner not in names:
                 raise TopologyError(f"store {s.name!r} belongs to unknown node {s.owner!r}")
@@ -121,6 +213,10 @@ class Topology:
     def _split(self) -> list[list[LogicalNode]]:
         seen: dict[int, int] = {}
         subs: list[list[LogicalNode]] = []
+        lookers: dict[int, list[LogicalNode]] = {}
+        for n in self.nodes:
+            for x in n.lookups:
+                lookers.setdefault(id(x), []).append(n)
         for start in self.nodes:
             if id(start) in seen:
                 continue
@@ -129,7 +225,7 @@ class Topology:
             while stack:
                 n = stack.pop()
                 comp.append(n)
-                for m in n.parents + n.children:
+                for m in n.parents + n.children + n.lookups + lookers.get(id(n), []):
                     if id(m) not in seen:
                         seen[id(m)] = len(subs)
                         stack.append(m)
@@ -143,21 +239,17 @@ class Topology:
         """A copy whose internal topics are named ``<application_id>-<name>``."""
         if self.application_id == application_id:
             return self
-        clones = {id(n): copy.copy(n) for n in self.nodes}
-        for n in self.nodes:
-            c = clones[id(n)]
-            c.parents = [clones[id(p)] for p in n.parents]
-            c.children = [clones[id(x)] for x in n.children]
-            c.attrs = dict(n.attrs)
+        nodes = _clone_graph(self.nodes)
+        for n in nodes:
             base = n.attrs.get("internal_topic")
             if base:
                 topic = f"{application_id}-{base}"
                 if n.source_topic:
-                    c.source_topic = topic
+                    n.source_topic = topic
                 if n.sink_topic:
-                    c.sink_topic = topic
+                    n.sink_topic = topic
         bound = Topology.__new__(Topology)
-        bound.nodes = [clones[id(n)] for n in self.nodes]
+        bound.nodes = nodes
         bound.stores = dict(self.stores)
         bound.optimize = self.optimize
         bound.application_id = application_id
@@ -176,15 +268,24 @@ class Topology:
 
     def internal_topic_partitions(self, partitions: dict[str, int]) -> dict[str, int]:
         """Partition count of each internal topic: the largest partition count among the source
-        topics of the sub-topologies that write it (as Kafka Streams), resolved through chains."""
+        topics of the sub-topologies that write it (as Kafka Streams), resolved through chains.
+        A topic whose sink says ``partitions_from="reader"`` (foreign-key join subscription and
+        response topics) is instead co-partitioned with the sub-topology that READS it: its
+        count is that of the reader's other source topics."""
         writers = self.internal_topics()
+        readers = self.subtopology_of_topic()
+        reader_sized = {n.sink_topic for n in self.nodes
+                        if n.sink_topic and n.attrs.get("partitions_from") == "reader"}
         counts: dict[str, int] = {}
         while len(counts) < len(writers):
             progress = False
             for topic, subs in writers.items():
                 if topic in counts:
                     continue
-                sources = [t for i in subs for t in self.source_topics(i)]
+                if topic in reader_sized:
+                    sources = [t for t in self.source_topics(readers[topic]) if t not in reader_sized]
+                else:
+                    sources = [t for i in subs for t in self.source_topics(i)]
                 known = [counts.get(t, partitions.get(t)) if t in writers else partitions.get(t) for t in sources]
                 if all(k is not None for k in known) and known:
                     counts[topic] = max(known)
@@ -198,7 +299,7 @@ class Topology:
     # -- queries ------------------------------------------------------------------------------
     def source_topics(self, sub_id: int | None = None) -> list[str]:
         subs = self.subtopologies if sub_id is None else [self.subtopologies[sub_id]]
-        return [n.source_topic for s in subs for n in s if n.source_topic]
+        return list(dict.fromkeys(n.source_topic for s in subs for n in s if n.source_topic))
 
     def sink_topics(self, internal: bool | None = None) -> list[str]:
         """Sink topics; ``internal=False``: only user topics, ``True``: only internal ones."""
@@ -214,6 +315,26 @@ class Topology:
     def stores_of(self, sub_id: int) -> list[StoreSpec]:
         names = {n.name for n in self.subtopologies[sub_id]}
         return [s for s in self.stores.values() if s.owner in names]
+
+    def node(self, name: str) -> LogicalNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def remove_node(self, node: LogicalNode) -> None:
+        """Take ``node`` out of the graph with all its edges (for rewrite passes)."""
+        for p in node.parents:
+            p.children = [c for c in p.children if c is not node]
+        for c in node.children:
+            c.parents = [p for p in c.parents if p is not node]
+        for n in self.nodes:
+            if node in n.lookups:
+                raise TopologyError(f"cannot remove {node.name}: {n.name} looks it up")
+        self.nodes = [n for n in self.nodes if n is not node]
+
+    def source_nodes(self, topic: str) -> list[LogicalNode]:
+        return [n for n in self.nodes if n.source_topic == topic]
 
     def source_node(self, topic: str) -> LogicalNode:
         for n in self.nodes:

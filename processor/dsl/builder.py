@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from processor.errors import TopologyError
 from processor.operators.source import StreamSource, TableSource
+from processor.operators.value_getter import StoreValueGetter
 from processor.serde import Serdes
 from processor.topology import LogicalNode, StoreSpec, Topology
 
@@ -62,7 +63,9 @@ class StreamsBuilder:
             name=node_name, kind="table-source", source_topic=topic, stores=[store],
             factory=lambda n: TableSource(n.name, n.source_topic, n.attrs["key_serde"],
                                           n.attrs["value_serde"], n.stores[0]),
-            attrs={"key_serde": key_serde, "value_serde": value_serde},
+            attrs={"key_serde": key_serde, "value_serde": value_serde,
+                   "getter": lambda n, ctx: StoreValueGetter(ctx.get_store(n.stores[0]), n.attrs["value_serde"]),
+                   "getter_stores": [store]},
         )
         self._add(node)
         self._add_store(StoreSpec(store, node_name, changelog_topic=topic,

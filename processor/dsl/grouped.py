@@ -13,6 +13,7 @@ from processor.errors import TopologyError
 from processor.operators.aggregate import StreamAggregate, TableAggregate, WindowedStreamAggregate
 from processor.operators.group_by import StreamGroupBy, TableGroupBy
 from processor.operators.sink import Sink
+from processor.operators.value_getter import EmittedValueGetter
 from processor.operators.source import StreamSource
 from processor.serde import Serdes
 from processor.serde.change import ChangeSerde
@@ -71,6 +72,10 @@ def _aggregate_node(builder, parent, name, store, key_serde, value_serde, factor
                            kind="window" if store_key_serde else "aggregate"))
     b._add_store(StoreSpec(store + ".emitted", node.name, None, store_key_serde or key_serde, value_serde,
                            kind="emitted"))
+    if store_key_serde is None:  # a windowed aggregate cannot be looked up by its table key
+        # joins see the aggregate as last forwarded: its last-emitted column
+        node.attrs["getter"] = lambda n, ctx: EmittedValueGetter(ctx.get_store(store + ".emitted"), value_serde)
+        node.attrs["getter_stores"] = [store + ".emitted"]
     return node
 
 

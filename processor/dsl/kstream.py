@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from processor.errors import TopologyError
 from processor.operators.filter import StreamFilter
 from processor.operators.map_values import StreamMapValues
 from processor.operators.sink import PassThrough, Sink
@@ -57,6 +58,42 @@ class KStream:
         from processor.dsl.grouped import KGroupedStream
 
         return KGroupedStream(self, selector, key_serde or Serdes.string(), value_serde or self.value_serde)
+
+    # -- joins -------------------------------------------------------------------------------
+    def _join(self, other, joiner, windows, how, name, value_serde):
+        from processor.dsl.ktable import KTable
+
+        if isinstance(other, KTable):
+            if windows is not None:
+                raise TopologyError("a stream-table join takes no JoinWindows")
+            if how == "outer":
+                raise TopologyError("a stream-table join is inner or left; outer_join needs two streams")
+            from processor.dsl.joins import stream_table_join
+
+            out = stream_table_join(self, other, joiner, how, name)
+            out.value_serde = value_serde or Serdes.json()
+            return out
+        if isinstance(other, KStream):
+            from processor.dsl.stream_join import stream_stream_join
+
+            return stream_stream_join(self, other, joiner, windows, how, name, value_serde)
+        raise TopologyError(f"join takes a KStream or a KTable, not {type(other).__name__}")
+
+    def join(self, other, joiner, windows=None, name: str | None = None, value_serde=None) -> "KStream":
+        """With a KTable: each record joined with the table's current row for its key
+        (``joiner(value, row)``; no row, no output). With a KStream: records of both streams
+        whose keys are equal and whose timestamps are within ``windows``
+        (``JoinWindows.of(ms).grace(ms)``), ``joiner(left, right)``."""
+        return self._join(other, joiner, windows, "inner", name, value_serde)
+
+    def left_join(self, other, joiner, windows=None, name: str | None = None, value_serde=None) -> "KStream":
+        """As ``join``, and ``joiner(value, None)`` for a record without a match (stream-stream:
+        once its window has closed)."""
+        return self._join(other, joiner, windows, "left", name, value_serde)
+
+    def outer_join(self, other, joiner, windows=None, name: str | None = None, value_serde=None) -> "KStream":
+        """Stream-stream only: as ``left_join`` for both sides (``joiner(None, right)`` too)."""
+        return self._join(other, joiner, windows, "outer", name, value_serde)
 
     def to(self, topic: str, key_serde=None, value_serde=None, name: str | None = None) -> None:
         b = self._builder

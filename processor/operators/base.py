@@ -24,8 +24,9 @@ def describe_function(fn: Callable) -> str:
 class ProcessorContext:
     """Per-task context. The task sets the ``record_*`` fields before each record."""
 
-    def __init__(self, task_id, stores, collector, wall_clock: Callable[[], int]):
+    def __init__(self, task_id, stores, collector, wall_clock: Callable[[], int], partition: int = 0):
         self.task_id = task_id
+        self.task_partition = partition   # the partition number this task owns
         self._stores = stores
         self.collector = collector
         self.wall_clock = wall_clock
@@ -47,13 +48,14 @@ class ProcessorContext:
     def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int, headers) -> None:
         self.collector.send(topic, key, value, timestamp, headers)
 
-    def send_internal(self, topic: str, key, value, timestamp: int, headers) -> None:
-        """Send to an internal topic. Outside an input record (punctuation, flush), and behind
-        such a record, it goes to the task's outbox instead (``processor/state/outbox.py``)."""
+    def send_internal(self, topic: str, key, value, timestamp: int, headers, partition: int | None = None) -> None:
+        """Send to an internal topic (``partition`` None: by the key's hash, as the producer's
+        partitioner does). Outside an input record (punctuation, flush), and behind such a
+        record, it goes to the task's outbox instead (``processor/state/outbox.py``)."""
         if self.offset is None or self.outbox:
-            self.outbox.append((topic, key, value, timestamp, headers))
+            self.outbox.append((topic, key, value, timestamp, headers, partition))
         else:
-            self.collector.send(topic, key, value, timestamp, headers)
+            self.collector.send(topic, key, value, timestamp, headers, partition)
 
 
 class Processor:

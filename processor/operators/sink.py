@@ -12,9 +12,20 @@ partition and offset and a sequence number, so the receiving task can drop repla
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from processor.errors import SerializationError
 from processor import provenance
 from processor.operators.base import Processor
+
+
+class Routed(NamedTuple):
+    """A value for an internal sink that names its partition and adds headers (foreign-key
+    join responses go to the partition of the left row they answer)."""
+
+    value: Any
+    partition: int | None
+    headers: list
 
 
 class PassThrough(Processor):
@@ -47,6 +58,9 @@ class Sink(Processor):
 
     def process(self, key, value, timestamp):
         ctx = self.context
+        partition, extra = None, ()
+        if type(value) is Routed:
+            value, partition, extra = value
         try:
             kb = self.key_serde.serialize(key)
         except Exception as exc:
@@ -62,16 +76,17 @@ class Sink(Processor):
                                          f"{self.topic!r} failed: {type(exc).__name__}: {exc}", step=self.name) from exc
         self.records_out += 1
         if self.internal:
-            headers = [h for h in ctx.headers or () if h[0] != provenance.HEADER]
+            headers = [h for h in ctx.headers or () if h[0] not in provenance.INTERNAL_HEADERS]
+            headers.extend(extra)
             if ctx.offset is not None:  # else: caused by a punctuation or a flush
                 headers.append((provenance.HEADER, provenance.encode(ctx.topic, ctx.partition, ctx.offset,
                                                                       ctx.sequence)))
                 ctx.sequence += 1
-            ctx.send_internal(self.topic, kb, vb, timestamp, headers or None)
+            ctx.send_internal(self.topic, kb, vb, timestamp, headers or None, partition)
         else:
             headers = ctx.headers
-            if headers and provenance.find(headers) is not None:  # internal: not for user topics
-                headers = [h for h in headers if h[0] != provenance.HEADER]
+            if headers and any(h[0] in provenance.INTERNAL_HEADERS for h in headers):  # not for user topics
+                headers = [h for h in headers if h[0] not in provenance.INTERNAL_HEADERS]
             ctx.send(self.topic, kb, vb, timestamp, headers)
 
     def metrics(self):

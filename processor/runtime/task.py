@@ -66,15 +66,17 @@ class Task:
         self.collector = collector
         self.on_error = on_error
         self.dlq_topic = dlq_topic
-        self.context = ProcessorContext(self.id, stores, collector, wall_clock)
+        self.context = ProcessorContext(self.id, stores, collector, wall_clock, partition)
         self.task_store = stores.store(TASK_STORE)
         self.ops = topology.instantiate(sub_id, self.context)
-        self.sources = {}
+        self.sources: dict[str, list] = {}   # topic -> its source operators, in graph order
         self.internal_topics = set()
         for n in topology.subtopologies[sub_id]:
             if n.source_topic:
-                self.sources[n.source_topic] = self.ops[n.name]
-                if n.attrs.get("internal"):
+                self.sources.setdefault(n.source_topic, []).append(self.ops[n.name])
+                # Internal topics are deduplicated by provenance, except where applying a record
+                # twice is harmless and a replay must be applied again (FK subscriptions).
+                if n.attrs.get("internal") and n.attrs.get("dedup", True):
                     self.internal_topics.add(n.source_topic)
         ops = list(self.ops.values())
         self._wall_punctuators = [op for op in ops if op.punctuates_wall]
@@ -108,7 +110,8 @@ class Task:
                     self.duplicates_dropped += 1
                     self.positions[(topic, partition)] = offset + 1
                     return
-            self.sources[topic].process_bytes(key, value, timestamp)
+            for source in self.sources[topic]:
+                source.process_bytes(key, value, timestamp)
             if mark is not None:
                 self.task_store.put(*mark)
         except DeserializationError as exc:
@@ -188,7 +191,8 @@ class Task:
     def restore(self, topic, partition, offset, timestamp, key, value) -> None:
         """Re-apply a source-topic record to the stores it is the changelog of (no forwarding)."""
         try:
-            self.sources[topic].restore_bytes(key, value, timestamp)
+            for source in self.sources[topic]:
+                source.restore_bytes(key, value, timestamp)
         except DeserializationError:
             pass  # it was dead-lettered / skipped when processed; it never reached the store
         self.positions[(topic, partition)] = offset + 1
@@ -206,10 +210,10 @@ class Task:
             self._outbox_counter += 1
             source = f"__punctuation:{self.sub_id}"
             n = 0
-            for i, (topic, key, value, ts, headers) in enumerate(records):
+            for i, (topic, key, value, ts, headers, part) in enumerate(records):
                 if provenance.find(headers) is None:
                     prov = provenance.encode(source, self.partition, self._outbox_counter, n)
-                    records[i] = (topic, key, value, ts, list(headers or ()) + [(provenance.HEADER, prov)])
+                    records[i] = (topic, key, value, ts, list(headers or ()) + [(provenance.HEADER, prov)], part)
                     n += 1
             self.task_store.put(_OUTBOX, outbox_codec.encode(records))
             self.task_store.put(_OUTBOX_COUNTER, self._outbox_counter.to_bytes(8, "big"))
@@ -219,8 +223,8 @@ class Task:
         return pos
 
     def _send_outbox(self, records) -> None:
-        for topic, key, value, ts, headers in records:
-            self.collector.send(topic, key, value, ts, headers)
+        for topic, key, value, ts, headers, part in records:
+            self.collector.send(topic, key, value, ts, headers, part)
         self._outbox_unconfirmed = True
 
     def metrics(self) -> dict[str, dict[str, int]]:

@@ -66,11 +66,13 @@ class KafkaCollector:
         self.producer = Producer({**producer_config, "delivery.report.only.error": True,
                                   "on_delivery": self.on_delivery_error})
 
-    def send(self, topic, key, value, timestamp, headers):
+    def send(self, topic, key, value, timestamp, headers, partition=None):
         produce = self.producer.produce
         while True:
             try:
-                if headers:
+                if partition is not None:
+                    produce(topic, value, key, partition=partition, timestamp=timestamp, headers=headers)
+                elif headers:
                     produce(topic, value, key, timestamp=timestamp, headers=headers)
                 else:
                     produce(topic, value, key, timestamp=timestamp)

@@ -11,17 +11,23 @@ the same commit interval wait behind it, so per-partition order is kept.
 
 Layout::
 
-    {version = 1}{4-byte BE count} then per record:
-    {2-byte BE topic length}{topic UTF-8}{key}{value}{8-byte BE timestamp}
+    {version = 2}{4-byte BE count} then per record:
+    {2-byte BE topic length}{topic UTF-8}{4-byte BE signed partition, -1 = by key}{key}{value}
+    {8-byte BE timestamp}
     {2-byte BE header count} then per header {2-byte BE name length}{name UTF-8}{value}
     where key, value and header values are {4-byte BE length, 0xFFFFFFFF = null}{bytes}
+
+Version 1 (still read) had no partition field. Records are ``(topic, key, value, timestamp,
+headers, partition)``.
 """
 
 from __future__ import annotations
 
 import struct
 
-VERSION = 1
+VERSION = 2
+_READS = (1, 2)
+_I32 = struct.Struct(">i")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _TS = struct.Struct(">q")
@@ -34,9 +40,9 @@ def _blob(b: bytes | None) -> bytes:
 
 def encode(records) -> bytes:
     out = [bytes([VERSION]), _U32.pack(len(records))]
-    for topic, key, value, ts, headers in records:
+    for topic, key, value, ts, headers, partition in records:
         t = topic.encode("utf-8")
-        out += [_U16.pack(len(t)), t, _blob(key), _blob(value), _TS.pack(ts), _U16.pack(len(headers or ()))]
+        out += [_U16.pack(len(t)), t, _I32.pack(-1 if partition is None else partition), _blob(key), _blob(value), _TS.pack(ts), _U16.pack(len(headers or ()))]
         for name, hv in headers or ():
             n = name.encode("utf-8")
             out += [_U16.pack(len(n)), n, _blob(hv)]
@@ -44,8 +50,9 @@ def encode(records) -> bytes:
 
 
 def decode(data: bytes) -> list:
-    if not data or data[0] != VERSION:
-        raise ValueError(f"unknown outbox version {data[0] if data else None} (this build reads {VERSION})")
+    if not data or data[0] not in _READS:
+        raise ValueError(f"unknown outbox version {data[0] if data else None} (this build reads {_READS})")
+    version = data[0]
     pos = 1
 
     def u16():
@@ -71,6 +78,11 @@ def decode(data: bytes) -> list:
         n = u16()
         topic = data[pos:pos + n].decode("utf-8")
         pos += n
+        partition = None
+        if version >= 2:
+            partition = _I32.unpack_from(data, pos)[0]
+            pos += 4
+            partition = None if partition < 0 else partition
         key, value = blob(), blob()
         ts = _TS.unpack_from(data, pos)[0]
         pos += 8
@@ -80,7 +92,7 @@ def decode(data: bytes) -> list:
             name = data[pos:pos + n].decode("utf-8")
             pos += n
             headers.append((name, blob()))
-        records.append((topic, key, value, ts, headers))
+        records.append((topic, key, value, ts, headers, partition))
     if pos != len(data):
         raise ValueError(f"{len(data) - pos} trailing bytes after the outbox")
     return records

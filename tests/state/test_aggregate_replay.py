@@ -26,7 +26,7 @@ class Log:
     def __init__(self):
         self.topics = {}
 
-    def send(self, topic, key, value, ts, headers):
+    def send(self, topic, key, value, ts, headers, partition=None):
         self.topics.setdefault(topic, []).append((key, value, ts, headers))
 
     def flush(self):

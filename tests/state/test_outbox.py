@@ -4,6 +4,8 @@ downstream, so a wall-clock ``Emit.every`` feeding a repartition topic stays exa
 
 import json
 
+import struct
+
 import pytest
 
 from processor import Emit, StreamsBuilder
@@ -26,7 +28,7 @@ class Log:
     def __init__(self):
         self.topics = {}
 
-    def send(self, t, k, v, ts, h):
+    def send(self, t, k, v, ts, h, partition=None):
         self.topics.setdefault(t, []).append((k, v, ts, h))
 
 
@@ -101,7 +103,12 @@ def test_a_punctuation_lost_before_its_commit_is_emitted_again(tmp_path):
 
 
 def test_outbox_codec_round_trip_and_version():
-    recs = [("t", b"k", None, 5, [("h", b"v"), ("n", None)]), ("u", None, b"v", -1, [])]
-    assert outbox.decode(outbox.encode(recs)) == recs
+    recs = [("t", b"k", None, 5, [("h", b"v"), ("n", None)], None), ("u", None, b"v", -1, [], 3)]
+    data = outbox.encode(recs)
+    assert data[0] == 2 and outbox.decode(data) == recs
     with pytest.raises(ValueError, match="unknown outbox version"):
-        outbox.decode(b"\x02" + outbox.encode(recs)[1:])
+        outbox.decode(b"\x03" + data[1:])
+    # version 1 (no partition field) is still read
+    v1 = b"\x01" + struct.pack(">I", 1) + struct.pack(">H", 1) + b"t" + struct.pack(">I", 1) + b"k" \
+        + struct.pack(">I", 0xFFFFFFFF) + struct.pack(">q", 7) + struct.pack(">H", 0)
+    assert outbox.decode(v1) == [("t", b"k", None, 7, [], None)]

@@ -118,7 +118,7 @@ def test_pending_emissions_survive_a_restart_of_the_task(tmp_path):
     sent = []
 
     class Collect:
-        def send(self, topic, key, value, ts, headers):
+        def send(self, topic, key, value, ts, headers, partition=None):
             sent.append((key, value, ts))
 
     def open_task():

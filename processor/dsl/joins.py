@@ -1,0 +1,197 @@
+"""Join builders behind ``KTable.join/left_join/outer_join``, ``KTable.join_on_foreign_key`` and
+``KStream.join/left_join`` with a table. (Stream-stream joins: ``processor/dsl/stream_join.py``.)
+
+Graph shapes (node names as in Kafka Streams):
+
+* table-table, primary key: ``KTABLE-JOINTHIS`` (left changes, looks up the right table) and
+  ``KTABLE-JOINOTHER`` (right changes, looks up the left) both write the result store and feed
+  ``KTABLE-MERGE``, the result table. A table joined with itself is rewritten by the
+  ``self-join`` pass (``topology.py``) into one ``KTABLE-JOINTHIS`` running ``TableSelfJoin``.
+* stream-table: ``KSTREAM-JOIN`` looks up the table; both are in one sub-topology
+  (co-partitioned).
+* foreign key: see ``processor/operators/foreign_key_join.py``; two internal topics,
+  ``<app>-<name>-subscription-registration-topic`` (partitioned like the right table) and
+  ``<app>-<name>-subscription-response-topic`` (partitioned like the left table).
+"""
+
+from __future__ import annotations
+
+from processor.errors import TopologyError
+from processor.operators.base import Processor
+from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
+                                                  ForeignKeyJoinSubscriptionReceiver,
+                                                  ForeignKeyJoinSubscriptionSender)
+from processor.operators.sink import PassThrough, Sink
+from processor.operators.source import StreamSource
+from processor.operators.table_join import HOWS, StreamTableJoin, TableJoinSide, TableSelfJoin
+from processor.operators.value_getter import SelfJoinValueGetter, StoreValueGetter, getter_stores, table_getter
+from processor.serde import Serdes
+from processor.topology import LogicalNode, StoreSpec
+
+
+def _check_table(other, what):
+    from processor.dsl.ktable import KTable
+
+    if not isinstance(other, KTable):
+        raise TopologyError(f"{what} takes a KTable, not {type(other).__name__}")
+    if other._node.attrs.get("getter") is None:
+        raise TopologyError(f"{what}: the table produced by {other._node.name} cannot be looked up "
+                            f"(a windowed aggregate, or a table built from a stream)")
+
+
+def _store_getter(store, value_serde):
+    return lambda n, ctx: StoreValueGetter(ctx.get_store(store), value_serde)
+
+
+# -- primary-key table-table joins ------------------------------------------------------------
+def table_table_join(left, right, joiner, how, name, value_serde):
+    from processor.dsl.ktable import KTable
+
+    if how not in HOWS:
+        raise TopologyError(f"how must be one of {HOWS}, not {how!r}")
+    _check_table(left, "join")
+    _check_table(right, "join")
+    if left._builder is not right._builder:
+        raise TopologyError("both tables of a join must come from one StreamsBuilder")
+    b = left._builder
+    vs = value_serde or Serdes.json()
+    ks = left.key_serde
+    idx = b._index
+    result_store = name or f"KTABLE-JOIN-STATE-STORE-{idx:010d}"
+    if result_store in b._stores:
+        raise TopologyError(f"store name {result_store!r} is used twice")
+    this = LogicalNode(
+        name=b._name("KTABLE-JOINTHIS"), kind="processor",
+        factory=lambda n: TableJoinSide(n.name, "left", n.lookups[0], joiner, how, result_store, ks, vs),
+        stores=getter_stores(right._node) + [result_store], lookups=[right._node])
+    other = LogicalNode(
+        name=b._name("KTABLE-JOINOTHER"), kind="processor",
+        factory=lambda n: TableJoinSide(n.name, "right", n.lookups[0], joiner, how, result_store, ks, vs),
+        stores=getter_stores(left._node) + [result_store], lookups=[left._node])
+    b._add(this, left._node)
+    b._add(other, right._node)
+    merge = LogicalNode(name=b._name("KTABLE-MERGE"), kind="processor", factory=lambda n: PassThrough(n.name),
+                        value_preserving=True,
+                        attrs={"getter": _store_getter(result_store, vs), "getter_stores": [result_store]})
+    b._add(merge, this, other)
+    b._add_store(StoreSpec(result_store, this.name, None, ks, vs))
+    this.attrs["self_join"] = {"kind": "table", "how": how, "other": other.name, "merge": merge.name,
+                               "store": result_store, "named": name is not None,
+                               "rewrite": _rewrite_table_self_join(joiner, vs)}
+    return KTable(b, merge, ks, vs, store_name=result_store)
+
+
+def _rewrite_table_self_join(joiner, vs):
+    """The ``self-join`` rewrite of a table joined with itself on its primary key.
+
+    Provably equal for inner, left AND outer joins: both sides of a key are the same row, so
+    they are present or absent together, and every kind yields ``joiner(v, v)`` exactly when
+    ``v`` exists. The unoptimized join computes the same: its result store holds
+    ``joiner(old, old)``, the first side's pass finds ``joiner(new, new)`` (the table's store
+    is already updated) and the second side's pass finds nothing left to change. The result
+    store becomes unnecessary: the result is read through the table's own store."""
+
+    def rewrite(topology, this):
+        info = this.attrs["self_join"]
+        other = topology.node(info["other"])
+        merge = topology.node(info["merge"])
+        topology.remove_node(other)
+        del topology.stores[info["store"]]
+        table = this.parents[0]
+        this.factory = lambda n: TableSelfJoin(n.name, joiner, vs)
+        this.lookups = []
+        this.stores = getter_stores(table)
+        this.attrs = {k: v for k, v in this.attrs.items() if k != "self_join"}
+        this.attrs["self_join_of"] = table.name
+        merge.attrs = dict(merge.attrs, getter_stores=None,
+                           getter=lambda n, ctx: SelfJoinValueGetter(table_getter(n.parents[0].parents[0], ctx),
+                                                                     joiner, Processor(n.name)))
+    return rewrite
+
+
+# -- stream-table joins -----------------------------------------------------------------------
+def stream_table_join(stream, table, joiner, how, name):
+    from processor.dsl.kstream import KStream
+
+    _check_table(table, "stream-table join")
+    b = stream._builder
+    ks = stream.key_serde
+    node = LogicalNode(name=b._name("KSTREAM-JOIN", name), kind="processor",
+                       factory=lambda n: StreamTableJoin(n.name, n.lookups[0], joiner, how, ks),
+                       stores=getter_stores(table._node), lookups=[table._node])
+    b._add(node, stream._node)
+    return KStream(b, node, ks, Serdes.json())
+
+
+# -- foreign-key joins (KIP-213) --------------------------------------------------------------
+def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
+    from processor.dsl.ktable import KTable
+
+    if how not in ("inner", "left"):
+        raise TopologyError(f"a foreign-key join is how='inner' or how='left', not {how!r}")
+    _check_table(left, "join_on_foreign_key")
+    _check_table(right, "join_on_foreign_key")
+    b = left._builder
+    base = name or f"KTABLE-FK-JOIN-{b._index:010d}"
+    b._index += 1
+    result_store, version_store, sub_store = base, f"{base}-version-store", f"{base}-subscription-store"
+    for s in (result_store, version_store, sub_store):
+        if s in b._stores:
+            raise TopologyError(f"store name {s!r} is used twice")
+    sub_topic = f"{base}-subscription-registration-topic"
+    resp_topic = f"{base}-subscription-response-topic"
+    lks, rks, rvs = left.key_serde, right.key_serde, right.value_serde
+    vs = value_serde or Serdes.json()
+    raw = Serdes.bytes()
+
+    def internal_sink(topic, parents):
+        node = LogicalNode(
+            name=b._name("KTABLE-SINK"), kind="sink", sink_topic=topic,
+            factory=lambda n: Sink(n.name, n.sink_topic, raw, raw, internal=True),
+            attrs={"key_serde": raw, "value_serde": raw, "internal": True, "internal_topic": topic,
+                   "partitions_from": "reader"})
+        b._add(node, *parents)
+        return node
+
+    def internal_source(topic, dedup):
+        node = LogicalNode(
+            name=b._name("KTABLE-SOURCE"), kind="source", source_topic=topic,
+            factory=lambda n: StreamSource(n.name, n.source_topic, raw, raw),
+            attrs={"key_serde": raw, "value_serde": raw, "internal": True, "internal_topic": topic,
+                   "dedup": dedup})
+        b._add(node)
+        return node
+
+    send = LogicalNode(
+        name=b._name("KTABLE-FK-JOIN-SUBSCRIPTION-SEND"), kind="processor",
+        factory=lambda n: ForeignKeyJoinSubscriptionSender(n.name, fk_extractor, lks, rks, joiner, how,
+                                                          version_store, result_store, vs),
+        stores=[version_store, result_store])
+    b._add(send, left._node)
+    internal_sink(sub_topic, [send])
+    sub_source = internal_source(sub_topic, dedup=False)
+    receive = LogicalNode(
+        name=b._name("KTABLE-FK-JOIN-SUBSCRIPTION-RECEIVE"), kind="processor",
+        factory=lambda n: ForeignKeyJoinSubscriptionReceiver(n.name, n.lookups[0], sub_store, rks, rvs),
+        stores=[sub_store] + getter_stores(right._node), lookups=[right._node])
+    b._add(receive, sub_source)
+    respond = LogicalNode(
+        name=b._name("KTABLE-FK-JOIN-RESPOND"), kind="processor",
+        factory=lambda n: ForeignKeyJoinResponder(n.name, sub_store, rks, rvs), stores=[sub_store])
+    b._add(respond, right._node)
+    internal_sink(resp_topic, [receive, respond])
+    resp_source = internal_source(resp_topic, dedup=True)
+    resolve = LogicalNode(
+        name=b._name("KTABLE-FK-JOIN-RESOLVE"), kind="processor",
+        factory=lambda n: ForeignKeyJoinResponseResolver(n.name, n.lookups[0], lks, rvs, joiner, how,
+                                                        version_store, result_store, vs),
+        stores=[version_store, result_store] + getter_stores(left._node), lookups=[left._node])
+    b._add(resolve, resp_source)
+    output = LogicalNode(name=b._name("KTABLE-FK-JOIN-OUTPUT"), kind="processor",
+                         factory=lambda n: PassThrough(n.name), value_preserving=True,
+                         attrs={"getter": _store_getter(result_store, vs), "getter_stores": [result_store]})
+    b._add(output, send, resolve)
+    b._add_store(StoreSpec(result_store, send.name, None, lks, vs))
+    b._add_store(StoreSpec(version_store, send.name, None, lks, None, kind="version"))
+    b._add_store(StoreSpec(sub_store, receive.name, None, raw, None, kind="subscription"))
+    return KTable(b, output, lks, vs, store_name=result_store)

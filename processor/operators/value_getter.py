@@ -1,0 +1,128 @@
+"""Value getters: read a table's current value for a key, whatever produced the table.
+
+Joins look up the other side's current value. A table read from a topic, an aggregate and a
+join result are materialized, so their getter reads a store; a filtered or mapped table is not,
+so its getter asks its parent's getter and applies the same predicate or mapper (as Kafka
+Streams' value getters do). No table is materialized twice just to be joined.
+
+Invariant: ``get(key, key_bytes)`` returns ``(value, timestamp)`` of the key's row exactly as
+the table's last forwarded change left it, or ``None`` when the table has no row for the key.
+An aggregate's getter reads its last-emitted column, not its current value, so a table whose
+emissions are deferred (``Emit.every``) is seen as it was last forwarded.
+
+Getter factories live in the logical node's ``attrs["getter"]`` as ``factory(node, context)``
+and are resolved per task when an operator initialises (``table_getter``).
+"""
+
+from __future__ import annotations
+
+from processor.errors import TopologyError
+from processor.state import emitted as emitted_codec
+from processor.state import timestamped
+
+
+def table_getter(node, context):
+    """The value getter of the table produced by logical ``node``, for the task of ``context``."""
+    factory = node.attrs.get("getter")
+    if factory is None:
+        raise TopologyError(f"the table produced by {node.name} cannot be looked up")
+    return factory(node, context)
+
+
+class StoreValueGetter:
+    """Rows of a store in the timestamped layout (``{8-byte ts}{value bytes}``)."""
+
+    def __init__(self, store, value_serde):
+        self.store = store
+        self.value_serde = value_serde
+
+    def get(self, key, kb):
+        raw = self.store.get(kb)
+        if raw is None:
+            return None
+        ts, vb = timestamped.decode(raw)
+        return self.value_serde.deserialize(vb), ts
+
+    def get_bytes(self, kb):
+        """``(value bytes, timestamp)`` or None, without deserializing."""
+        raw = self.store.get(kb)
+        if raw is None:
+            return None
+        ts, vb = timestamped.decode(raw)
+        return vb, ts
+
+
+class EmittedValueGetter:
+    """An aggregate as last forwarded: its last-emitted column."""
+
+    def __init__(self, emitted_store, value_serde):
+        self.store = emitted_store
+        self.value_serde = value_serde
+
+    def get(self, key, kb):
+        raw = self.store.get(kb)
+        if raw is None:
+            return None
+        e = emitted_codec.decode(raw)
+        return None if e.value is None else (self.value_serde.deserialize(e.value), e.timestamp)
+
+
+class FilterValueGetter:
+    def __init__(self, parent, predicate, negate, step):
+        self.parent = parent
+        self.predicate = predicate
+        self.negate = negate
+        self.step = step   # the filter operator, for error translation
+
+    def get(self, key, kb):
+        row = self.parent.get(key, kb)
+        if row is None:
+            return None
+        try:
+            ok = bool(self.predicate(key, row[0])) is not self.negate
+        except Exception as exc:
+            raise self.step.user_error(self.predicate, exc) from exc
+        return row if ok else None
+
+
+class MapValuesGetter:
+    def __init__(self, parent, mapper, step):
+        self.parent = parent
+        self.mapper = mapper
+        self.step = step
+
+    def get(self, key, kb):
+        row = self.parent.get(key, kb)
+        if row is None:
+            return None
+        try:
+            return self.mapper(row[0]), row[1]
+        except Exception as exc:
+            raise self.step.user_error(self.mapper, exc) from exc
+
+
+class SelfJoinValueGetter:
+    """The result of a table joined with itself on its primary key: ``joiner(v, v)``."""
+
+    def __init__(self, parent, joiner, step):
+        self.parent = parent
+        self.joiner = joiner
+        self.step = step
+
+    def get(self, key, kb):
+        row = self.parent.get(key, kb)
+        if row is None:
+            return None
+        try:
+            out = self.joiner(row[0], row[0])
+        except Exception as exc:
+            raise self.step.user_error(self.joiner, exc) from exc
+        return None if out is None else (out, row[1])
+
+
+def getter_stores(node) -> list[str]:
+    """The stores a lookup of ``node``'s table reads (for ``describe()``)."""
+    s = node.attrs.get("getter_stores")
+    if s is not None:
+        return list(s)
+    return getter_stores(node.parents[0]) if node.parents else []
