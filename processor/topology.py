@@ -372,6 +372,8 @@ class Topology:
                     head = f"    Processor: {n.name} (stores: [{', '.join(n.stores)}])"
                     if "emit" in n.attrs:
                         head += f" (emit: {n.attrs['emit']!r})"
+                    if "self_join_of" in n.attrs:
+                        head += f" (self-join of {n.attrs['self_join_of']}: one side, one store)"
                 lines.append(head)
                 lines.append(f"      --> {', '.join(c.name for c in n.children) or 'none'}")
                 if n.parents:
