@@ -26,21 +26,34 @@ from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 
 ORDER_SERDE = Serdes.avro("order", schema_id=1)
+CUSTOMER_SERDE = Serdes.avro("customer", schema_id=2)
 STATUSES = ["NEW", "PAID", "SHIPPED", "CANCELLED"]
 
 
 WINDOW = TimeWindows.of(10_000).grace(2_000)
 
 
+def enrich(order, customer):
+    return {"order": order["id"], "amount": order["amount"], "status": order["status"],
+            "customer": None if customer is None else customer["name"],
+            "region": None if customer is None else customer["region"]}
+
+
 def demo_topology(orders_topic: str, big_topic: str, status_topic: str,
                   revenue_topic: str = "revenue", status_counts_topic: str = "status-counts",
-                  windows_topic: str = "updates-per-order"):
+                  windows_topic: str = "updates-per-order", customers_topic: str = "customers",
+                  enriched_topic: str = "orders-enriched"):
     """Orders of 100.00 or more, as a table; each order's status as a string; revenue per
     customer (emitted on change) and orders per status (emitted on every update), both
     aggregated through repartition topics; updates per order per 10 s window, emitted once per
-    window when it closes (2 s grace; later records are dropped and counted)."""
+    window when it closes (2 s grace; later records are dropped and counted); every order
+    enriched with its customer's name and region by a foreign-key left join (KIP-213)."""
     b = StreamsBuilder()
     orders = b.table(orders_topic, key_serde=Serdes.string(), value_serde=ORDER_SERDE)
+    customers = b.table(customers_topic, key_serde=Serdes.string(), value_serde=CUSTOMER_SERDE)
+    orders.join_on_foreign_key(customers, lambda v: v["customer_id"], enrich, how="left",
+                               name="orders-with-customer") \
+        .to_stream().to(enriched_topic)
     orders.filter(lambda k, v: v["amount"] >= 10_000, name="big-orders-filter") \
         .to_stream().to(big_topic)
     orders.map_values(lambda v: v["status"], value_serde=Serdes.string(), name="status-of") \
@@ -89,6 +102,27 @@ def demo_input(n: int, seed: int = 7) -> list[tuple[bytes, bytes | None, int]]:
     return out
 
 
+def demo_customers(seed: int = 8) -> list[tuple[bytes, bytes | None, int]]:
+    """Customers cust-00..cust-44 (cust-45..49 never exist: their orders join nothing), then
+    renames, region moves and a few deletes, spread over the orders' time range."""
+    rnd = random.Random(seed)
+    regions = ["eu", "us", "apac", "latam"]
+    ts = 1_700_000_000_000
+    out = []
+    for i in range(45):
+        c = {"id": f"cust-{i:02d}", "name": f"customer {i}", "region": rnd.choice(regions)}
+        out.append((c["id"].encode(), CUSTOMER_SERDE.serialize(c), ts + i))
+    for j in range(120):
+        i = rnd.randrange(45)
+        ts2 = ts + 1_000 + j * 400
+        if rnd.random() < 0.05:
+            out.append((f"cust-{i:02d}".encode(), None, ts2))
+        else:
+            c = {"id": f"cust-{i:02d}", "name": f"customer {i} v{j}", "region": rnd.choice(regions)}
+            out.append((c["id"].encode(), CUSTOMER_SERDE.serialize(c), ts2))
+    return out
+
+
 def _fmt(v, width=60):
     s = repr(v)
     return s if len(s) <= width else s[: width - 3] + "..."
@@ -106,17 +140,27 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
         app = f"demo-{run}"
         t_orders, t_big, t_status = f"orders-{run}", f"big-orders-{run}", f"order-status-{run}"
         t_revenue, t_counts, t_windows = f"revenue-{run}", f"status-counts-{run}", f"updates-per-order-{run}"
-        names = (t_orders, t_big, t_status, t_revenue, t_counts, t_windows)
+        t_customers, t_enriched = f"customers-{run}", f"orders-enriched-{run}"
+        names = (t_orders, t_big, t_status, t_revenue, t_counts, t_windows, t_customers, t_enriched)
         kafka.create_topics(bootstrap_servers, {t: 4 for t in names})
         data = demo_input(records)
+        customers = demo_customers()
         p = Producer(kafka.producer_defaults(bootstrap_servers))
-        for k, v, ts in data:
+        for k, v, ts in customers[:45]:
+            p.produce(t_customers, v, k, timestamp=ts)
+        for i, (k, v, ts) in enumerate(data):
             p.produce(t_orders, v, k, timestamp=ts)
+            if i % 16 == 0 and 45 + i // 16 < len(customers):   # customer updates among the orders
+                ck, cv, cts = customers[45 + i // 16]
+                p.produce(t_customers, cv, ck, timestamp=cts)
+        for ck, cv, cts in customers[45 + (len(data) + 15) // 16:]:
+            p.produce(t_customers, cv, ck, timestamp=cts)
         p.flush()
         del p
         topo = demo_topology(*names)
         print(f"\nproduced {len(data):,} records to {t_orders} (4 partitions): "
-              f"{sum(v is None for _, v, _ in data)} deletes, 1 poison record\n")
+              f"{sum(v is None for _, v, _ in data)} deletes, 1 poison record; "
+              f"{len(customers)} records to {t_customers} (4 partitions)\n")
         print(topo.describe())
         with tempfile.TemporaryDirectory(prefix="processor-demo-") as state:
             w = Worker(topo, bootstrap_servers, app, state, commit_interval_ms=500,
@@ -138,19 +182,29 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
                 for t in expected:
                     expected[t].extend((r.key, r.value) for r in d.read_output(t, Serdes.bytes(), Serdes.bytes()))
         expected_final: dict[str, dict] = {}
+        customer_msgs = kafka.read_topic(bootstrap_servers, t_customers)
         with TopologyTestDriver(demo_topology(*names), application_id=app) as d:
+            for m in customer_msgs:   # the final tables do not depend on the interleaving
+                d.pipe_raw(t_customers, m.key(), m.value(), m.timestamp()[1])
             for m in input_msgs:
                 d.pipe_raw(t_orders, m.key(), m.value(), m.timestamp()[1])
-        for t in (t_revenue, t_counts):
-            expected_final[t] = {r.key: r.value for r in d.read_output(t)}
+        for t in (t_revenue, t_counts, t_enriched):
+            expected_final[t] = {}
+            for r in d.read_output(t):
+                if r.value is None:
+                    expected_final[t].pop(r.key, None)
+                else:
+                    expected_final[t][r.key] = r.value
 
         logging.getLogger("processor.task").disabled = False
         print(f"{'topic':<24}{'records':>9}  sample")
         summary_ok = True
         for topic, serde in ((t_orders, ORDER_SERDE), (t_big, ORDER_SERDE), (t_status, Serdes.string()),
                              (t_revenue, Serdes.json()), (t_counts, Serdes.json()), (t_windows, Serdes.json()),
+                             (t_customers, CUSTOMER_SERDE), (t_enriched, Serdes.json()),
                              (dlq_topic_for(app), None)):
-            msgs = input_msgs if topic == t_orders else kafka.read_topic(bootstrap_servers, topic)
+            msgs = {t_orders: input_msgs, t_customers: customer_msgs}.get(topic) \
+                or kafka.read_topic(bootstrap_servers, topic)
             print(f"{topic:<24}{len(msgs):>9}")
             for m in msgs[:show]:
                 if topic == t_windows:
@@ -175,7 +229,12 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
                 print(f"{'':<24}{'':>9}  equals the test driver's output, key by key and in order: "
                       f"{'yes' if same else 'NO'}")
             if topic in expected_final:
-                final = {m.key().decode(): serde.deserialize(m.value()) for m in msgs}
+                final = {}
+                for m in msgs:
+                    if m.value() is None:
+                        final.pop(m.key().decode(), None)
+                    else:
+                        final[m.key().decode()] = serde.deserialize(m.value())
                 same = final == expected_final[topic]
                 summary_ok &= same
                 print(f"{'':<24}{'':>9}  final table ({len(final)} keys) equals the test driver's: "
@@ -192,6 +251,13 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
                 print(f"  {node.stores[0]:<22} {node.attrs['emit']!r:<20} {m['records_in']:>7,} in -> "
                       f"{m['records_emitted']:>7,} emitted  ({m['noop_updates_skipped']:,} no-op updates "
                       f"skipped, {m['emissions_deferred']:,} deferred{late})")
+        fk = {n: metrics.get(n.name, {}) for n in topo.nodes if n.name.startswith("KTABLE-FK-JOIN-")}
+        sent = sum(m.get("subscriptions_sent", 0) for m in fk.values())
+        resp = sum(m.get("responses_sent", 0) for m in fk.values())
+        stale = sum(m.get("stale_responses_dropped", 0) for m in fk.values())
+        local = sum(m.get("resolved_locally", 0) for m in fk.values())
+        print(f"\nforeign-key join orders -> customers: {sent:,} subscriptions, {resp:,} responses, "
+              f"{local:,} resolved without a round trip, {stale:,} stale responses dropped")
         print(f"\ndemo finished in {time.monotonic() - t_start:.1f} s")
         return 0 if summary_ok else 1
     finally:
