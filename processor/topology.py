@@ -51,7 +51,8 @@ class StoreSpec:
     changelog_topic: str | None  # a source topic that IS the changelog (table sources), or None
     key_serde: object = None
     value_serde: object = None
-    kind: str = "kv"             # kv | aggregate | emitted (last-emitted column) | window
+    kind: str = "kv"             # kv | aggregate | emitted (last-emitted column) | window |
+    #                              version / subscription (FK join) | join-window / join-outer
 
 
 def _clone_graph(nodes: list[LogicalNode]) -> list[LogicalNode]:
@@ -102,10 +103,13 @@ def rewrite_self_joins(topology: "Topology") -> int:
       same on both sides, so all three kinds give ``joiner(v, v)`` exactly when ``v`` exists
       (``processor/dsl/joins.py``). Not when the join's store was named (``name=``): a named
       store is a queryable result and is kept.
-    * stream-stream joins: only inner joins are rewritten (``processor/dsl/stream_join.py``).
-      Left and outer joins also emit unmatched records when their window closes; which records
-      count as unmatched depends on the order the two sides see a record, which one store
-      cannot reproduce record for record, so they keep two stores.
+    * stream-stream joins: only inner joins with symmetric windows (``before == after``; the
+      join builder marks no other) are rewritten (``processor/dsl/stream_join.py``). With
+      asymmetric windows one side may admit a record the other drops as late, so the two
+      stores differ and one store cannot stand for both. Left and outer self-joins keep two
+      stores: each record passes through the outer store of unmatched records (and out again
+      when it matches itself), and a rewrite would silently drop that store, which is state a
+      running application already has.
     """
     count = 0
     for node in list(topology.nodes):

@@ -1,7 +1,104 @@
-"""Stream-stream windowed joins (placeholder: being built)."""
+"""Stream-stream windowed joins behind ``KStream.join/left_join/outer_join(other_stream, ...)``.
 
+Graph shape (node names as in Kafka Streams)::
+
+    left  --> KSTREAM-JOINTHIS-<i>   (writes <base>-this-store,  scans <base>-other-store) --+
+    right --> KSTREAM-JOINOTHER-<j>  (writes <base>-other-store, scans <base>-this-store)  --+--> KSTREAM-MERGE-<k>
+
+``<base>`` is the ``name=`` given, else ``KSTREAM-JOIN-<i>``. Left and outer joins add
+``<base>-outer-store`` (records still without a match), shared by both sides. Both side nodes
+feed one merge node, so both inputs are in one sub-topology (co-partitioned). Keys are compared
+as bytes of the LEFT stream's key serde. Semantics: ``processor/operators/stream_join.py``.
+
+Self-join (KIP-862, pass ``self-join`` in ``topology.py``): when both inputs are the same
+stream, the pass calls ``_rewrite_stream_self_join``, which drops KSTREAM-JOINOTHER and its
+store and runs ``StreamSelfJoin`` over ``<base>-this-store`` alone. It is offered only when it
+is provably output-equal, i.e. only for
+
+* inner joins (the pass's rule, as KIP-862 in Kafka): a left/outer join's output also depends
+  on its outer store. Unoptimized, a record ``r`` goes into the outer store on the left side
+  (other-store does not hold it yet) and is taken out again on the right side, where it
+  matches ITSELF; it is emitted unmatched only when one side admitted it and the other did not.
+  With ``before == after`` that never happens, so a left/outer self-join gives exactly the
+  inner join's output, but a rewrite would silently drop the outer store (state of a running
+  application) on an argument about windows; such joins keep their two stores.
+* windows with ``before == after``: a record at ``t`` is late for the left side when stream
+  time ``> t + after + grace`` and for the right side when ``> t + before + grace``. With
+  ``before != after`` a record can be admitted by one side and dropped by the other, so the two
+  stores hold different records and one store cannot tell which side admitted an entry. (The
+  topology pass decides the ``how`` and same-input conditions; the window condition is decided
+  here, by not marking the join at all.)
+"""
+
+from __future__ import annotations
+
+from processor.dsl.windows import JoinWindows
 from processor.errors import TopologyError
+from processor.operators.sink import PassThrough
+from processor.operators.stream_join import HOWS, StreamJoinSide, StreamSelfJoin
+from processor.serde import Serdes
+from processor.state.join_window_key import JoinOuterKeySerde, JoinWindowKeySerde
+from processor.topology import LogicalNode, StoreSpec
 
 
 def stream_stream_join(left, right, joiner, windows, how, name, value_serde):
-    raise TopologyError("stream-stream joins are not built yet")
+    from processor.dsl.kstream import KStream
+
+    if not isinstance(windows, JoinWindows):
+        raise TopologyError(f"a stream-stream join needs JoinWindows (e.g. JoinWindows.of(100)), "
+                            f"not {type(windows).__name__}")
+    if how not in HOWS:
+        raise TopologyError(f"how must be one of {HOWS}, not {how!r}")
+    if left._builder is not right._builder:
+        raise TopologyError("both streams of a join must come from one StreamsBuilder")
+    b = left._builder
+    base = name or f"KSTREAM-JOIN-{b._index:010d}"
+    this_store, other_store = f"{base}-this-store", f"{base}-other-store"
+    outer_store = None if how == "inner" else f"{base}-outer-store"
+    shared = [outer_store] if outer_store else []
+    for s in [this_store, other_store] + shared:
+        if s in b._stores:
+            raise TopologyError(f"store name {s!r} is used twice")
+    ks, lvs, rvs = left.key_serde, left.value_serde, right.value_serde
+    vs = value_serde or Serdes.json()
+
+    this = LogicalNode(
+        name=b._name("KSTREAM-JOINTHIS", name and f"{name}-join-this"), kind="processor",
+        factory=lambda n: StreamJoinSide(n.name, base, "left", how, joiner, windows, ks, this_store,
+                                         other_store, outer_store, lvs, rvs),
+        stores=[this_store, other_store] + shared)
+    other = LogicalNode(
+        name=b._name("KSTREAM-JOINOTHER", name and f"{name}-join-other"), kind="processor",
+        factory=lambda n: StreamJoinSide(n.name, base, "right", how, joiner, windows, ks, other_store,
+                                         this_store, outer_store, rvs, lvs),
+        stores=[other_store, this_store] + shared)
+    b._add(this, left._node)
+    b._add(other, right._node)
+    merge = LogicalNode(name=b._name("KSTREAM-MERGE", name and f"{name}-join-merge"), kind="processor",
+                        factory=lambda n: PassThrough(n.name), value_preserving=True)
+    b._add(merge, this, other)
+    b._add_store(StoreSpec(this_store, this.name, None, JoinWindowKeySerde(ks), lvs, kind="join-window"))
+    b._add_store(StoreSpec(other_store, other.name, None, JoinWindowKeySerde(ks), rvs, kind="join-window"))
+    if outer_store:
+        b._add_store(StoreSpec(outer_store, this.name, None, JoinOuterKeySerde(ks),
+                               lvs if lvs == rvs else Serdes.bytes(), kind="join-outer"))
+    if windows.before_ms == windows.after_ms:
+        this.attrs["self_join"] = {"kind": "stream", "how": how, "other": other.name,
+                                   "rewrite": _rewrite_stream_self_join(base, joiner, windows, ks, lvs,
+                                                                        this_store, other_store)}
+    return KStream(b, merge, ks, vs)
+
+
+def _rewrite_stream_self_join(base, joiner, windows, key_serde, value_serde, this_store, other_store):
+    """The ``self-join`` rewrite of an inner stream-stream join of a stream with itself: one
+    ``StreamSelfJoin`` over this-store (why it is output-equal: ``operators/stream_join.py``)."""
+
+    def rewrite(topology, this):
+        info = this.attrs["self_join"]
+        topology.remove_node(topology.node(info["other"]))
+        del topology.stores[other_store]
+        this.factory = lambda n: StreamSelfJoin(n.name, base, joiner, windows, key_serde, this_store, value_serde)
+        this.stores = [this_store]
+        this.attrs = {k: v for k, v in this.attrs.items() if k != "self_join"}
+        this.attrs["self_join_of"] = this.parents[0].name
+    return rewrite
