@@ -373,7 +373,14 @@ class Topology:
                 elif n.kind == "sink":
                     head = f"    Sink: {n.name} (topic: {n.sink_topic})"
                 else:
-                    head = f"    Processor: {n.name} (stores: [{', '.join(n.stores)}])"
+                    from processor.operators.value_getter import getter_stores
+
+                    # the stores it reads through lookups, resolved now (after the rewrites)
+                    used = [st for x in n.lookups for st in getter_stores(x)]
+                    if "self_join_of" in n.attrs:
+                        used += getter_stores(n.parents[0])
+                    used += [st for st in n.stores if st not in used]
+                    head = f"    Processor: {n.name} (stores: [{', '.join(used)}])"
                     if "emit" in n.attrs:
                         head += f" (emit: {n.attrs['emit']!r})"
                     if "self_join_of" in n.attrs:

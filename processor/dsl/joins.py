@@ -24,7 +24,7 @@ from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, Forei
 from processor.operators.sink import PassThrough, Sink
 from processor.operators.source import StreamSource
 from processor.operators.table_join import HOWS, StreamTableJoin, TableJoinSide, TableSelfJoin
-from processor.operators.value_getter import SelfJoinValueGetter, StoreValueGetter, getter_stores, table_getter
+from processor.operators.value_getter import SelfJoinValueGetter, StoreValueGetter, table_getter
 from processor.serde import Serdes
 from processor.topology import LogicalNode, StoreSpec
 
@@ -63,11 +63,11 @@ def table_table_join(left, right, joiner, how, name, value_serde):
     this = LogicalNode(
         name=b._name("KTABLE-JOINTHIS"), kind="processor",
         factory=lambda n: TableJoinSide(n.name, "left", n.lookups[0], joiner, how, result_store, ks, vs),
-        stores=getter_stores(right._node) + [result_store], lookups=[right._node])
+        stores=[result_store], lookups=[right._node])
     other = LogicalNode(
         name=b._name("KTABLE-JOINOTHER"), kind="processor",
         factory=lambda n: TableJoinSide(n.name, "right", n.lookups[0], joiner, how, result_store, ks, vs),
-        stores=getter_stores(left._node) + [result_store], lookups=[left._node])
+        stores=[result_store], lookups=[left._node])
     b._add(this, left._node)
     b._add(other, right._node)
     merge = LogicalNode(name=b._name("KTABLE-MERGE"), kind="processor", factory=lambda n: PassThrough(n.name),
@@ -100,7 +100,7 @@ def _rewrite_table_self_join(joiner, vs):
         table = this.parents[0]
         this.factory = lambda n: TableSelfJoin(n.name, joiner, vs)
         this.lookups = []
-        this.stores = getter_stores(table)
+        this.stores = []   # it owns none; describe() shows the table's, which it reads
         this.attrs = {k: v for k, v in this.attrs.items() if k != "self_join"}
         this.attrs["self_join_of"] = table.name
         merge.attrs = dict(merge.attrs, getter_stores=None,
@@ -118,7 +118,7 @@ def stream_table_join(stream, table, joiner, how, name):
     ks = stream.key_serde
     node = LogicalNode(name=b._name("KSTREAM-JOIN", name), kind="processor",
                        factory=lambda n: StreamTableJoin(n.name, n.lookups[0], joiner, how, ks),
-                       stores=getter_stores(table._node), lookups=[table._node])
+                       lookups=[table._node])
     b._add(node, stream._node)
     return KStream(b, node, ks, Serdes.json())
 
@@ -173,19 +173,19 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
     receive = LogicalNode(
         name=b._name("KTABLE-FK-JOIN-SUBSCRIPTION-RECEIVE"), kind="processor",
         factory=lambda n: ForeignKeyJoinSubscriptionReceiver(n.name, n.lookups[0], sub_store, rks, rvs),
-        stores=[sub_store] + getter_stores(right._node), lookups=[right._node])
+        stores=[sub_store], lookups=[right._node])
     b._add(receive, sub_source)
     respond = LogicalNode(
         name=b._name("KTABLE-FK-JOIN-RESPOND"), kind="processor",
         factory=lambda n: ForeignKeyJoinResponder(n.name, sub_store, rks, rvs), stores=[sub_store])
     b._add(respond, right._node)
     internal_sink(resp_topic, [receive, respond])
-    resp_source = internal_source(resp_topic, dedup=True)
+    resp_source = internal_source(resp_topic, dedup=False)
     resolve = LogicalNode(
         name=b._name("KTABLE-FK-JOIN-RESOLVE"), kind="processor",
-        factory=lambda n: ForeignKeyJoinResponseResolver(n.name, n.lookups[0], lks, rvs, joiner, how,
-                                                        version_store, result_store, vs),
-        stores=[version_store, result_store] + getter_stores(left._node), lookups=[left._node])
+        factory=lambda n: ForeignKeyJoinResponseResolver(n.name, n.lookups[0], fk_extractor, lks, rks, rvs,
+                                                        joiner, how, version_store, result_store, vs),
+        stores=[version_store, result_store], lookups=[left._node])
     b._add(resolve, resp_source)
     output = LogicalNode(name=b._name("KTABLE-FK-JOIN-OUTPUT"), kind="processor",
                          factory=lambda n: PassThrough(n.name), value_preserving=True,

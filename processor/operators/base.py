@@ -30,9 +30,13 @@ class ProcessorContext:
         self._stores = stores
         self.collector = collector
         self.wall_clock = wall_clock
+        # Provenance of what is being processed: the input record's topic, partition and offset;
+        # during a punctuation or flush, a synthetic one (``"__punctuation:<sub>"``, the task's
+        # partition, the commit that will persist it) with ``in_record`` False.
         self.topic: str | None = None
         self.partition: int | None = None
         self.offset: int | None = None
+        self.in_record = False
         self.headers = None
         self.sequence = 0            # internal records caused so far by the record in hand
         self.outbox: list = []       # internal records waiting for the next commit
@@ -52,7 +56,7 @@ class ProcessorContext:
         """Send to an internal topic (``partition`` None: by the key's hash, as the producer's
         partitioner does). Outside an input record (punctuation, flush), and behind such a
         record, it goes to the task's outbox instead (``processor/state/outbox.py``)."""
-        if self.offset is None or self.outbox:
+        if not self.in_record or self.outbox:
             self.outbox.append((topic, key, value, timestamp, headers, partition))
         else:
             self.collector.send(topic, key, value, timestamp, headers, partition)

@@ -14,25 +14,30 @@ every result goes through a compare-and-set on the result store (``MaterializedR
 duplicate tombstone, no tombstone for a key with no result and no re-emission of an unchanged
 result is ever forwarded.
 
-Versions. Every left change gets a version (a per-task sequence, committed with the task's
-state, so a replay assigns the same numbers) kept per primary key in the version store; the
-subscription carries it and every response echoes it. A response applies only if its version
-is the key's current one: any response to an older left row (the foreign key moved on, the row
-changed or was deleted) is dropped and counted in ``stale_responses_dropped``. So a response
-from the old foreign key's partition can never overwrite the result for the new one, however
-the two partitions are scheduled. Versions are sequence numbers rather than raw input offsets
-because a left table's changes may come from several input partitions or from a punctuation;
-the input offset itself travels in the ``processor.source`` header.
+Versions. A left row's version is the provenance of the left input record that produced it
+(its topic, partition and offset, and the sequence number of the subscription it caused: the
+``processor.source`` header that subscription carries; a punctuation's is synthetic, see
+``Task._outside_record``). The left side keeps it per primary key in the version store (the
+high-water mark); the right side stores it with the subscription and every response echoes it
+(``processor.fk.subscription``). A response applies only if its echo is the key's current
+version AND the foreign key it answers is the current row's; any response to an older left row
+(the foreign key moved on, the row changed or was deleted) is dropped and counted in
+``stale_responses_dropped``. So a response from the old foreign key's partition can never
+overwrite the result for the new one, however partitions are scheduled. Versions are input
+positions, not a counter: a replay after a crash gives a left change the same version whatever
+order the task's inputs are replayed in, and a topology change cannot reset them.
 
 What the left side resolves alone, at once (no round trip): a left delete (result: none), and a
 left row with no foreign key (left join: ``joiner(left, None)``; inner: none). It then only
 unsubscribes from the old foreign key. Otherwise it subscribes and the response decides.
 
-Replays. Subscriptions are applied idempotently (a put or delete of one CombinedKey, and a
-response re-sent), and their topic is NOT deduplicated by provenance: a left task that rolled
-back after a crash re-sends a subscription the right side has seen, and needs the response
-again. Responses ARE deduplicated (an old response replayed after a newer one would revert the
-result); the version check handles a response that overtook its (replayed) left row.
+Replays. Subscription and response records are applied idempotently, and neither topic is
+deduplicated by provenance (``dedup=False`` on their sources). A left task that rolled back
+after a crash re-sends subscriptions the right side has seen and needs their responses again;
+a right task that rolled back may answer the same subscription again with a NEWER right row
+(its two inputs interleave differently on replay), which must not be dropped. A right-side
+replay can therefore briefly re-apply an older right row (at-least-once); the version check
+keeps every response for an outdated left row out.
 
 Timestamps: a result caused by a left change carries max(left, right) timestamps (a local
 resolution: the left record's); one caused by a right change carries the right record's.
@@ -41,19 +46,40 @@ resolution: the left record's); one caused by a right change carries the right r
 from __future__ import annotations
 
 import inspect
-import struct
 
 from processor import provenance
-from processor.errors import DeserializationError
-from processor.operators.base import Processor
+from processor.errors import DeserializationError, ProcessingError, SerializationError
+from processor.operators.base import Processor, describe_function
 from processor.operators.sink import Routed, Sink
 from processor.operators.table_join import MaterializedResult
 from processor.operators.value_getter import table_getter
 from processor.serde import subscription as wire
 from processor.state import combined_key
-from processor.state.store import TASK_STORE
 
-_COUNTER = struct.Struct(">q")
+
+def _corrupt(step, what, exc=None):
+    """Our own internal records that do not decode are not user input to dead-letter: a replica
+    of a newer build, or corruption. Stop loudly, whatever the error policy."""
+    return ProcessingError(f"{what}: an internal record this build cannot read{f' ({exc})' if exc else ''}; "
+                           f"stopping (internal topics are never dead-lettered)", step=step)
+
+
+def extract_fk(step, fk_extractor, arity, right_key_serde, key, value):
+    """The foreign key of a left row, in the right table's key bytes (None: no foreign key)."""
+    if value is None:
+        return None
+    try:
+        fk = fk_extractor(key, value) if arity == 2 else fk_extractor(value)
+    except Exception as exc:
+        raise step.user_error(fk_extractor, exc) from exc
+    if fk is None:
+        return None
+    try:
+        return right_key_serde.serialize(fk)
+    except Exception as exc:
+        raise SerializationError(f"the foreign key {fk!r} returned by {describe_function(fk_extractor)} "
+                                 f"does not serialize with the right table's key serde {right_key_serde!r}: "
+                                 f"{type(exc).__name__}: {exc}", step=step.name) from exc
 
 
 def fk_extractor_arity(fn) -> int:
@@ -83,7 +109,6 @@ class ForeignKeyJoinSubscriptionSender(Processor):
         self.version_store_name = version_store
         self.result_store_name = result_store
         self.result_serde = result_serde
-        self._counter_key = b"fk_version\x00" + name.encode()
         self.subscriptions_sent = 0
         self.unsubscriptions_sent = 0
         self.resolved_locally = 0
@@ -95,21 +120,17 @@ class ForeignKeyJoinSubscriptionSender(Processor):
         self.results = [c for c in self.children if not isinstance(c, Sink)]
         self.versions = context.get_store(self.version_store_name)
         self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde)
-        self.task_store = context.get_store(TASK_STORE)
-        raw = self.task_store.get(self._counter_key)
-        self.version = 0 if raw is None else _COUNTER.unpack(raw)[0]
 
     def _fk(self, key, value):
-        if value is None:
-            return None
-        try:
-            fk = self.fk_extractor(key, value) if self.fk_arity == 2 else self.fk_extractor(value)
-        except Exception as exc:
-            raise self.user_error(self.fk_extractor, exc) from exc
-        return None if fk is None else self.right_key_serde.serialize(fk)
+        return extract_fk(self, self.fk_extractor, self.fk_arity, self.right_key_serde, key, value)
 
-    def _send(self, fkb, instruction, version, pk, ts):
-        data = wire.encode_subscription(instruction, self.context.task_partition, version, pk)
+    def _version(self) -> bytes:
+        """The provenance the next internal record sent now will carry (the sink stamps it)."""
+        ctx = self.context
+        return provenance.encode(ctx.topic, ctx.partition, ctx.offset, ctx.sequence)
+
+    def _send(self, fkb, instruction, pk, ts):
+        data = wire.encode_subscription(instruction, self.context.task_partition, pk)
         for s in self.sinks:
             s.process(fkb, data, ts)
 
@@ -117,15 +138,13 @@ class ForeignKeyJoinSubscriptionSender(Processor):
         pk = self.left_key_serde.serialize(key)
         new_fk = self._fk(key, change.new)
         old_fk = self._fk(key, change.old)
+        if old_fk is not None and old_fk != new_fk:
+            self._send(old_fk, wire.UNSUBSCRIBE, pk, timestamp)
+            self.unsubscriptions_sent += 1
         if change.new is None:
             self.versions.delete(pk)
         else:
-            self.version += 1
-            self.task_store.put(self._counter_key, _COUNTER.pack(self.version))
-            self.versions.put(pk, wire.encode_left_version(self.version))
-        if old_fk is not None and old_fk != new_fk:
-            self._send(old_fk, wire.UNSUBSCRIBE, self.version, pk, timestamp)
-            self.unsubscriptions_sent += 1
+            self.versions.put(pk, wire.encode_left_version(self._version()))
         if new_fk is None:
             # a deleted row, or a row without a foreign key: nothing to ask the right side
             self.resolved_locally += 1
@@ -146,13 +165,12 @@ class ForeignKeyJoinSubscriptionSender(Processor):
             instruction = wire.SUBSCRIBE_AND_RESPOND
         else:  # inner join with no result now: a "no right row" answer could change nothing
             instruction = wire.SUBSCRIBE_RESPOND_IF_PRESENT
-        self._send(new_fk, instruction, self.version, pk, timestamp)
+        self._send(new_fk, instruction, pk, timestamp)
         self.subscriptions_sent += 1
 
     def metrics(self):
         return {"subscriptions_sent": self.subscriptions_sent, "unsubscriptions_sent": self.unsubscriptions_sent,
-                "resolved_locally": self.resolved_locally, "unchanged_skipped": self.unchanged_skipped,
-                "left_version": self.version}
+                "resolved_locally": self.resolved_locally, "unchanged_skipped": self.unchanged_skipped}
 
 
 class _RespondingOperator(Processor):
@@ -167,9 +185,8 @@ class _RespondingOperator(Processor):
         super().init(context)
         self.subscriptions = context.get_store(self.subscription_store_name)
 
-    def _respond(self, pk, partition, version, value_bytes, ts, echo):
-        headers = [(wire.ECHO_HEADER, echo)] if echo else []
-        self.forward(pk, Routed(wire.encode_response(version, value_bytes), partition, headers), ts)
+    def _respond(self, pk, partition, fkb, value_bytes, ts, echo):
+        self.forward(pk, Routed(wire.encode_response(fkb, value_bytes), partition, [(wire.ECHO_HEADER, echo)]), ts)
         self.responses_sent += 1
 
 
@@ -189,18 +206,20 @@ class ForeignKeyJoinSubscriptionReceiver(_RespondingOperator):
 
     def process(self, fkb, data, timestamp):
         if fkb is None:
-            raise DeserializationError("a subscription record needs a key (the foreign key)", step=self.name)
+            raise _corrupt(self.name, "a subscription record without a key")
         try:
             sub = wire.decode_subscription(data)
         except ValueError as exc:
-            raise DeserializationError(f"bad subscription record: {exc}", step=self.name) from exc
+            raise _corrupt(self.name, "a subscription record", exc) from exc
         ck = combined_key.encode(fkb, sub.pk)
         if sub.instruction == wire.UNSUBSCRIBE:
             self.subscriptions.delete(ck)
             self.unsubscribed += 1
             return
         echo = provenance.find(self.context.headers)
-        self.subscriptions.put(ck, wire.encode_subscriber(sub.primary_partition, sub.version, echo))
+        if echo is None:
+            raise _corrupt(self.name, f"a subscription record without its {provenance.HEADER} header")
+        self.subscriptions.put(ck, wire.encode_subscriber(sub.primary_partition, echo))
         row = self.right.get(self.right_key_serde.deserialize(fkb), fkb)
         if row is None:
             if sub.instruction == wire.SUBSCRIBE_RESPOND_IF_PRESENT:
@@ -208,7 +227,7 @@ class ForeignKeyJoinSubscriptionReceiver(_RespondingOperator):
             vb, ts = None, timestamp
         else:
             vb, ts = self.right_value_serde.serialize(row[0]), max(timestamp, row[1])
-        self._respond(sub.pk, sub.primary_partition, sub.version, vb, ts, echo)
+        self._respond(sub.pk, sub.primary_partition, fkb, vb, ts, echo)
 
     def metrics(self):
         return {"responses_sent": self.responses_sent, "unsubscribed": self.unsubscribed}
@@ -226,7 +245,7 @@ class ForeignKeyJoinResponder(_RespondingOperator):
         for ck, raw in self.subscriptions.prefix(combined_key.prefix(fkb)):
             _, pk = combined_key.decode(ck)
             s = wire.decode_subscriber(raw)
-            self._respond(pk, s.primary_partition, s.version, vb, timestamp, s.echo)
+            self._respond(pk, s.primary_partition, fkb, vb, timestamp, s.echo)
 
     def metrics(self):
         return {"responses_sent": self.responses_sent}
@@ -237,11 +256,14 @@ class ForeignKeyJoinResponseResolver(Processor):
 
     kind = "fk-join-response-resolver"
 
-    def __init__(self, name, left_node, left_key_serde, right_value_serde, joiner, how,
-                 version_store, result_store, result_serde):
+    def __init__(self, name, left_node, fk_extractor, left_key_serde, right_key_serde, right_value_serde,
+                 joiner, how, version_store, result_store, result_serde):
         super().__init__(name)
         self.left_node = left_node
+        self.fk_extractor = fk_extractor
+        self.fk_arity = fk_extractor_arity(fk_extractor)
         self.left_key_serde = left_key_serde
+        self.right_key_serde = right_key_serde
         self.right_value_serde = right_value_serde
         self.joiner = joiner
         self.how = how
@@ -259,18 +281,27 @@ class ForeignKeyJoinResponseResolver(Processor):
 
     def process(self, pk, data, timestamp):
         if pk is None:
-            raise DeserializationError("a response record needs a key (the primary key)", step=self.name)
+            raise _corrupt(self.name, "a response record without a key")
         try:
             resp = wire.decode_response(data)
         except ValueError as exc:
-            raise DeserializationError(f"bad response record: {exc}", step=self.name) from exc
+            raise _corrupt(self.name, "a response record", exc) from exc
+        echo = None
+        for name, value in self.context.headers or ():
+            if name == wire.ECHO_HEADER:
+                echo = value
+        if echo is None:
+            raise _corrupt(self.name, f"a response record without its {wire.ECHO_HEADER} header")
         raw = self.versions.get(pk)
-        if raw is None or wire.decode_left_version(raw) != resp.version:
+        if raw is None or wire.decode_left_version(raw) != echo:
             self.stale_responses_dropped += 1
             return
         key = self.left_key_serde.deserialize(pk)
         row = self.left.get(key, pk)
-        if row is None:  # cannot happen while the version store is kept with the left table
+        if row is None or extract_fk(self, self.fk_extractor, self.fk_arity, self.right_key_serde,
+                                     key, row[0]) != resp.fk:
+            # cannot happen while the version store is kept with the left table, unless a
+            # replay produced a different row for the same input record: not this response's
             self.stale_responses_dropped += 1
             return
         right = None if resp.value is None else self.right_value_serde.deserialize(resp.value)

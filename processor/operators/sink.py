@@ -78,7 +78,7 @@ class Sink(Processor):
         if self.internal:
             headers = [h for h in ctx.headers or () if h[0] not in provenance.INTERNAL_HEADERS]
             headers.extend(extra)
-            if ctx.offset is not None:  # else: caused by a punctuation or a flush
+            if ctx.topic is not None:  # None only when hosted outside a Task
                 headers.append((provenance.HEADER, provenance.encode(ctx.topic, ctx.partition, ctx.offset,
                                                                       ctx.sequence)))
                 ctx.sequence += 1

@@ -19,7 +19,8 @@ Invariants:
   persisted with the state at commit, sent after it, resent if the task reopens before the
   next commit confirmed them (``processor/state/outbox.py``). They carry the provenance
   ``("__punctuation:<sub-topology>", partition, <commit counter>, <index>)``.
-- Poison input (a key/value that does not deserialize) follows the ``on_error`` policy:
+- Poison input (a key/value that does not deserialize) on a user topic follows the ``on_error`` policy
+  (on an internal topic it is always fatal: those bytes are ours, never user input):
   ``dlq`` (default) sends the original bytes to the dead-letter topic with provenance headers,
   ``skip`` counts and logs it, ``fail`` raises. Errors in user functions always fail loudly,
   naming the record and the step.
@@ -70,7 +71,8 @@ class Task:
         self.task_store = stores.store(TASK_STORE)
         self.ops = topology.instantiate(sub_id, self.context)
         self.sources: dict[str, list] = {}   # topic -> its source operators, in graph order
-        self.internal_topics = set()
+        self.internal_topics = set()          # deduplicated by provenance
+        self._internal_sources = set()        # every internal topic: never dead-lettered
         for n in topology.subtopologies[sub_id]:
             if n.source_topic:
                 self.sources.setdefault(n.source_topic, []).append(self.ops[n.name])
@@ -78,6 +80,8 @@ class Task:
                 # twice is harmless and a replay must be applied again (FK subscriptions).
                 if n.attrs.get("internal") and n.attrs.get("dedup", True):
                     self.internal_topics.add(n.source_topic)
+                if n.attrs.get("internal"):
+                    self._internal_sources.add(n.source_topic)
         ops = list(self.ops.values())
         self._wall_punctuators = [op for op in ops if op.punctuates_wall]
         self._flushers = [op for op in ops if type(op).flush is not Processor.flush]
@@ -90,6 +94,7 @@ class Task:
         raw = self.task_store.get(_OUTBOX_COUNTER)
         self._outbox_counter = 0 if raw is None else int.from_bytes(raw, "big")
         self._outbox_unconfirmed = False
+        self._punctuation_sequence = 0
         raw = self.task_store.get(_OUTBOX)
         if raw is not None:  # sent before a crash, maybe not delivered: send again
             self._send_outbox(outbox_codec.decode(raw))
@@ -102,6 +107,7 @@ class Task:
         ctx.offset = offset
         ctx.headers = headers
         ctx.sequence = 0
+        ctx.in_record = True
         mark = None
         try:
             if topic in self.internal_topics:
@@ -115,6 +121,12 @@ class Task:
             if mark is not None:
                 self.task_store.put(*mark)
         except DeserializationError as exc:
+            if topic in self._internal_sources:
+                # our own records: a newer build's format or corruption, not user input
+                raise ProcessingError(f"an internal record this build cannot read ({exc.reason}); "
+                                      f"stopping (internal topics are never dead-lettered)",
+                                      topic=topic, partition=partition, offset=offset,
+                                      step=exc.step) from exc
             self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
         except RecordError as exc:
             raise exc.with_provenance(topic, partition, offset) from exc.__cause__
@@ -143,9 +155,17 @@ class Task:
         return mk, provenance.encode_mark(src.offset, src.sequence)
 
     def _outside_record(self, what: str, fn) -> None:
-        """Run a punctuation or flush: no input record is in hand."""
+        """Run a punctuation or flush: no input record is in hand. Its provenance is synthetic,
+        ``("__punctuation:<sub>", partition, <the outbox counter of the commit that will persist
+        its records>)``, with sequence numbers running on across every punctuation and flush
+        until that commit, so each internal record it sends has a unique, increasing one."""
         ctx = self.context
-        ctx.topic = ctx.partition = ctx.offset = ctx.headers = None
+        ctx.topic = f"__punctuation:{self.sub_id}"
+        ctx.partition = self.partition
+        ctx.offset = self._outbox_counter + 1
+        ctx.sequence = self._punctuation_sequence
+        ctx.in_record = False
+        ctx.headers = None
         ctx.source_value = ctx.source_value_bytes = ctx.source_value_serde = None
         try:
             fn()
@@ -153,6 +173,8 @@ class Task:
             raise
         except Exception as exc:
             raise ProcessingError(f"{type(exc).__name__}: {exc}", step=f"task {self.id} {what}") from exc
+        finally:
+            self._punctuation_sequence = ctx.sequence
 
     def punctuate_wall(self, now_ms: int) -> None:
         """Wall-clock punctuation (worker: every loop; driver: ``advance_wall_clock``)."""
@@ -205,6 +227,7 @@ class Task:
             self.task_store.delete(_OUTBOX)
             self._outbox_unconfirmed = False
         records = self.context.outbox
+        self._punctuation_sequence = 0
         if records:
             self.context.outbox = []
             self._outbox_counter += 1

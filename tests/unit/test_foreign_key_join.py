@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from processor import StreamsBuilder
+from processor import StreamsBuilder, provenance
 from processor.serde import Serdes, subscription as wire
 from processor.testing import TopologyTestDriver
 
@@ -180,7 +180,10 @@ def test_a_stale_response_after_a_newer_left_version_is_dropped_and_counted():
         d.pipe_input("orders", "o1", {"n": 1, "c": "c1"}, timestamp=10)   # version 1
         d.pipe_input("orders", "o1", {"n": 1, "c": "c2"}, timestamp=11)   # version 2
         assert len(d.held) == 2 and out(d) == []
-        assert [wire.decode_response(v).version for _, _, v, _, _ in d.held] == [1, 2]
+        # each response echoes the version it answers: the provenance of the left record
+        echoes = [provenance.decode(dict(h)[wire.ECHO_HEADER]) for _, _, _, _, h in d.held]
+        assert [(e.topic, e.offset) for e in echoes] == [("orders", 0), ("orders", 1)]
+        assert [wire.decode_response(v).fk for _, _, v, _, _ in d.held] == [b"c1", b"c2"]
         d.release(0)   # the answer to version 1 arrives after version 2 was processed: stale
         assert out(d) == []
         d.release(0)
