@@ -93,6 +93,7 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> l
         raise ConfigError(f"topic {topic!r} does not exist on {bootstrap_servers}")
     conf = consumer_defaults(bootstrap_servers)
     conf["group.id"] = f"reader-{topic}-{time.time_ns()}"
+    conf["fetch.wait.max.ms"] = 50   # a one-off reader: reach partition EOF quickly
     c = Consumer(conf)
     by_part: dict[int, list] = {p: [] for p in range(parts)}
     try:
@@ -124,6 +125,7 @@ def partitions_with_records_from(bootstrap_servers: str, positions: dict[tuple[s
         return set()
     conf = consumer_defaults(bootstrap_servers)
     conf["group.id"] = f"probe-{time.time_ns()}"
+    conf["fetch.wait.max.ms"] = 50
     c = Consumer(conf)
     more: set[tuple[str, int]] = set()
     try:

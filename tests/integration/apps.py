@@ -80,3 +80,48 @@ def crash_aggregates_topology():
                                                    name="sum-by-region") \
         .to_stream().to(f"{out}-sum-by-region")
     return b.build()
+
+
+# -- foreign-key joins (issue: KIP-213) ----------------------------------------------------------
+# Left table: orders, pk -> {"customer": fk | None, "n": int}; right table: customers,
+# fk -> {"name": str, "tier": str, "visits": int}. The joiner ignores "visits", so a customer
+# update that changes only "visits" leaves every result unchanged (nothing may be re-emitted).
+
+def order_customer(order):
+    return order["customer"]
+
+
+def join_order_customer(order, customer):
+    return {"n": order["n"], "customer": order["customer"],
+            "name": None if customer is None else customer["name"],
+            "tier": None if customer is None else customer["tier"]}
+
+
+FK_JOINS = ("fk-inner", "fk-left")
+
+
+def fk_joins_topology(orders: str, customers: str, inner_out: str, left_out: str, optimize: bool = True):
+    """ONE topology with two foreign-key joins of the same two tables: ``fk-inner`` (how="inner")
+    to ``inner_out`` and ``fk-left`` (how="left") to ``left_out``. Internal topics:
+    ``<app>-fk-inner-subscription-registration-topic`` etc."""
+    b = StreamsBuilder()
+    o = b.table(orders, key_serde=Serdes.string(), value_serde=Serdes.json())
+    c = b.table(customers, key_serde=Serdes.string(), value_serde=Serdes.json())
+    o.join_on_foreign_key(c, order_customer, join_order_customer, how="inner", name="fk-inner") \
+        .to_stream().to(inner_out)
+    o.join_on_foreign_key(c, order_customer, join_order_customer, how="left", name="fk-left") \
+        .to_stream().to(left_out)
+    return b.build(optimize=optimize)
+
+
+def pair_amounts(a, b):
+    return {"a": a["amount"], "b": b["amount"], "sum": a["amount"] + b["amount"]}
+
+
+def table_self_join_topology(inp: str, out: str, optimize: bool = True):
+    """A table joined with itself on its primary key (inner), rewritten by the ``self-join``
+    pass when ``optimize`` is on (one store fewer)."""
+    b = StreamsBuilder()
+    t = b.table(inp, key_serde=Serdes.string(), value_serde=Serdes.json())
+    t.join(t, pair_amounts).to_stream().to(out)
+    return b.build(optimize=optimize)

@@ -128,3 +128,146 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -
         return {tp.partition: tp.offset for tp in tps}
     finally:
         c.close()
+
+
+# -- foreign-key joins (partitioning, interleaved two-topic input, final tables) ---------------------
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (``org.apache.kafka.common.utils.Utils.murmur2``) as an unsigned 32-bit int."""
+    m, r = 0x5BD1E995, 24
+    length = len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    tail = length & ~3
+    rem = length % 4
+    if rem == 3:
+        h ^= data[tail + 2] << 16
+    if rem >= 2:
+        h ^= data[tail + 1] << 8
+    if rem >= 1:
+        h ^= data[tail]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition Java's default partitioner (and librdkafka's ``murmur2_random``) picks for a
+    non-null key: ``toPositive(murmur2(key)) % partitions``."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def produce_interleaved(bootstrap: str, records, timestamp0: int = 1_000_000, chunk: int = 0,
+                        pause_s: float = 0.0) -> dict[str, dict[int, int]]:
+    """Produce ``(topic, key, value)`` triples through ONE producer in the given order (so records
+    of several topics interleave in time), record ``i`` at ``timestamp0 + i``; with ``chunk`` > 0
+    in chunks of ``chunk`` records, each flushed and followed by ``pause_s`` of quiet (a worker
+    running meanwhile sees the input arrive over time). Returns ``{topic: {partition: end
+    offset}}`` from the delivery reports."""
+    ends: dict[str, dict[int, int]] = defaultdict(dict)
+    errors = []
+
+    def on_delivery(err, msg):
+        if err is not None:
+            errors.append(err)
+        else:
+            e = ends[msg.topic()]
+            e[msg.partition()] = max(e.get(msg.partition(), 0), msg.offset() + 1)
+
+    p = Producer(kafka.producer_defaults(bootstrap))
+    for i, (topic, k, v) in enumerate(records):
+        while True:
+            try:
+                p.produce(topic, v, k, timestamp=timestamp0 + i, on_delivery=on_delivery)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if chunk > 0 and (i + 1) % chunk == 0:
+            assert p.flush(30) == 0
+            time.sleep(pause_s)
+    assert p.flush(30) == 0
+    assert not errors, errors
+    return {t: dict(e) for t, e in ends.items()}
+
+
+def final_table(messages) -> dict[bytes, bytes]:
+    """The table a topic describes: the last value per key, a tombstone removing the key
+    (messages in topic order; each key lives in one partition)."""
+    out: dict[bytes, bytes] = {}
+    for m in messages:
+        if m.value() is None:
+            out.pop(m.key(), None)
+        else:
+            out[m.key()] = m.value()
+    return out
+
+
+def table_emission_violations(seq) -> list[str]:
+    """Breaches of the table-operator invariant in one key's output sequence ``[value | None]``:
+    a record equal to the previous one (an unchanged result re-emitted, or a second tombstone),
+    or a tombstone for a key that had no result."""
+    bad, prev, present = [], None, False
+    for i, v in enumerate(seq):
+        if v is None and not present:
+            bad.append(f"#{i}: tombstone for a key without a result")
+        elif i > 0 and v is not None and v == prev:
+            bad.append(f"#{i}: unchanged result re-emitted")
+        prev, present = v, v is not None
+    return bad
+
+
+def wait_until_group_drained(bootstrap: str, group: str, topics: dict[str, int], timeout_s: float = 120.0,
+                             poll_s: float = 0.5) -> float:
+    """Wait until ``group`` has committed every partition of ``topics`` (``{topic: partitions}``,
+    internal topics included) to its end: the committed offsets are read FIRST, then the broker
+    is probed (to partition EOF, not list_offsets) for records at or after them; none means
+    every record was processed and committed, and so was everything those records caused (a
+    worker flushes its outputs before committing). Returns the seconds waited."""
+    t0 = time.monotonic()
+    while True:
+        committed = {(t, p): max(off, 0) for t, n in topics.items()
+                     for p, off in committed_offsets(bootstrap, group, t, n).items()}
+        if not _partitions_with_records_from(bootstrap, committed):
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"group {group} did not drain {sorted(topics)} within {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def _partitions_with_records_from(bootstrap: str, positions: dict[tuple[str, int], int],
+                                  timeout_s: float = 30.0) -> set[tuple[str, int]]:
+    """``kafka.partitions_with_records_from`` with ``fetch.wait.max.ms=50``: the default 500 ms
+    makes every probe of an empty partition take ~1.6 s on Tansu (0.6 s with 50 ms)."""
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError
+
+    conf = kafka.consumer_defaults(bootstrap)
+    conf.update({"group.id": f"probe-{time.time_ns()}", "fetch.wait.max.ms": 50})
+    c = Consumer(conf)
+    more: set[tuple[str, int]] = set()
+    try:
+        c.assign([TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in positions.items()])
+        done: set[tuple[str, int]] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(done) < len(positions):
+            assert time.monotonic() < deadline, f"probing {sorted(set(positions) - done)} timed out"
+            for m in c.consume(100, 0.2):
+                key = (m.topic(), m.partition())
+                err = m.error()
+                if err is None:
+                    more.add(key)
+                    done.add(key)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    done.add(key)
+                else:
+                    raise AssertionError(f"probing {key[0]}[{key[1]}]: {err.str()}")
+    finally:
+        c.close()
+    return more
