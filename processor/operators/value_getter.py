@@ -43,14 +43,6 @@ class StoreValueGetter:
         ts, vb = timestamped.decode(raw)
         return self.value_serde.deserialize(vb), ts
 
-    def get_bytes(self, kb):
-        """``(value bytes, timestamp)`` or None, without deserializing."""
-        raw = self.store.get(kb)
-        if raw is None:
-            return None
-        ts, vb = timestamped.decode(raw)
-        return vb, ts
-
 
 class EmittedValueGetter:
     """An aggregate as last forwarded: its last-emitted column."""

@@ -235,39 +235,8 @@ def wait_until_group_drained(bootstrap: str, group: str, topics: dict[str, int],
     while True:
         committed = {(t, p): max(off, 0) for t, n in topics.items()
                      for p, off in committed_offsets(bootstrap, group, t, n).items()}
-        if not _partitions_with_records_from(bootstrap, committed):
+        if not kafka.partitions_with_records_from(bootstrap, committed):
             return time.monotonic() - t0
         if time.monotonic() - t0 > timeout_s:
             raise AssertionError(f"group {group} did not drain {sorted(topics)} within {timeout_s:.0f} s")
         time.sleep(poll_s)
-
-
-def _partitions_with_records_from(bootstrap: str, positions: dict[tuple[str, int], int],
-                                  timeout_s: float = 30.0) -> set[tuple[str, int]]:
-    """``kafka.partitions_with_records_from`` with ``fetch.wait.max.ms=50``: the default 500 ms
-    makes every probe of an empty partition take ~1.6 s on Tansu (0.6 s with 50 ms)."""
-    from confluent_kafka import OFFSET_BEGINNING, KafkaError
-
-    conf = kafka.consumer_defaults(bootstrap)
-    conf.update({"group.id": f"probe-{time.time_ns()}", "fetch.wait.max.ms": 50})
-    c = Consumer(conf)
-    more: set[tuple[str, int]] = set()
-    try:
-        c.assign([TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in positions.items()])
-        done: set[tuple[str, int]] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(done) < len(positions):
-            assert time.monotonic() < deadline, f"probing {sorted(set(positions) - done)} timed out"
-            for m in c.consume(100, 0.2):
-                key = (m.topic(), m.partition())
-                err = m.error()
-                if err is None:
-                    more.add(key)
-                    done.add(key)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    done.add(key)
-                else:
-                    raise AssertionError(f"probing {key[0]}[{key[1]}]: {err.str()}")
-    finally:
-        c.close()
-    return more
