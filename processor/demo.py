@@ -13,7 +13,6 @@ import logging
 import random
 import tempfile
 import time
-from collections import Counter
 
 from confluent_kafka import Producer
 

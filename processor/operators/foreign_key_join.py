@@ -48,7 +48,7 @@ from __future__ import annotations
 import inspect
 
 from processor import provenance
-from processor.errors import DeserializationError, ProcessingError, SerializationError
+from processor.errors import ProcessingError, SerializationError
 from processor.operators.base import Processor, describe_function
 from processor.operators.sink import Routed, Sink
 from processor.operators.table_join import MaterializedResult
@@ -241,8 +241,10 @@ class ForeignKeyJoinResponder(_RespondingOperator):
 
     def process(self, key, change, timestamp):
         fkb = self.right_key_serde.serialize(key)
-        vb = None if change.new is None else self.right_value_serde.serialize(change.new)
+        vb = unset = object()   # serialized at the first subscriber: most right rows have none
         for ck, raw in self.subscriptions.prefix(combined_key.prefix(fkb)):
+            if vb is unset:
+                vb = None if change.new is None else self.right_value_serde.serialize(change.new)
             _, pk = combined_key.decode(ck)
             s = wire.decode_subscriber(raw)
             self._respond(pk, s.primary_partition, fkb, vb, timestamp, s.echo)

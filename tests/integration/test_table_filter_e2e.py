@@ -1,7 +1,6 @@
 """End to end on a real broker: 10,000 table updates on 4 partitions through filter; the
 broker's output equals the test driver's, key by key and in order."""
 
-import os
 
 from processor.runtime import kafka
 from processor.runtime.worker import Worker

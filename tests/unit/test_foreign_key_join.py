@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from processor import StreamsBuilder, provenance
-from processor.serde import Serdes, subscription as wire
+from processor.serde import subscription as wire
 from processor.testing import TopologyTestDriver
 
 
