@@ -2,11 +2,24 @@
 
     processor demo [--bootstrap-servers B] [--records N]
     processor run MODULE:ATTR --bootstrap-servers B --application-id ID --state-dir DIR
+                  [--processing-guarantee at_least_once|exactly_once] [--startup-timeout-s S]
     processor describe MODULE:ATTR
     processor broker [--port P]
 
-Errors the user can fix (unreachable broker, missing topic, unresolvable MODULE:ATTR, bad
-input under ``--on-error fail``) print one line on stderr and exit non-zero, no traceback.
+Errors the user can fix print one line on stderr, ``processor: error: <message>``, no traceback,
+and exit with the code of their class (``ProcessorError.exit_code``, see ``processor.errors``):
+
+    0    stopped cleanly (SIGTERM/SIGINT)
+    1    anything unexpected (a bug: with its traceback), a store that cannot be opened, output
+         that cannot be delivered
+    2    configuration or usage: bad arguments, unresolvable MODULE:ATTR, missing topic,
+         co-partitioned topics with different partition counts          (ConfigError, TopologyError)
+    3    the broker did not answer within --startup-timeout-s            (BrokerUnreachable)
+    4    the state directory is locked by another worker process         (StateDirLocked)
+    5    local state does not match its changelog                        (ChangelogMismatch)
+    6    a record failed processing: a user function raised, or a record
+         did not deserialize under ``--on-error fail``                   (RecordError)
+    130  interrupted before the worker took over SIGINT
 """
 
 from __future__ import annotations
@@ -83,6 +96,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="what to do with a record that does not deserialize (default: dlq)")
     r.add_argument("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
                    help="extra librdkafka consumer setting (repeatable)")
+    r.add_argument("--processing-guarantee", choices=["at_least_once", "exactly_once"],
+                   default="at_least_once",
+                   help="exactly_once: outputs, changelogs and input offsets of each commit in one "
+                        "Kafka transaction (state is effectively once either way)")
+    r.add_argument("--startup-timeout-s", type=float, default=10.0, metavar="S",
+                   help="give up (exit code 3) when the broker does not answer within S seconds "
+                        "at start-up (default: 10)")
 
     de = sub.add_parser("describe", help="print a topology's sub-topologies, processors and stores")
     de.add_argument("topology", metavar="MODULE:ATTR")
@@ -128,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             topology = resolve_topology(args.topology)
             worker = Worker(topology, args.bootstrap_servers, args.application_id, args.state_dir,
                             commit_interval_ms=args.commit_interval_ms, on_error=args.on_error,
-                            consumer_config=_kv(args.consumer_config))
+                            consumer_config=_kv(args.consumer_config),
+                            startup_timeout_s=args.startup_timeout_s,
+                            processing_guarantee=args.processing_guarantee)
             worker.run()
             logging.getLogger("processor.worker").info(
                 "stopped after %d records; counters: %s", worker.records_processed, worker.metrics())
@@ -145,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(0.2)
             return 0
     except ProcessorError as exc:
-        print(f"processor: error: {exc}", file=sys.stderr)
-        return 2
+        message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"processor: error: {message}", file=sys.stderr, flush=True)
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     return 2

@@ -2,6 +2,26 @@
 
 Every error that concerns a record names where the record came from (topic, partition,
 offset) and the step (processor node and, where there is one, the user function).
+
+Each class carries the exit code of the ``processor`` command (``exit_code``); ``processor.cli``
+prints the error as one line, ``processor: error: <message>``, and exits with it:
+
+====  ==============================================================  =============================
+code  meaning                                                         raised as
+====  ==============================================================  =============================
+0     stopped cleanly (SIGTERM/SIGINT)
+1     anything else: an unexpected exception (with its traceback), a  ProcessorError, StateError,
+      store that cannot be opened, output that cannot be delivered    (any other subclass)
+2     configuration or usage: bad arguments, unresolvable             ConfigError, TopologyError
+      MODULE:ATTR, missing topic, partition-count mismatch, a
+      topology that cannot run
+3     the broker did not answer within the startup timeout            BrokerUnreachable
+4     the state directory is locked by another worker process         StateDirLocked
+5     local state does not match its changelog                        ChangelogMismatch
+6     a record failed processing: a user function raised, or a        RecordError (ProcessingError,
+      record did not deserialize under ``--on-error fail``            SerializationError, ...)
+130   interrupted (SIGINT before the worker took over the signal)
+====  ==============================================================  =============================
 """
 
 from __future__ import annotations
@@ -10,13 +30,25 @@ from __future__ import annotations
 class ProcessorError(Exception):
     """Base class of every error this package raises on purpose."""
 
+    exit_code = 1
+
 
 class ConfigError(ProcessorError):
-    """Bad configuration, unreachable broker, missing topic, unresolvable MODULE:ATTR."""
+    """Bad configuration or usage: missing topic, partition-count mismatch, unresolvable MODULE:ATTR."""
+
+    exit_code = 2
+
+
+class BrokerUnreachable(ConfigError):
+    """The broker did not answer (wrong ``--bootstrap-servers``, broker down, network)."""
+
+    exit_code = 3
 
 
 class TopologyError(ProcessorError):
     """The topology as built cannot run (bad wiring, a failed optimization sanity check)."""
+
+    exit_code = 2
 
 
 def _where(topic, partition, offset) -> str:
@@ -25,6 +57,8 @@ def _where(topic, partition, offset) -> str:
 
 class RecordError(ProcessorError):
     """An error about one record: names its provenance and the step that failed."""
+
+    exit_code = 6
 
     def __init__(self, message: str, *, topic=None, partition=None, offset=None, step=None):
         self.topic, self.partition, self.offset, self.step = topic, partition, offset, step
@@ -60,3 +94,16 @@ class ProcessingError(RecordError):
 
 class StateError(ProcessorError):
     """A state store could not be opened, read or written."""
+
+
+class StateDirLocked(StateError):
+    """Another worker process holds the state directory (see ``processor.runtime.state_lock``)."""
+
+    exit_code = 4
+
+
+class ChangelogMismatch(StateError):
+    """Local state does not match its changelog (e.g. the local checkpoint is ahead of the
+    changelog's end, or the changelog was recreated): refuse to run on it."""
+
+    exit_code = 5

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from processor.errors import TopologyError
+from processor.state.store import TASK_STORE
 
 
 @dataclass(eq=False)
@@ -48,7 +49,7 @@ class LogicalNode:
 class StoreSpec:
     name: str
     owner: str                   # node name
-    changelog_topic: str | None  # a source topic that IS the changelog (table sources), or None
+    source_topic: str | None     # the topic a table source reads (its store mirrors it), or None
     key_serde: object = None
     value_serde: object = None
     kind: str = "kv"             # kv | aggregate | emitted (last-emitted column) | window |
@@ -261,6 +262,31 @@ class Topology:
         bound.subtopologies = bound._split()
         return bound
 
+    # -- changelogs ------------------------------------------------------------------------------
+    def changelog_topic(self, store: str, sub_id: int | None = None) -> str:
+        """``<application-id>-<store>-changelog``; the task store (``__task``), one per
+        sub-topology, is ``<application-id>-__task-<sub>-changelog``."""
+        app = self.application_id or "<application-id>"
+        if store == TASK_STORE:
+            return f"{app}-{TASK_STORE}-{sub_id}-changelog"
+        return f"{app}-{store}-changelog"
+
+    def changelogs_of(self, sub_id: int) -> dict[str, str]:
+        """Store name -> changelog topic, for every store of the sub-topology's tasks."""
+        out = {s.name: self.changelog_topic(s.name) for s in self.stores_of(sub_id)}
+        out[TASK_STORE] = self.changelog_topic(TASK_STORE, sub_id)
+        return out
+
+    def changelog_topic_partitions(self, partitions: dict[str, int]) -> dict[str, int]:
+        """Changelog topic -> partition count (one partition per task of its sub-topology)."""
+        counts = {**partitions, **self.internal_topic_partitions(partitions)}
+        out = {}
+        for i in range(len(self.subtopologies)):
+            n = max(counts[t] for t in self.source_topics(i))
+            for topic in self.changelogs_of(i).values():
+                out[topic] = n
+        return out
+
     def internal_topics(self) -> dict[str, list[int]]:
         """Internal topic -> the sub-topologies that write it."""
         out: dict[str, list[int]] = {}
@@ -391,8 +417,7 @@ class Topology:
                     lines.append(f"      <-- {', '.join(p.name for p in n.parents)}")
         lines.append("Stores:")
         for s in self.stores.values():
-            cl = f"changelog: source topic {s.changelog_topic}" if s.changelog_topic else "no changelog"
-            lines.append(f"    {s.name} ({s.kind}; owner: {s.owner}; {cl})")
+            lines.append(f"    {s.name} ({s.kind}; owner: {s.owner}; changelog: {self.changelog_topic(s.name)})")
         opt = "on" if self.optimize else "off"
         applied = ", ".join(f"{n}: {c} rewrite(s)" for n, c in self.applied_passes) or "none applicable"
         lines.append(f"Optimizations: {opt} (passes: {applied})")

@@ -52,7 +52,7 @@ class StreamsBuilder:
 
     def table(self, topic: str, key_serde=None, value_serde=None, name: str | None = None,
               store_name: str | None = None):
-        """A table read from ``topic``; always materialized (the source topic is its changelog)."""
+        """A table read from ``topic``; always materialized (in a store with its own changelog)."""
         from processor.dsl.ktable import KTable
 
         key_serde = key_serde or Serdes.string()
@@ -68,7 +68,7 @@ class StreamsBuilder:
                    "getter_stores": [store]},
         )
         self._add(node)
-        self._add_store(StoreSpec(store, node_name, changelog_topic=topic,
+        self._add_store(StoreSpec(store, node_name, source_topic=topic,
                                   key_serde=key_serde, value_serde=value_serde))
         return KTable(self, node, key_serde, value_serde, store_name=store)
 

@@ -8,11 +8,14 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from processor.errors import ConfigError
+from processor.errors import BrokerUnreachable, ConfigError
 
 # Explicit retention on every topic we create: some brokers (Tansu) report back only the
 # settings given at creation, and tools break on a missing retention key.
 TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+# Changelogs: compaction requested (a broker without compaction, like Tansu, keeps everything;
+# restore is correct either way: last write per key wins).
+CHANGELOG_TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "compact"}
 
 
 # librdkafka's own log lines go to Python logging instead of raw stderr.
@@ -56,23 +59,23 @@ def admin(bootstrap_servers: str) -> AdminClient:
 
 
 def topic_partitions(bootstrap_servers: str, timeout_s: float = 10.0) -> dict[str, int]:
-    """Partition counts of every topic; a clear ConfigError if the broker does not answer."""
+    """Partition counts of every topic; BrokerUnreachable (one line) if the broker does not answer."""
     try:
         md = admin(bootstrap_servers).list_topics(timeout=timeout_s)
     except KafkaException as exc:
-        raise ConfigError(f"cannot reach Kafka at {bootstrap_servers} within {timeout_s:.0f} s "
-                          f"({exc.args[0].str() if exc.args else exc})") from None
+        raise BrokerUnreachable(f"cannot reach Kafka at {bootstrap_servers} within {timeout_s:g} s "
+                                f"({exc.args[0].str() if exc.args else exc})") from None
     return {name: len(t.partitions) for name, t in md.topics.items() if not t.error}
 
 
 def create_topics(bootstrap_servers: str, topics: dict[str, int], exist_ok: bool = True,
-                  timeout_s: float = 15.0) -> None:
-    """Create ``{topic: partitions}`` (replication 1, explicit retention)."""
+                  timeout_s: float = 15.0, config: dict | None = None) -> None:
+    """Create ``{topic: partitions}`` (replication 1, explicit retention, or ``config``)."""
     if not topics:
         return
     client = admin(bootstrap_servers)  # must outlive the futures
     futures = client.create_topics(
-        [NewTopic(t, n, 1, config=dict(TOPIC_CONFIG)) for t, n in topics.items()],
+        [NewTopic(t, n, 1, config=dict(config or TOPIC_CONFIG)) for t, n in topics.items()],
         operation_timeout=timeout_s, request_timeout=timeout_s)
     for topic, fut in futures.items():
         try:

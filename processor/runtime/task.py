@@ -86,7 +86,9 @@ class Task:
         self._wall_punctuators = [op for op in ops if op.punctuates_wall]
         self._flushers = [op for op in ops if type(op).flush is not Processor.flush]
         self.store_specs = topology.stores_of(sub_id)
-        self.positions: dict[tuple[str, int], int] = stores.read_checkpoint()
+        # the local checkpoint also holds changelog end offsets: keep the input partitions only
+        self.positions: dict[tuple[str, int], int] = {
+            tp: off for tp, off in stores.read_checkpoint().items() if tp[0] in self.sources}
         self.dead_lettered = 0
         self.skipped_poison = 0
         self.processed = 0
@@ -108,6 +110,7 @@ class Task:
         ctx.headers = headers
         ctx.sequence = 0
         ctx.in_record = True
+        self.stores.writer = (topic, partition, offset)
         mark = None
         try:
             if topic in self.internal_topics:
@@ -167,6 +170,7 @@ class Task:
         ctx.in_record = False
         ctx.headers = None
         ctx.source_value = ctx.source_value_bytes = ctx.source_value_serde = None
+        self.stores.writer = (ctx.topic, ctx.partition, ctx.offset)
         try:
             fn()
         except ProcessorError:
@@ -210,19 +214,20 @@ class Task:
         self.dead_lettered += 1
         log.warning("dead-lettered poison record to %s: %s", self.dlq_topic, exc)
 
-    def restore(self, topic, partition, offset, timestamp, key, value) -> None:
-        """Re-apply a source-topic record to the stores it is the changelog of (no forwarding)."""
-        try:
-            for source in self.sources[topic]:
-                source.restore_bytes(key, value, timestamp)
-        except DeserializationError:
-            pass  # it was dead-lettered / skipped when processed; it never reached the store
-        self.positions[(topic, partition)] = offset + 1
-
     # -- lifecycle ----------------------------------------------------------------------------
     def commit(self) -> dict[tuple[str, int], int]:
-        """Persist store writes and positions as one unit; returns the positions committed."""
+        """Persist store writes and positions as one unit; returns the positions committed.
+        (A host without changelogs; the worker runs ``prepare_commit`` / ``finish_commit``
+        around producing the changelog, see ``processor/runtime/changelog.py``.)"""
+        pos, records = self.prepare_commit()
+        self.finish_commit(pos, records)
+        return pos
+
+    def prepare_commit(self):
+        """First half of a commit: settle the outbox into the task store's pending writes.
+        Returns ``(positions, outbox records)``; every store write of this unit is now pending."""
         pos = dict(self.positions)
+        self.stores.writer = (f"__commit:{self.sub_id}", self.partition, self._outbox_counter + 1)
         if self._outbox_unconfirmed:  # the host flushed the collector before this commit
             self.task_store.delete(_OUTBOX)
             self._outbox_unconfirmed = False
@@ -240,10 +245,14 @@ class Task:
                     n += 1
             self.task_store.put(_OUTBOX, outbox_codec.encode(records))
             self.task_store.put(_OUTBOX_COUNTER, self._outbox_counter.to_bytes(8, "big"))
-        self.stores.commit(pos)
+        return pos, records
+
+    def finish_commit(self, pos, records, changelog_ends=None) -> None:
+        """Second half: write the pending state, the positions and the changelog end offsets as
+        one local batch, then send the outbox (its records are durable in the state now)."""
+        self.stores.commit({**pos, **changelog_ends} if changelog_ends else pos)
         if records:
             self._send_outbox(records)
-        return pos
 
     def _send_outbox(self, records) -> None:
         for topic, key, value, ts, headers, part in records:

@@ -1,26 +1,36 @@
 """The consumer-group worker: the only place that consumes, produces and commits.
 
 Loop: consume a batch -> route each record to the Task of (sub-topology, partition) -> the
-task's operators send outputs through the producer -> every ``commit_interval_ms``: flush the
-producer (outputs durable, delivery errors fatal) -> commit each task's stores and positions as
-one RocksDB write -> commit the same offsets to the group. This order gives at-least-once: a
-crash anywhere replays from a point whose outputs are durable and whose state matches.
+task's operators send outputs and internal records through the producer; stores write into the
+task's write buffer -> every ``commit_interval_ms`` one commit unit per task
+(``processor/runtime/changelog.py``): the buffered store writes go to the changelog topics;
+flush (outputs, internal records, changelog durable; delivery errors fatal); each task's commit
+record (input positions + changelog end offsets) goes to its task changelog; flush; the group
+offsets are committed (with ``processing_guarantee="exactly_once"`` all of this is one Kafka
+transaction, offsets via ``send_offsets_to_transaction``); then each task writes its buffered
+state, positions and changelog ends to RocksDB as one batch. The changelogs up to the last
+commit record are the truth: a crash anywhere leaves a state that a restore rebuilds exactly,
+with the input positions it belongs to.
 
 Assignment: tasks are created for assigned partition numbers (range assignor keeps partition
-``i`` of co-partitioned topics on one worker). A task's start offset is the larger of the
-group's committed offset and its local checkpoint; when the local state is behind the group
-(the partition was processed elsewhere), its stores are caught up from their changelog (for a
-table source, the source topic itself) before processing resumes.
+``i`` of co-partitioned topics on one worker). Before a task processes anything its database is
+brought up to its changelogs' last commit (restore, with progress logged); the task resumes its
+inputs from the positions in that commit. A group offset beyond them means the changelogs lost
+data: ``ChangelogMismatch``, never a silent skip. Tasks revoked by a rebalance are flushed and
+committed, then kept open ("suspended") until the assignment: if they come back, they resume
+without a restore (nobody else can have owned them in between).
 
-Internal topics (repartition) are created at start-up with the partition count of the topics
-their writers read, before any record could auto-create them on a broker that does that.
+Internal topics (repartition, FK subscription/response) and changelog topics (one partition per
+task, ``cleanup.policy=compact``) are created at start-up, before any record could auto-create
+them on a broker that does that.
 
 Stop: SIGTERM/SIGINT finish the record in hand, flush deferred emissions (``Emit.every``),
-commit, close stores and return. Revoked partitions are flushed and committed before they go.
+commit, close stores and return.
 
 Test hook: with ``PROCESSOR_TEST_KILL_BEFORE_COMMIT=N`` the worker SIGKILLs itself at its N-th
-commit with new records, after the outputs were forwarded and flushed to Kafka and before any
-state or offset is committed (the crash window emit-on-change must survive).
+commit with new records, after outputs and changelog records were flushed to Kafka and before
+the commit records, group offsets or local state are written (the crash window that leaves an
+uncommitted changelog tail and outputs that the replay sends again).
 """
 
 from __future__ import annotations
@@ -30,12 +40,15 @@ import os
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from processor.errors import ConfigError, ProcessorError
+from processor.errors import ChangelogMismatch, ConfigError, ProcessorError
 from processor.runtime import kafka
+from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, restore_task
+from processor.runtime.state_lock import StateDirLock
 from processor.runtime.task import Task, dlq_topic_for
 from processor.state.rocksdb import RocksDBDatabase
 
@@ -44,27 +57,35 @@ log = logging.getLogger("processor.worker")
 _EOF = KafkaError._PARTITION_EOF
 
 
-RESTORE_COMMIT_EVERY = 10_000
-RESTORE_STALL_S = 60.0
+GUARANTEES = ("at_least_once", "exactly_once")
 
 
 class DeliveryFailed(ProcessorError):
     pass
 
 
-class _RestoreInterrupted(Exception):
-    pass
-
-
 class KafkaCollector:
-    """Sends task output through its producer; delivery failures are collected and fatal."""
+    """Sends task output through its producer; delivery failures are collected and fatal.
 
-    def __init__(self, producer_config: dict):
+    At least once: outputs go through a producer reporting only failures (no per-record
+    callback on the hot path); changelog records through a second producer whose last record per
+    partition reports its offset. Exactly once: one transactional producer for both; a failed
+    record fails the transaction's commit."""
+
+    def __init__(self, producer_config: dict, transactional_id: str | None = None):
         self.sent = 0
         self.errors: list[str] = []
-        # delivery reports only for failures: no per-record callback on the hot path
-        self.producer = Producer({**producer_config, "delivery.report.only.error": True,
-                                  "on_delivery": self.on_delivery_error})
+        self.transactional = transactional_id is not None
+        if self.transactional:
+            self.producer = Producer({**producer_config, "transactional.id": transactional_id,
+                                      "delivery.report.only.error": False})
+            self.changelog_producer = self.producer
+        else:
+            self.producer = Producer({**producer_config, "delivery.report.only.error": True,
+                                      "on_delivery": self.on_delivery_error})
+            self.changelog_producer = Producer({**producer_config, "delivery.report.only.error": False,
+                                                "on_delivery": self.on_delivery_error})
+        self.in_transaction = False
 
     def send(self, topic, key, value, timestamp, headers, partition=None):
         produce = self.producer.produce
@@ -81,24 +102,66 @@ class KafkaCollector:
                 self.producer.poll(0.05)
         self.sent += 1
 
-    def on_delivery_error(self, err, msg):  # only called for failures (delivery.report.only.error)
+    def send_changelog(self, topic, key, value, partition, headers, on_delivery):
+        produce = self.changelog_producer.produce
+        while True:
+            try:
+                if on_delivery is None:
+                    produce(topic, value, key, partition=partition, headers=headers)
+                else:
+                    produce(topic, value, key, partition=partition, headers=headers, on_delivery=on_delivery)
+                break
+            except BufferError:
+                self.changelog_producer.poll(0.05)
+
+    def on_delivery_error(self, err, msg):
         if err is not None:
             self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
 
     def flush(self, timeout_s: float = 60.0) -> None:
         remaining = self.producer.flush(timeout_s)
+        if self.changelog_producer is not self.producer:
+            remaining += self.changelog_producer.flush(timeout_s)
         if remaining:
             raise DeliveryFailed(f"{remaining} output record(s) not delivered within {timeout_s:.0f} s")
         if self.errors:
             first = self.errors[0]
             raise DeliveryFailed(f"{len(self.errors)} output record(s) failed delivery, first: {first}")
 
+    def poll(self) -> None:
+        self.producer.poll(0)
+        if self.changelog_producer is not self.producer:
+            self.changelog_producer.poll(0)
+
+    # -- exactly once ---------------------------------------------------------------------------
+    def begin(self) -> None:
+        if self.transactional and not self.in_transaction:
+            self.producer.begin_transaction()
+            self.in_transaction = True
+
+    def commit_transaction(self, offsets, group_metadata) -> None:
+        if offsets:
+            self.producer.send_offsets_to_transaction(offsets, group_metadata, 60)
+        self.producer.commit_transaction(60)
+        self.in_transaction = False
+
+    def abort(self) -> None:
+        if self.transactional and self.in_transaction:
+            try:
+                self.producer.abort_transaction(30)
+            finally:
+                self.in_transaction = False
+
 
 class Worker:
     def __init__(self, topology, bootstrap_servers: str, application_id: str, state_dir: str | Path,
                  *, commit_interval_ms: int = 1000, on_error: str = "dlq",
                  consumer_config: dict | None = None, producer_config: dict | None = None,
-                 batch_size: int = 1000, startup_timeout_s: float = 10.0):
+                 batch_size: int = 1000, startup_timeout_s: float = 10.0,
+                 processing_guarantee: str = "at_least_once"):
+        if processing_guarantee not in GUARANTEES:
+            raise ConfigError(f"processing_guarantee must be one of {GUARANTEES}, not {processing_guarantee!r}")
+        self.processing_guarantee = processing_guarantee
         topology = topology.for_application(application_id)
         self.topology = topology
         self.bootstrap_servers = bootstrap_servers
@@ -112,6 +175,8 @@ class Worker:
         self._consumer_config = consumer_config or {}
         self._producer_config = producer_config or {}
         self.tasks: dict[tuple[int, int], Task] = {}
+        self._writers: dict[tuple[int, int], ChangelogWriter] = {}
+        self._suspended: dict[tuple[int, int], Task] = {}   # revoked, committed, maybe coming back
         self._sub_of_topic = topology.subtopology_of_topic()
         self._stop = threading.Event()
         self._assigned: set[tuple[str, int]] = set()
@@ -160,124 +225,100 @@ class Worker:
                 listing = ", ".join(f"{t}={n}" for t, n in sorted(counts.items()))
                 raise ConfigError(f"co-partitioned source topics of sub-topology {i} have different "
                                   f"partition counts ({listing}); they must be equal")
+        changelogs = topo.changelog_topic_partitions(parts)
+        for t, n in changelogs.items():
+            if t in parts and parts[t] != n:
+                raise ConfigError(f"changelog topic {t} has {parts[t]} partitions, but application "
+                                  f"{self.application_id!r} has {n} tasks writing it; delete it or "
+                                  f"reset the application")
+        create = {t: n for t, n in changelogs.items() if t not in parts}
+        if create:
+            kafka.create_topics(self.bootstrap_servers, create, config=kafka.CHANGELOG_TOPIC_CONFIG)
+            parts.update(create)
         if self.on_error == "dlq" and self.dlq_topic not in parts:
             kafka.create_topics(self.bootstrap_servers, {self.dlq_topic: 1})
         return parts
 
     # -- task management ----------------------------------------------------------------------
+    def _restore_consumer_config(self) -> dict:
+        conf = kafka.consumer_defaults(self.bootstrap_servers)
+        conf["group.id"] = f"{self.application_id}-restore"   # assign() only; never commits
+        if self.processing_guarantee == "exactly_once":
+            conf["isolation.level"] = "read_committed"
+        return conf
+
     def _open_task(self, sub: int, partition: int) -> Task:
+        """Open the task's database, bring it up to its changelogs, and build the task."""
         db = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
+        changelogs = self.topology.changelogs_of(sub)
         try:
-            return Task(self.topology, sub, partition, db, self.collector, lambda: int(time.time() * 1000),
+            stats = restore_task(db, f"{sub}_{partition}", partition, changelogs,
+                                 self._restore_consumer_config(), self._stop)
+            self.restored_records += stats.restored
+            task = Task(self.topology, sub, partition, db, self.collector, lambda: int(time.time() * 1000),
                         on_error=self.on_error, dlq_topic=self.dlq_topic)
+            self._writers[(sub, partition)] = ChangelogWriter(task, changelogs, self.collector.send_changelog)
+            return task
         except BaseException:
             db.close()
             raise
 
     def _on_assign(self, consumer, partitions):
         try:
+            keys = {(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions}
+            # suspended tasks not assigned again go now; the others resume without a restore
+            self._close_tasks(set(self._suspended) - keys, self._suspended)
             committed = {(tp.topic, tp.partition): tp.offset
                          for tp in consumer.committed(partitions, timeout=30)}
-            for tp in partitions:
-                key = (self._sub_of_topic[tp.topic], tp.partition)
-                if key not in self.tasks:
-                    self.tasks[key] = self._open_task(*key)
+            for key in sorted(keys):
+                if key in self.tasks:
+                    continue
+                task = self._suspended.pop(key, None)
+                self.tasks[key] = task if task is not None else self._open_task(*key)
             for tp in partitions:
                 task = self.tasks[(self._sub_of_topic[tp.topic], tp.partition)]
-                local = task.positions.get((tp.topic, tp.partition), 0)
+                start = task.positions.get((tp.topic, tp.partition), 0)
                 group = max(committed.get((tp.topic, tp.partition), -1), 0)
                 self._group_offsets[(tp.topic, tp.partition)] = group
-                if local < group:
-                    if self._unrestorable(task):
-                        # Stores with no changelog yet (aggregates): rebuild them by reprocessing
-                        # from the local checkpoint; downstream sees those emissions again.
-                        log.warning("task %s: local state of %s[%d] is at %d, the group at %d; "
-                                    "reprocessing to rebuild stores that have no changelog",
-                                    task.id, tp.topic, tp.partition, local, group)
-                        group = local
-                    else:
-                        self._restore(task, tp.topic, tp.partition, local, group)
-                start = max(local, group)
-                if start > 0:
-                    task.positions[(tp.topic, tp.partition)] = start
+                if group > start:
+                    raise ChangelogMismatch(
+                        f"task {task.id}: the group committed {tp.topic}[{tp.partition}] up to offset "
+                        f"{group}, but the task's changelogs reflect it only up to {start}; the changelog "
+                        f"topics were deleted or recreated: reset the application (its group offsets "
+                        f"and state) to rebuild")
                 tp.offset = start if start > 0 else OFFSET_BEGINNING
                 self._assigned.add((tp.topic, tp.partition))
                 self._at_eof.discard((tp.topic, tp.partition))
             consumer.assign(partitions)
             log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in partitions))
-        except _RestoreInterrupted:
-            self._stop.set()  # stop requested mid-restore; progress so far is committed locally
+        except RestoreInterrupted:
+            self._stop.set()  # stop requested mid-restore
         except Exception as exc:  # callbacks cannot raise into librdkafka: stop the worker instead
             self._fatal = self._fatal or exc
             self._stop.set()
 
-    @staticmethod
-    def _unrestorable(task: Task) -> bool:
-        return any(s.changelog_topic is None for s in task.store_specs)
-
-    def _restore(self, task: Task, topic: str, partition: int, start: int, end: int) -> None:
-        """Bring the stores whose changelog is ``topic`` from offset ``start`` up to ``end``."""
-        if not any(s.changelog_topic == topic for s in task.store_specs):
-            return
-        log.info("restoring task %s from %s[%d] offsets %d..%d", task.id, topic, partition, start, end)
-        conf = kafka.consumer_defaults(self.bootstrap_servers)
-        conf["group.id"] = f"{self.application_id}-restore"  # assign() only; never commits
-        restorer = Consumer(conf)
-        n, t0, last_log = 0, time.monotonic(), time.monotonic()
-        last_progress = t0
-        try:
-            restorer.assign([TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)])
-            done = start >= end
-            while not done:
-                for m in restorer.consume(self.batch_size, 1.0):
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == _EOF:
-                            done = True
-                            break
-                        raise ConfigError(f"restore of {topic}[{partition}] failed: {err.str()}")
-                    off = m.offset()
-                    if off >= end:
-                        done = True
-                        break
-                    task.restore(topic, partition, off, m.timestamp()[1], m.key(), m.value())
-                    n += 1
-                    last_progress = time.monotonic()
-                    if n % RESTORE_COMMIT_EVERY == 0:
-                        task.commit()  # bounded memory; state and position stay consistent
-                    if off + 1 >= end:
-                        done = True
-                        break
-                now = time.monotonic()
-                if self._stop.is_set():
-                    task.commit()
-                    raise _RestoreInterrupted()
-                if now - last_progress > RESTORE_STALL_S:
-                    raise ConfigError(f"restore of {topic}[{partition}] made no progress for "
-                                      f"{RESTORE_STALL_S:.0f} s at offset {task.positions.get((topic, partition))}")
-                if now - last_log > 5:
-                    last_log = now
-                    log.info("restoring task %s from %s[%d]: %d of %d records", task.id, topic, partition,
-                             n, end - start)
-        finally:
-            restorer.close()
-        task.positions[(topic, partition)] = end
-        task.commit()
-        self.restored_records += n
-        log.info("restored task %s from %s[%d]: %d records in %.1f s", task.id, topic, partition, n,
-                 time.monotonic() - t0)
-
     def _on_revoke(self, consumer, partitions):
         try:
-            if not self._closing:
-                for key in {(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions}:
+            keys = {(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions}
+            if not self._closing and self._fatal is None:
+                for key in keys:
                     task = self.tasks.get(key)
-                    if task is not None and self._fatal is None:
+                    if task is not None:
                         task.flush()
                 self.commit()
-                if self._fatal is None:
-                    self.collector.flush()  # the flush's outbox records, sent by the commit
-            self._close_tasks_for(partitions)
+                # the flush's outbox records were sent after that commit: one more unit makes
+                # them durable and confirms them (exactly once: commits their transaction)
+                self.commit()
+            for tp in partitions:
+                self._assigned.discard((tp.topic, tp.partition))
+                self._at_eof.discard((tp.topic, tp.partition))
+            for key in keys:
+                task = self.tasks.pop(key, None)
+                if task is not None:
+                    if self._closing or self._fatal is not None:
+                        self._close_tasks({key}, {key: task})
+                    else:
+                        self._suspended[key] = task
         except Exception as exc:
             self._fatal = self._fatal or exc
             self._stop.set()
@@ -285,18 +326,17 @@ class Worker:
     def _on_lost(self, consumer, partitions):
         # Another member may own these now: close without committing (closing a task never
         # writes its pending state), so only what was committed survives.
-        self._close_tasks_for(partitions)
-
-    def _close_tasks_for(self, partitions):
         for tp in partitions:
             self._assigned.discard((tp.topic, tp.partition))
             self._at_eof.discard((tp.topic, tp.partition))
         self._close_tasks({(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions})
 
-    def _close_tasks(self, keys):
+    def _close_tasks(self, keys, table=None):
+        table = self.tasks if table is None else table
         errors = []
         for key in keys:
-            task = self.tasks.pop(key, None)
+            task = table.pop(key, None)
+            self._writers.pop(key, None)
             if task is not None:
                 self.finished_tasks_metrics.append(task.metrics())
                 try:
@@ -308,26 +348,56 @@ class Worker:
 
     # -- commit -------------------------------------------------------------------------------
     def commit(self) -> None:
-        """Flush outputs, then state+positions per task, then the group offsets. Never after a
-        fatal error, and never moves a group offset backwards."""
+        """One commit unit for every task that has work (see the module docstring). Never after
+        a fatal error, and never moves a group offset backwards. (Every record sent belongs to
+        a unit: outputs advance positions; outbox records leave the outbox entry to delete.)"""
         if self._fatal is not None:
             return
-        self.collector.flush()
+        collector = self.collector
+        units = []
+        for key, task in self.tasks.items():
+            pos, outbox = task.prepare_commit()
+            writer = self._writers[key]
+            if writer.has_work(pos) or outbox:
+                units.append((task, writer, pos, outbox))
+        if not units:
+            return
+        for task, writer, pos, outbox in units:
+            writer.write_pending()
+        collector.flush()               # outputs, internal records, changelog records durable
         if self._kill_at_commit is not None and self.records_processed > self._processed_at_last_commit:
             self._commits_with_records += 1
             if self._commits_with_records >= self._kill_at_commit:
                 log.warning("test hook: SIGKILL after forwarding, before committing")
                 os.kill(os.getpid(), signal.SIGKILL)
         self._processed_at_last_commit = self.records_processed
+        for task, writer, pos, outbox in units:
+            writer.write_commit_record(pos)
         offsets = []
-        for task in self.tasks.values():
-            for (topic, part), off in task.commit().items():
+        for task, writer, pos, outbox in units:
+            for (topic, part), off in pos.items():
                 if off > self._group_offsets.get((topic, part), 0):
                     offsets.append(TopicPartition(topic, part, off))
-        if offsets:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
-            for tp in offsets:
-                self._group_offsets[(tp.topic, tp.partition)] = tp.offset
+        if collector.transactional:
+            collector.commit_transaction(offsets, self.consumer.consumer_group_metadata())
+        else:
+            collector.flush()           # the commit records: the units are durable now
+            if offsets:
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+        for tp in offsets:
+            self._group_offsets[(tp.topic, tp.partition)] = tp.offset
+        collector.begin()               # outbox records below go into the next transaction
+        for task, writer, pos, outbox in units:
+            task.finish_commit(pos, outbox, writer.committed_ends(pos))
+
+    def _worker_id(self) -> str:
+        """A stable id of this state directory (the transactional id's suffix: a restarted
+        worker fences its own zombie)."""
+        path = self.state_dir / "worker.id"
+        if not path.exists():
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(uuid.uuid4().hex + "\n")
+        return path.read_text().strip()
 
     def _drained(self) -> bool:
         """Every assigned partition is at its end, and so is every internal partition this worker
@@ -360,10 +430,31 @@ class Worker:
             max_seconds: float | None = None) -> None:
         """Process until stopped (signal or ``stop()``), or with ``until_drained`` until every
         assigned partition has been read to its end."""
+        # First of all: one worker process per state directory (StateDirLocked, exit code 4).
+        self._state_lock = StateDirLock(self.state_dir)
+        self._state_lock.acquire()
+        try:
+            self._run_locked(until_drained, install_signal_handlers, max_seconds)
+        finally:
+            self._state_lock.release()
+
+    def _run_locked(self, until_drained: bool, install_signal_handlers: bool,
+                    max_seconds: float | None) -> None:
         self._fatal = None
         self.check_topics()
+        txn_id = None
+        if self.processing_guarantee == "exactly_once":
+            txn_id = f"{self.application_id}-{self._worker_id()}"
         self.collector = KafkaCollector({**kafka.producer_defaults(self.bootstrap_servers),
-                                         **self._producer_config})
+                                         **self._producer_config}, transactional_id=txn_id)
+        if txn_id is not None:
+            try:
+                self.collector.producer.init_transactions(self.startup_timeout_s * 3)
+            except Exception as exc:
+                raise ConfigError(f"processing_guarantee='exactly_once': the broker at "
+                                  f"{self.bootstrap_servers} did not initialise transactions for "
+                                  f"{txn_id!r}: {exc}") from None
+            self.collector.begin()
         cconf = kafka.consumer_defaults(self.bootstrap_servers)
         cconf.update({"group.id": self.application_id, "session.timeout.ms": 10000,
                       "heartbeat.interval.ms": 1000})
@@ -388,13 +479,19 @@ class Worker:
                 # topics this worker reads, process them too before stopping.
                 if not until_drained or self._stop.is_set() or self.collector.sent == sent:
                     break
+            self.commit()  # confirms the outbox records the last commit sent
             self.collector.flush()
         finally:
             self._closing = True
             try:
                 self.consumer.close()
             finally:
+                try:
+                    self.collector.abort()   # an unfinished transaction (after a fatal error)
+                except Exception as exc:
+                    log.warning("aborting the open transaction failed: %s", exc)
                 self._close_tasks(list(self.tasks))
+                self._close_tasks(list(self._suspended), self._suspended)
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
@@ -448,7 +545,7 @@ class Worker:
                 self.commit()
                 last_commit = now
             else:
-                self.collector.producer.poll(0)
+                self.collector.poll()
             if until_drained and self._assigned and self._at_eof >= self._assigned and self._drained():
                 break
             if max_seconds is not None and now - started > max_seconds:

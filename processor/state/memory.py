@@ -48,6 +48,7 @@ class MemoryStores:
     def __init__(self):
         self.stores: dict[str, MemoryStore] = {}
         self.checkpoint: dict[tuple[str, int], int] = {}
+        self.writer = None  # provenance of the record in hand (unused: no changelog in memory)
 
     def store(self, name: str) -> MemoryStore:
         if name not in self.stores:

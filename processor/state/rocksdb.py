@@ -8,7 +8,9 @@ leaves state and offsets consistent, and a replayed record meets the state as of
 
 Column families:
   ``__meta``        ``format_version`` -> 1 byte (rejected loudly if unknown)
-  ``__checkpoint``  ``{topic}\\x00{partition}`` -> 8-byte BE next offset to process
+  ``__checkpoint``  ``{topic}\\x00{partition}`` -> 8-byte BE offset: for an input partition the
+                    next offset to process; for a changelog partition the end offset (the offset
+                    after the last changelog record) this database reflects
   ``<store>``       one per store, values in the timestamped layout (state/timestamped.py)
 
 Databases are opened with a bloom filter and a shared block cache, and reopened with all of
@@ -50,12 +52,17 @@ def _options() -> rocksdict.Options:
 
 
 class RocksDBStore:
-    """One store: a column family plus the writes pending since the last commit."""
+    """One store: a column family plus the writes pending since the last commit (the task's
+    write buffer: reads see them at once; the commit writes them to the changelog and then to
+    RocksDB). ``writers`` keeps, per pending key, the provenance of the record that wrote it
+    last (``database.writer`` at the time of the write), for the changelog record's header."""
 
-    def __init__(self, name: str, cf):
+    def __init__(self, name: str, cf, database):
         self.name = name
         self._cf = cf
+        self._database = database
         self.pending: dict[bytes, bytes | None] = {}
+        self.writers: dict[bytes, tuple] = {}
 
     def get(self, key):
         v = self.pending.get(key, _MISSING)
@@ -65,12 +72,21 @@ class RocksDBStore:
 
     def put(self, key, value):
         self.pending[key] = value
+        self.writers[key] = self._database.writer
 
     def delete(self, key):
         self.pending[key] = None
+        self.writers[key] = self._database.writer
 
     def put_all(self, entries):
-        self.pending.update(entries)
+        writer = self._database.writer
+        for k, v in entries:
+            self.pending[k] = v
+            self.writers[k] = writer
+
+    def committed(self, key):
+        """The value as of the last commit (pending writes ignored)."""
+        return self._cf.get(key)
 
     def range(self, lo=None, hi=None):
         overlay = sorted(
@@ -114,6 +130,8 @@ class RocksDBDatabase:
             raise StateError(f"cannot open state database {self.path}: {exc}") from exc
         self._cfs: dict[str, object] = {}
         self.stores: dict[str, RocksDBStore] = {}
+        # provenance (topic, partition, offset) of the record being processed; set by the task
+        self.writer: tuple | None = None
         meta = self._cf(_META)
         version = meta.get(b"format_version")
         if version is None:
@@ -142,7 +160,7 @@ class RocksDBDatabase:
         s = self.stores.get(name)
         if s is None:
             cf = self._cf(name)
-            s = RocksDBStore(name, cf)
+            s = RocksDBStore(name, cf, self)
             self.stores[name] = s
         return s
 
@@ -179,6 +197,7 @@ class RocksDBDatabase:
                 raise StateError(f"cannot write state database {self.path}: {exc}") from exc
         for s in self.stores.values():
             s.pending.clear()
+            s.writers.clear()
 
     def close(self) -> None:
         for cf in self._cfs.values():

@@ -125,3 +125,49 @@ def table_self_join_topology(inp: str, out: str, optimize: bool = True):
     t = b.table(inp, key_serde=Serdes.string(), value_serde=Serdes.json())
     t.join(t, pair_amounts).to_stream().to(out)
     return b.build(optimize=optimize)
+
+
+def table_join_topology():
+    """``$APP_LEFT`` (table) joined with ``$APP_RIGHT`` (table) on the primary key, pairs of
+    amounts to ``$APP_OUTPUT``: one sub-topology whose two sources must be co-partitioned."""
+    b = StreamsBuilder()
+    left = b.table(os.environ["APP_LEFT"], key_serde=Serdes.string(), value_serde=Serdes.json())
+    right = b.table(os.environ["APP_RIGHT"], key_serde=Serdes.string(), value_serde=Serdes.json())
+    left.join(right, pair_amounts).to_stream().to(os.environ["APP_OUTPUT"])
+    return b.build()
+
+
+# -- reliability (issue 5): a grouped aggregation and a foreign-key join ---------------------------
+# orders: pk -> {"customer": fk | None, "n": int, "amount": int}; customers as above.
+
+def _totals_init():
+    return {"sum": 0, "orders": 0}
+
+
+def _totals_add(key, order, agg):
+    return {"sum": agg["sum"] + order["amount"], "orders": agg["orders"] + 1}
+
+
+def _totals_sub(key, order, agg):
+    return {"sum": agg["sum"] - order["amount"], "orders": agg["orders"] - 1}
+
+
+def reliability_topology():
+    """Orders (``$APP_ORDERS``) left-joined on their customer (``$APP_CUSTOMERS``) into the table
+    ``enriched`` (-> ``$APP_OUTPUT_PREFIX-enriched``), and grouped by customer into ``totals``
+    (sum of amounts and number of orders, ``Emit.on_change()``, -> ``$APP_OUTPUT_PREFIX-totals``)
+    through the repartition topic ``<app>-totals-repartition``."""
+    from processor import Emit
+
+    out = os.environ["APP_OUTPUT_PREFIX"]
+    b = StreamsBuilder()
+    o = b.table(os.environ["APP_ORDERS"], key_serde=Serdes.string(), value_serde=Serdes.json(),
+                store_name="orders-store")
+    c = b.table(os.environ["APP_CUSTOMERS"], key_serde=Serdes.string(), value_serde=Serdes.json(),
+                store_name="customers-store")
+    o.join_on_foreign_key(c, order_customer, join_order_customer, how="left", name="enriched") \
+        .to_stream().to(f"{out}-enriched")
+    o.group_by(lambda k, v: (v["customer"], v), key_serde=Serdes.string(), value_serde=Serdes.json()) \
+        .aggregate(_totals_init, _totals_add, _totals_sub, emit=Emit.on_change(), name="totals") \
+        .to_stream().to(f"{out}-totals")
+    return b.build()

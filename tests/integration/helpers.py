@@ -240,3 +240,109 @@ def wait_until_group_drained(bootstrap: str, group: str, topics: dict[str, int],
         if time.monotonic() - t0 > timeout_s:
             raise AssertionError(f"group {group} did not drain {sorted(topics)} within {timeout_s:.0f} s")
         time.sleep(poll_s)
+
+
+# -- reliability (issue 5): workers as processes, stores as bytes ---------------------------------
+
+def reliability_scenario(orders_topic: str, customers_topic: str, n: int, seed: int = 5,
+                         orders: int = 2_000, customers: int = 300):
+    """``[(topic, key, value | None)]``: 60 % order updates (pk -> {"customer", "n", "amount"};
+    moves between customers, to missing customers, to none, deletes) and 40 % customer updates
+    (name/tier changes, "visits"-only changes, deletes), interleaved."""
+    rnd = random.Random(seed)
+    out = []
+    custs: dict[str, dict] = {}
+    for i in range(n):
+        if rnd.random() < 0.6:
+            k = f"order-{rnd.randrange(orders):05d}".encode()
+            r = rnd.random()
+            if r < 0.07:
+                out.append((orders_topic, k, None))
+                continue
+            fk = None if r < 0.12 else (f"ghost-{rnd.randrange(20)}" if r < 0.2 else f"cust-{rnd.randrange(customers):03d}")
+            out.append((orders_topic, k, json.dumps({"customer": fk, "n": i, "amount": rnd.randrange(1, 500)},
+                                                    separators=(",", ":")).encode()))
+        else:
+            k = f"cust-{rnd.randrange(customers):03d}"
+            cur = custs.get(k)
+            r = rnd.random()
+            if r < 0.1:
+                custs.pop(k, None)
+                out.append((customers_topic, k.encode(), None))
+                continue
+            if cur is not None and r < 0.4:
+                new = dict(cur, visits=cur["visits"] + 1)
+            else:
+                new = {"name": f"{k}-v{i}", "tier": rnd.choice(("gold", "silver")),
+                       "visits": 0 if cur is None else cur["visits"]}
+            custs[k] = new
+            out.append((customers_topic, k.encode(), json.dumps(new, separators=(",", ":")).encode()))
+    return out
+
+
+def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_path, env: dict,
+                         guarantee: str = "at_least_once", commit_interval_ms: int = 300):
+    """``python -m processor.cli run SPEC`` as a child process (stderr to ``log_path``, appended)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    e = dict(os.environ, **env)
+    e["PYTHONPATH"] = root + os.pathsep + e.get("PYTHONPATH", "")
+    return subprocess.Popen(
+        [sys.executable, "-m", "processor.cli", "--log-level", "INFO", "run", spec,
+         "--bootstrap-servers", bootstrap, "--application-id", app, "--state-dir", str(state_dir),
+         "--commit-interval-ms", str(commit_interval_ms), "--processing-guarantee", guarantee,
+         "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500"],
+        cwd=root, env=e, stdout=subprocess.DEVNULL, stderr=open(log_path, "a"))
+
+
+def task_store_bytes(task_dirs, stores) -> dict[str, dict[bytes, bytes]]:
+    """``{store: {key: value bytes}}`` over the given task databases (RocksDB, read-only use)."""
+    from processor.state.rocksdb import RocksDBDatabase
+
+    out = {s: {} for s in stores}
+    for d in task_dirs:
+        db = RocksDBDatabase(d)
+        try:
+            have = set(db.column_families())
+            for s in stores:
+                if s in have:
+                    out[s].update(db.store(s).items())
+        finally:
+            db.close()
+    return out
+
+
+def latest_task_dirs(state_dirs) -> dict[str, object]:
+    """Per task directory name (``task-<sub>_<p>``), the copy among ``state_dirs`` (each an
+    application's state directory) with the highest committed unit: the last owner's."""
+    from pathlib import Path
+
+    from processor.state import commit_record
+    from processor.state.rocksdb import RocksDBDatabase
+    from processor.state.store import TASK_STORE
+
+    best: dict[str, tuple[int, Path]] = {}
+    for sd in state_dirs:
+        for d in sorted(Path(sd).glob("task-*")):
+            db = RocksDBDatabase(d)
+            try:
+                raw = db.store(TASK_STORE).get(commit_record.COMMIT_KEY)
+            finally:
+                db.close()
+            unit = -1 if raw is None else commit_record.decode(raw).unit
+            if d.name not in best or unit > best[d.name][0]:
+                best[d.name] = (unit, d)
+    return {name: d for name, (_, d) in best.items()}
+
+
+def driver_store_bytes(driver, stores) -> dict[str, dict[bytes, bytes]]:
+    """``{store: {key: value bytes}}`` of a TopologyTestDriver's tasks (memory stores)."""
+    out = {s: {} for s in stores}
+    for t in driver.tasks:
+        for s in stores:
+            if any(spec.name == s for spec in t.store_specs):
+                out[s].update(t.stores.store(s).items())
+    return out

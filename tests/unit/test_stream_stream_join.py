@@ -249,7 +249,7 @@ def self_join(optimize=True, two_sources=False, how="join", windows=JoinWindows.
 
 
 def stores_in(description):
-    return sorted(set(re.findall(r"[\w-]+-store\b", description)))
+    return sorted(set(re.findall(r"[\w-]+-store\b(?!-)", description)))
 
 
 @pytest.mark.parametrize("two_sources", [False, True])

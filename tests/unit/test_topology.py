@@ -36,7 +36,7 @@ def test_describe_lists_sources_processors_stores_and_sinks():
         "      --> none",
         "      <-- KSTREAM-FILTER-0000000005",
         "Stores:",
-        "    orders-store (kv; owner: KTABLE-SOURCE-0000000000; changelog: source topic orders)",
+        "    orders-store (kv; owner: KTABLE-SOURCE-0000000000; changelog: <application-id>-orders-store-changelog)",
         "Optimizations: on (passes: self-join: 0 rewrite(s))",
     ]
     assert t.subtopology_of_topic() == {"orders": 0, "clicks": 1}

@@ -1,0 +1,48 @@
+"""`processor` exit codes: one per error class (documented in processor.errors), returned by
+cli.main with the error on one stderr line."""
+
+import pytest
+
+from processor import cli
+from processor.errors import (BrokerUnreachable, ChangelogMismatch, ConfigError, DeserializationError,
+                              ProcessingError, ProcessorError, RecordError, SerializationError, StateDirLocked,
+                              StateError, TopologyError)
+
+
+def test_exit_code_per_class():
+    assert {cls: cls.exit_code for cls in (ProcessorError, StateError, ConfigError, TopologyError,
+                                           BrokerUnreachable, StateDirLocked, ChangelogMismatch,
+                                           RecordError, ProcessingError, SerializationError,
+                                           DeserializationError)} == {
+        ProcessorError: 1, StateError: 1, ConfigError: 2, TopologyError: 2, BrokerUnreachable: 3,
+        StateDirLocked: 4, ChangelogMismatch: 5, RecordError: 6, ProcessingError: 6,
+        SerializationError: 6, DeserializationError: 6}
+    assert issubclass(BrokerUnreachable, ConfigError)
+    assert issubclass(StateDirLocked, StateError) and issubclass(ChangelogMismatch, StateError)
+
+
+def run_args():
+    return ["--log-level", "ERROR", "run", "m:t", "--bootstrap-servers", "127.0.0.1:1",
+            "--application-id", "a", "--state-dir", "/nonexistent"]
+
+
+def test_bad_module_attr_is_2(capsys):
+    assert cli.main(["run", "just-a-module", "--bootstrap-servers", "x", "--application-id", "a",
+                     "--state-dir", "/nonexistent"]) == 2
+    assert capsys.readouterr().err == "processor: error: expected MODULE:ATTR, got 'just-a-module'\n"
+
+
+@pytest.mark.parametrize("exc, code", [
+    (StateDirLocked("state directory /s/a is locked by another worker (pid 1 on host h)"), 4),
+    (ChangelogMismatch("task 0_1: local state at 10, changelog ends at 5"), 5),
+    (ProcessingError("raised ValueError: bad\nvalue", topic="t", partition=0, offset=3, step="s"), 6),
+    (ProcessorError("something else"), 1),
+])
+def test_main_returns_the_error_class_exit_code_on_one_line(monkeypatch, capsys, exc, code):
+    def fail(spec):
+        raise exc
+    monkeypatch.setattr(cli, "resolve_topology", fail)
+    assert cli.main(run_args()) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("processor: error: ")
+    assert err.strip() == "processor: error: " + " ".join(str(exc).splitlines())
