@@ -67,7 +67,26 @@ def report(request):
     return add
 
 
+_broker_capabilities = None
+
+
+@pytest.fixture(scope="session")
+def broker_capabilities(kafka_bootstrap):
+    """The broker's transaction capabilities, probed once per session
+    (``processor.runtime.broker_probe``); printed in the terminal summary when used."""
+    global _broker_capabilities
+    from processor.runtime.broker_probe import probe_transactions
+
+    _broker_capabilities = probe_transactions(kafka_bootstrap)
+    return _broker_capabilities
+
+
 def pytest_terminal_summary(terminalreporter):
+    if _broker_capabilities is not None:
+        terminalreporter.section("broker transaction capabilities")
+        terminalreporter.write_line(f"broker: {_broker_kind}")
+        for line in _broker_capabilities.describe():
+            terminalreporter.write_line(line)
     if not _report_lines:
         return
     terminalreporter.section("figures reported by tests")

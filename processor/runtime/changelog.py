@@ -18,7 +18,7 @@ Writing one commit unit (``ChangelogWriter``; the worker drives it):
      positions, end offsets and the commit record to RocksDB as one batch.
 A crash before 3 leaves changelog records past the committed ends ("uncommitted tails").
 
-Restoring a task (``restore_task``), before it processes anything:
+Restoring a task (``restore_tasks``, every task of an assignment at once), before it processes anything:
   1. the task changelog is read from the local checkpoint to partition EOF; records are applied
      in units, each closed by its commit record (a unit with no commit record is a tail);
   2. every store changelog is read from the local checkpoint to partition EOF; records before
@@ -51,6 +51,7 @@ log = logging.getLogger("processor.restore")
 _EOF = KafkaError._PARTITION_EOF
 RESTORE_COMMIT_EVERY = 50_000
 PROGRESS_EVERY_S = 2.0
+SILENT_S = 3.0     # a partition silent this long: check that its start is not past its end
 STALL_S = 60.0
 
 
@@ -136,112 +137,142 @@ class ChangelogWriter:
                               f"missing after the flush")
 
 
-class RestoreStats:
-    def __init__(self):
+class RestoreTarget:
+    """One task database to restore, and what the restore found."""
+
+    def __init__(self, db, task_id: str, partition: int, changelogs: dict[str, str]):
+        self.db = db
+        self.task_id = task_id
+        self.partition = partition
+        self.changelogs = changelogs
+        self.task_tp = (changelogs[TASK_STORE], partition)
+        self.local = db.read_checkpoint()
         self.restored = 0
         self.tail_records = 0
-        self.seconds = 0.0
+        # filled in by the restore
+        self._unit: dict[bytes, bytes | None] = {}
+        self._last_commit_end = None
+        self.commit = None
+        self.ends: dict = {}
+        self.task_end = 0
+        self.starts: dict = {}
+        self.restored_to: dict = {}
+        self.tails: dict[str, list[bytes]] = {}
 
 
-def restore_task(db, task_id: str, partition: int, changelogs: dict[str, str], consumer_config: dict,
-                 stop=None) -> RestoreStats:
-    """Bring ``db`` (a RocksDBDatabase) up to the last durable commit recorded in its changelogs."""
-    stats = RestoreStats()
+def restore_tasks(targets: list[RestoreTarget], consumer_config: dict, stop=None) -> None:
+    """Bring each target's database up to the last durable commit recorded in its changelogs
+    (all targets at once: one reader for every task changelog, then one for every store
+    changelog)."""
+    if not targets:
+        return
     t0 = time.monotonic()
-    local = db.read_checkpoint()
-    task_topic = changelogs[TASK_STORE]
     conf = dict(consumer_config)
     conf["auto.offset.reset"] = "error"      # an offset past the end is a mismatch, not "earliest"
     conf["enable.partition.eof"] = True
     conf["fetch.wait.max.ms"] = 50
     consumer = Consumer(conf)
     try:
-        reader = _Reader(consumer, task_id, stop)
-        task_store = db.store(TASK_STORE)
-        # 1. the task changelog, in units closed by commit records
-        start = local.get((task_topic, partition), 0)
-        unit: dict[bytes, bytes | None] = {}
-        last_commit_end = None
-        for off, key, value in reader.read({(task_topic, partition): start}):
+        names = {}
+        for t in targets:
+            names[t.task_tp] = t.task_id
+            for topic in t.changelogs.values():
+                names[(topic, t.partition)] = t.task_id
+        reader = _Reader(consumer, names, stop, conf)
+        # 1. the task changelogs, in units closed by commit records
+        by_task_tp = {t.task_tp: t for t in targets}
+        starts = {t.task_tp: t.local.get(t.task_tp, 0) for t in targets}
+        for tp, off, key, value in reader.read_many(starts):
+            t = by_task_tp[tp]
             if key == commit_record.COMMIT_KEY:
-                for k, v in unit.items():
+                task_store = t.db.store(TASK_STORE)
+                for k, v in t._unit.items():
                     _apply(task_store, k, v)
                 _apply(task_store, key, value)
-                unit.clear()
-                last_commit_end = off + 1
+                t._unit.clear()
+                t._last_commit_end = off + 1
             else:
-                unit[key] = value
-            stats.restored += 1
-        task_tail = list(unit)
-        raw = task_store.get(commit_record.COMMIT_KEY)
-        commit = commit_record.decode(raw) if raw is not None else None
-        ends = commit.changelog_ends if commit else {}
-        task_end = last_commit_end if last_commit_end is not None else start
+                t._unit[key] = value
+            t.restored += 1
         # 2. the store changelogs, each up to its committed end
-        stores = {topic: name for name, topic in changelogs.items() if name != TASK_STORE}
-        starts = {}
-        for topic in stores:
-            tp = (topic, partition)
-            s, e = local.get(tp, 0), ends.get(tp, 0)
-            if s > e:
-                raise ChangelogMismatch(
-                    f"task {task_id}: local state says it reflects changelog {topic}[{partition}] up to "
-                    f"offset {s}, but the last commit recorded in the changelogs ends it at {e}; "
-                    f"the state directory does not belong to these topics: delete it to restore")
-            starts[tp] = s
-        tails: dict[str, list[bytes]] = {}
-        total = sum(ends.get(tp, 0) - s for tp, s in starts.items())
+        by_store_tp = {}
+        for t in targets:
+            raw = t.db.store(TASK_STORE).get(commit_record.COMMIT_KEY)
+            t.commit = commit_record.decode(raw) if raw is not None else None
+            t.ends = t.commit.changelog_ends if t.commit else {}
+            t.task_end = t._last_commit_end if t._last_commit_end is not None else starts[t.task_tp]
+            for name, topic in t.changelogs.items():
+                if name == TASK_STORE:
+                    continue
+                tp = (topic, t.partition)
+                s, e = t.local.get(tp, 0), t.ends.get(tp, 0)
+                if s > e:
+                    raise ChangelogMismatch(
+                        f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] "
+                        f"up to offset {s}, but the last commit recorded in the changelogs ends it at {e}; "
+                        f"the state directory does not belong to these topics: delete it to restore")
+                t.starts[tp] = s
+                by_store_tp[tp] = (t, name)
+            t.restored_to = dict(t.starts)
+        store_starts = {tp: t.starts[tp] for tp, (t, _) in by_store_tp.items()}
+        total = sum(t.ends.get(tp, 0) - s for tp, (t, _) in by_store_tp.items() for s in [t.starts[tp]])
         reader.expect(total)
         if total:
-            log.info("restoring task %s from its changelogs: %d store records to restore from %d "
-                     "changelog(s)", task_id, total, sum(ends.get(tp, 0) > s for tp, s in starts.items()))
+            log.info("restoring %d task(s) from their changelogs: %d store records to restore",
+                     len(targets), total)
         since_commit = 0
-        restored_to = dict(starts)
-        for (topic, part), off, key, value in reader.read_many(starts):
-            tp = (topic, part)
-            store = db.store(stores[topic])
-            if off < ends.get(tp, 0):
-                _apply(store, key, value)
-                restored_to[tp] = off + 1
-                stats.restored += 1
+        for tp, off, key, value in reader.read_many(store_starts):
+            t, name = by_store_tp[tp]
+            if off < t.ends.get(tp, 0):
+                _apply(t.db.store(name), key, value)
+                t.restored_to[tp] = off + 1
+                t.restored += 1
                 since_commit += 1
                 if since_commit >= RESTORE_COMMIT_EVERY:   # bounded memory; resumable
-                    db.commit({**restored_to, (task_topic, partition): task_end})
+                    for x in targets:
+                        x.db.commit({**x.restored_to, x.task_tp: x.task_end})
                     since_commit = 0
             else:
-                tails.setdefault(stores[topic], []).append(key)
-                stats.tail_records += 1
-        for tp, e in ends.items():
-            if tp[0] in stores and reader.eof.get(tp, 0) < e:
+                t.tails.setdefault(name, []).append(key)
+                t.tail_records += 1
+        for tp, (t, _) in by_store_tp.items():
+            e = t.ends.get(tp, 0)
+            if reader.eof.get(tp, 0) < e:
                 raise ChangelogMismatch(
-                    f"task {task_id}: changelog {tp[0]}[{tp[1]}] ends at offset {reader.eof.get(tp, 0)}, "
+                    f"task {t.task_id}: changelog {tp[0]}[{tp[1]}] ends at offset {reader.eof.get(tp, 0)}, "
                     f"but the last commit of this task says it reaches {e}; the changelog was "
                     f"recreated or truncated: delete the state directory and reset the application")
-        # 3. the restored state, with the committed ends as its checkpoint
-        positions = commit.positions if commit else {k: v for k, v in local.items() if k[0] not in changelogs.values()}
-        db.commit({**positions, **{tp: ends.get(tp, 0) for tp in starts}, (task_topic, partition): task_end})
-        # 4. tails: write the committed value of their keys again at the next commit
-        if task_tail:
-            tails.setdefault(TASK_STORE, []).extend(task_tail)
-            stats.tail_records += len(task_tail)
-        db.writer = (f"__restore:{task_id}", partition, 0)
-        for name, keys in tails.items():
-            store = db.store(name)
-            for k in dict.fromkeys(keys):
-                v = store.committed(k)
-                if v is None:
-                    store.delete(k)
-                else:
-                    store.put(k, v)
-        stats.seconds = time.monotonic() - t0
-        if stats.restored or stats.tail_records:
-            log.info("restored task %s from its changelogs: %d records in %.1f s (%.0f records/s)%s",
-                     task_id, stats.restored, stats.seconds, stats.restored / max(stats.seconds, 1e-6),
-                     f"; {stats.tail_records} record(s) of an unfinished commit will be overwritten"
-                     if stats.tail_records else "")
-        return stats
+        seconds = time.monotonic() - t0
+        for t in targets:
+            _finish(t, seconds)
     finally:
         consumer.close()
+
+
+def _finish(t: RestoreTarget, seconds: float) -> None:
+    db = t.db
+    # 3. the restored state, with the committed ends as its checkpoint
+    cl = set(t.changelogs.values())
+    positions = t.commit.positions if t.commit else {k: v for k, v in t.local.items() if k[0] not in cl}
+    db.commit({**positions, **{tp: t.ends.get(tp, 0) for tp in t.starts}, t.task_tp: t.task_end})
+    # 4. tails: write the committed value of their keys again at the next commit
+    if t._unit:
+        t.tails.setdefault(TASK_STORE, []).extend(t._unit)
+        t.tail_records += len(t._unit)
+    db.writer = (f"__restore:{t.task_id}", t.partition, 0)
+    for name, keys in t.tails.items():
+        store = db.store(name)
+        for k in dict.fromkeys(keys):
+            v = store.committed(k)
+            if v is None:
+                store.delete(k)
+            else:
+                store.put(k, v)
+    if t.restored or t.tail_records:
+        log.info("restored task %s from its changelogs: %d records (the assignment's restore took %.1f s)%s",
+                 t.task_id, t.restored, seconds,
+                 f"; {t.tail_records} record(s) of an unfinished commit will be overwritten"
+                 if t.tail_records else "")
 
 
 def _apply(store, key, value) -> None:
@@ -254,19 +285,16 @@ def _apply(store, key, value) -> None:
 class _Reader:
     """Reads changelog partitions from given offsets to partition EOF, logging progress."""
 
-    def __init__(self, consumer, task_id, stop):
+    def __init__(self, consumer, names: dict, stop, probe_config: dict):
         self.consumer = consumer
-        self.task_id = task_id
+        self.probe_config = probe_config
+        self.names = names        # (topic, partition) -> task id, for messages
         self.stop = stop
         self.eof: dict[tuple[str, int], int] = {}
         self.expected = 0
 
     def expect(self, n: int) -> None:
         self.expected = n
-
-    def read(self, starts):
-        for _, off, key, value in self.read_many(starts):
-            yield off, key, value
 
     def read_many(self, starts):
         if not starts:
@@ -275,6 +303,7 @@ class _Reader:
         c.assign([TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in starts.items()])
         done: set = set()
         n = 0
+        checked = False
         t0 = last_log = last_progress = time.monotonic()
         try:
             while len(done) < len(starts):
@@ -290,27 +319,61 @@ class _Reader:
                             continue
                         if err.code() == KafkaError._AUTO_OFFSET_RESET or err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
                             raise ChangelogMismatch(
-                                f"task {self.task_id}: local state says it reflects changelog "
+                                f"task {self.names.get(tp)}: local state says it reflects changelog "
                                 f"{tp[0]}[{tp[1]}] up to offset {starts.get(tp)}, past the changelog's "
                                 f"end ({err.str()}); the changelog was recreated or the state directory "
                                 f"belongs to another cluster: delete it to restore")
-                        raise ConfigError(f"restoring task {self.task_id} from {tp[0]}[{tp[1]}]: {err.str()}")
+                        raise ConfigError(f"restoring task {self.names.get(tp)} from {tp[0]}[{tp[1]}]: {err.str()}")
                     n += 1
                     last_progress = now
                     yield tp, m.offset(), m.key(), m.value()
                 if self.stop is not None and self.stop.is_set():
                     raise RestoreInterrupted()
+                if now - last_progress > SILENT_S and not checked:
+                    # A broker that answers a fetch past the end with nothing at all (Tansu; Kafka
+                    # says OFFSET_OUT_OF_RANGE): find the real end of each silent partition.
+                    checked = True
+                    for tp in sorted(set(starts) - done):
+                        if starts[tp] > 0:
+                            end = _end_offset(self.probe_config, tp)
+                            if end < starts[tp]:
+                                raise ChangelogMismatch(
+                                    f"task {self.names.get(tp)}: local state says it reflects changelog "
+                                    f"{tp[0]}[{tp[1]}] up to offset {starts[tp]}, but the changelog ends at "
+                                    f"offset {end}; the changelog was recreated or the state directory "
+                                    f"belongs to another cluster: delete it to restore")
                 if now - last_progress > STALL_S:
-                    raise ConfigError(f"restoring task {self.task_id}: no progress for {STALL_S:.0f} s "
+                    raise ConfigError(f"restoring tasks: no progress for {STALL_S:.0f} s "
                                       f"(partitions not at their end: {sorted(set(starts) - done)})")
                 if now - last_log >= PROGRESS_EVERY_S:
                     last_log = now
                     rate = n / max(now - t0, 1e-6)
                     remaining = max(self.expected - n, 0) if self.expected else "?"
-                    log.info("restoring task %s: %d records restored, %.0f records/s, %s remaining",
-                             self.task_id, n, rate, remaining)
+                    log.info("restoring: %d records restored, %.0f records/s, %s remaining",
+                             n, rate, remaining)
         finally:
             c.unassign()
+
+
+def _end_offset(conf: dict, tp) -> int:
+    """The end of a partition, read from its beginning to partition EOF (no latest-offset query)."""
+    c = Consumer({**conf, "auto.offset.reset": "earliest"})
+    try:
+        c.assign([TopicPartition(tp[0], tp[1], OFFSET_BEGINNING)])
+        deadline = time.monotonic() + STALL_S
+        end = 0
+        while time.monotonic() < deadline:
+            for m in c.consume(5000, 0.5):
+                err = m.error()
+                if err is None:
+                    end = m.offset() + 1
+                elif err.code() == _EOF:
+                    return m.offset()
+                else:
+                    raise ConfigError(f"reading {tp[0]}[{tp[1]}] to its end: {err.str()}")
+        raise ConfigError(f"reading {tp[0]}[{tp[1]}] to its end took more than {STALL_S:.0f} s (at {end})")
+    finally:
+        c.close()
 
 
 class RestoreInterrupted(Exception):

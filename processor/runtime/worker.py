@@ -43,11 +43,11 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processor.errors import ChangelogMismatch, ConfigError, ProcessorError
 from processor.runtime import kafka
-from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, restore_task
+from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, RestoreTarget, restore_tasks
 from processor.runtime.state_lock import StateDirLock
 from processor.runtime.task import Task, dlq_topic_for
 from processor.state.rocksdb import RocksDBDatabase
@@ -58,6 +58,8 @@ _EOF = KafkaError._PARTITION_EOF
 
 
 GUARANTEES = ("at_least_once", "exactly_once")
+# group offset commit errors that mean "a rebalance is under way", not a broken worker
+_REBALANCING = (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
 
 
 class DeliveryFailed(ProcessorError):
@@ -247,20 +249,26 @@ class Worker:
             conf["isolation.level"] = "read_committed"
         return conf
 
-    def _open_task(self, sub: int, partition: int) -> Task:
-        """Open the task's database, bring it up to its changelogs, and build the task."""
-        db = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
-        changelogs = self.topology.changelogs_of(sub)
+    def _open_tasks(self, keys) -> None:
+        """Open the tasks' databases, bring them up to their changelogs (all at once), build the
+        tasks."""
+        targets = []
         try:
-            stats = restore_task(db, f"{sub}_{partition}", partition, changelogs,
-                                 self._restore_consumer_config(), self._stop)
-            self.restored_records += stats.restored
-            task = Task(self.topology, sub, partition, db, self.collector, lambda: int(time.time() * 1000),
-                        on_error=self.on_error, dlq_topic=self.dlq_topic)
-            self._writers[(sub, partition)] = ChangelogWriter(task, changelogs, self.collector.send_changelog)
-            return task
+            for sub, partition in keys:
+                db = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
+                targets.append(RestoreTarget(db, f"{sub}_{partition}", partition, self.topology.changelogs_of(sub)))
+            restore_tasks(targets, self._restore_consumer_config(), self._stop)
+            for (sub, partition), t in zip(keys, targets):
+                self.restored_records += t.restored
+                task = Task(self.topology, sub, partition, t.db, self.collector, lambda: int(time.time() * 1000),
+                            on_error=self.on_error, dlq_topic=self.dlq_topic)
+                self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog)
+                self.tasks[(sub, partition)] = task
         except BaseException:
-            db.close()
+            for key, t in zip(keys, targets):
+                self.tasks.pop(key, None)
+                self._writers.pop(key, None)
+                t.db.close()
             raise
 
     def _on_assign(self, consumer, partitions):
@@ -271,10 +279,9 @@ class Worker:
             committed = {(tp.topic, tp.partition): tp.offset
                          for tp in consumer.committed(partitions, timeout=30)}
             for key in sorted(keys):
-                if key in self.tasks:
-                    continue
-                task = self._suspended.pop(key, None)
-                self.tasks[key] = task if task is not None else self._open_task(*key)
+                if key not in self.tasks and key in self._suspended:
+                    self.tasks[key] = self._suspended.pop(key)
+            self._open_tasks([key for key in sorted(keys) if key not in self.tasks])
             for tp in partitions:
                 task = self.tasks[(self._sub_of_topic[tp.topic], tp.partition)]
                 start = task.positions.get((tp.topic, tp.partition), 0)
@@ -379,16 +386,55 @@ class Worker:
                 if off > self._group_offsets.get((topic, part), 0):
                     offsets.append(TopicPartition(topic, part, off))
         if collector.transactional:
-            collector.commit_transaction(offsets, self.consumer.consumer_group_metadata())
+            try:
+                collector.commit_transaction(offsets, self.consumer.consumer_group_metadata())
+            except KafkaException as exc:
+                self._transaction_failed(exc)
+                return
         else:
             collector.flush()           # the commit records: the units are durable now
             if offsets:
-                self.consumer.commit(offsets=offsets, asynchronous=False)
+                try:
+                    self.consumer.commit(offsets=offsets, asynchronous=False)
+                except KafkaException as exc:
+                    # The units are durable in the changelogs (the truth about positions), so a
+                    # group that rebalances under us loses nothing: the next owner resumes from
+                    # the commit records. Only the offsets shown to tools lag until the next commit.
+                    if exc.args[0].code() not in _REBALANCING:
+                        raise
+                    log.warning("group offset commit skipped (%s): the group is rebalancing; the "
+                                "commit units are durable in the changelogs", exc.args[0].name())
+                    offsets = []
         for tp in offsets:
             self._group_offsets[(tp.topic, tp.partition)] = tp.offset
         collector.begin()               # outbox records below go into the next transaction
         for task, writer, pos, outbox in units:
             task.finish_commit(pos, outbox, writer.committed_ends(pos))
+
+    def _transaction_failed(self, exc) -> None:
+        """Exactly once: the transaction did not commit. Fatal if this producer was fenced (a
+        newer instance owns the transactional id); otherwise (the group rebalanced under us) abort
+        it, drop every task's uncommitted state and rebuild the tasks from their changelogs."""
+        err = exc.args[0]
+        if err.fatal() or not err.txn_requires_abort():
+            raise ConfigError(f"exactly_once: the transaction could not commit ({err.str()}); "
+                              f"this worker was fenced by a newer instance") from None
+        log.warning("exactly_once: transaction aborted (%s); rebuilding tasks from their changelogs",
+                    err.str())
+        self.collector.abort()
+        keys = sorted(self.tasks)
+        for key in keys:
+            self._writers.pop(key, None)
+            task = self.tasks.pop(key)
+            self.finished_tasks_metrics.append(task.metrics())
+            task.close()                 # closing never writes pending state
+        self._open_tasks(keys)
+        for key in keys:
+            task = self.tasks[key]
+            for tp in [tp for tp in self._assigned if (self._sub_of_topic[tp[0]], tp[1]) == key]:
+                off = task.positions.get(tp, 0)
+                self.consumer.seek(TopicPartition(tp[0], tp[1], off if off > 0 else OFFSET_BEGINNING))
+        self.collector.begin()
 
     def _worker_id(self) -> str:
         """A stable id of this state directory (the transactional id's suffix: a restarted
