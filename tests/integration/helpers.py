@@ -210,6 +210,17 @@ def final_table(messages) -> dict[bytes, bytes]:
     return out
 
 
+def final_table_values(records) -> dict[bytes, bytes]:
+    """Like ``final_table`` for the driver's OutputRecords (``.key``, ``.value``)."""
+    out: dict[bytes, bytes] = {}
+    for r in records:
+        if r.value is None:
+            out.pop(r.key, None)
+        else:
+            out[r.key] = r.value
+    return out
+
+
 def table_emission_violations(seq) -> list[str]:
     """Breaches of the table-operator invariant in one key's output sequence ``[value | None]``:
     a record equal to the previous one (an unchanged result re-emitted, or a second tombstone),

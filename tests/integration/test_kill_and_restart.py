@@ -30,11 +30,12 @@ import time
 import pytest
 
 from processor.runtime import kafka
+from processor.serde import Serdes
 from processor.runtime.changelog import RestoreTarget, restore_tasks
 from processor.state.rocksdb import RocksDBDatabase
 from processor.testing import TopologyTestDriver
 from tests.integration import apps
-from tests.integration.helpers import (final_table, latest_task_dirs, produce_interleaved, reliability_scenario,
+from tests.integration.helpers import (final_table_values, final_table, latest_task_dirs, produce_interleaved, reliability_scenario,
                                        start_worker_process, table_emission_violations, task_store_bytes,
                                        driver_store_bytes, wait_until_group_drained)
 
@@ -121,7 +122,7 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
         for m in left_msgs + right_msgs:
             driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
         want = driver_store_bytes(driver, TABLES)
-        want_recs = {j: driver.read_output(t, key_serde=_raw(), value_serde=_raw()) for j, t in outs.items()}
+        want_recs = {j: driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()) for j, t in outs.items()}
     want_out = {j: final_table_values(r) for j, r in want_recs.items()}
     want_seqs = {j: _sequences_of_records(r) for j, r in want_recs.items()}
 
@@ -207,25 +208,8 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
     assert off["totals"] == []
 
 
-def _raw():
-    from processor.serde import Serdes
-
-    return Serdes.bytes()
-
-
 def _sequences_of_records(records):
     seqs = {}
     for r in records:
         seqs.setdefault(r.key, []).append(r.value)
     return seqs
-
-
-def final_table_values(records) -> dict[bytes, bytes]:
-    out = {}
-    for r in records:
-        if r.value is None:
-            out.pop(r.key, None)
-        else:
-            out[r.key] = r.value
-    return out
-

@@ -31,13 +31,14 @@ from confluent_kafka import Producer
 
 from processor import provenance
 from processor.runtime import kafka
+from processor.serde import Serdes
 from processor.runtime.worker import Worker
 from processor.serde import change as change_codec
 from processor.state.store import TASK_STORE
 from processor.testing import TopologyTestDriver
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import (driver_outputs_by_key, driver_store_bytes, final_table, latest_task_dirs,
+from tests.integration.helpers import (final_table_values, driver_outputs_by_key, driver_store_bytes, final_table, latest_task_dirs,
                                        produce, produce_interleaved, reliability_scenario, skewed_events,
                                        task_store_bytes, wait_until_group_drained)
 
@@ -368,7 +369,7 @@ def test_repartition_batches_produced_twice_while_processing(kafka_bootstrap, un
         for m in left_msgs + right_msgs:
             driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
         want = driver_store_bytes(driver, TABLES)
-        want_out = {j: final_table_values(driver.read_output(t, key_serde=_raw(), value_serde=_raw()))
+        want_out = {j: final_table_values(driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()))
                     for j, t in outs.items()}
     for j, t in outs.items():
         assert final_table(kafka.read_topic(kafka_bootstrap, t)) == want_out[j], j
@@ -402,19 +403,3 @@ def test_repartition_batches_produced_twice_while_processing(kafka_bootstrap, un
            f"(partitions {sorted({m.partition() for m in model_dropped})}, between new records in "
            f"{interleaved}); dropped {dropped}; totals output = fold ({sum(map(len, got_totals.values()))} "
            f"records), stores = driver, {len(marks)} high-water marks = model")
-
-
-def _raw():
-    from processor.serde import Serdes
-
-    return Serdes.bytes()
-
-
-def final_table_values(records) -> dict[bytes, bytes]:
-    out = {}
-    for r in records:
-        if r.value is None:
-            out.pop(r.key, None)
-        else:
-            out[r.key] = r.value
-    return out

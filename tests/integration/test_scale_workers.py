@@ -27,9 +27,10 @@ import threading
 import time
 
 from processor.runtime import kafka
+from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 from tests.integration import apps
-from tests.integration.helpers import (driver_store_bytes, final_table, latest_task_dirs, produce_interleaved,
+from tests.integration.helpers import (final_table_values, driver_store_bytes, final_table, latest_task_dirs, produce_interleaved,
                                        reliability_scenario, start_worker_process, task_store_bytes,
                                        wait_until_group_drained)
 
@@ -201,7 +202,7 @@ def test_scale_1_3_1_workers_final_tables_equal_single_worker_run(kafka_bootstra
         for m in left_msgs + right_msgs:
             driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
         want = driver_store_bytes(driver, TABLES)
-        want_out = {j: final_table_values(driver.read_output(t, key_serde=_raw(), value_serde=_raw()))
+        want_out = {j: final_table_values(driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()))
                     for j, t in outs["A"].items()}
     dirs_a = latest_task_dirs([state["A"] / app["A"]])
     dirs_b = latest_task_dirs([state[w] / app["B"] for w in ("B0", "B1", "B2")])
@@ -249,19 +250,3 @@ def test_scale_1_3_1_workers_final_tables_equal_single_worker_run(kafka_bootstra
            f"{entries}; join-result timestamps that differ: "
            f"{ts_differences}")
     report(f"output records: {sizes}; final tables of B == A == driver")
-
-
-def _raw():
-    from processor.serde import Serdes
-
-    return Serdes.bytes()
-
-
-def final_table_values(records) -> dict[bytes, bytes]:
-    out = {}
-    for r in records:
-        if r.value is None:
-            out.pop(r.key, None)
-        else:
-            out[r.key] = r.value
-    return out
