@@ -211,35 +211,32 @@ class Worker:
             raise ConfigError(f"topic(s) {', '.join(sorted(set(missing)))} do not exist on "
                               f"{self.bootstrap_servers}; create them before starting "
                               f"application {self.application_id!r}")
-        wanted = topo.internal_topic_partitions(parts)
-        for t, n in wanted.items():
-            if t in parts and parts[t] != n:
-                raise ConfigError(f"internal topic {t} has {parts[t]} partitions, but application "
-                                  f"{self.application_id!r} needs {n} (the partition count of its input); "
-                                  f"delete it or reset the application")
-        create = {t: n for t, n in wanted.items() if t not in parts}
-        if create:
-            kafka.create_topics(self.bootstrap_servers, create)
-            parts.update(create)
+        self._ensure_topics(parts, topo.internal_topic_partitions(parts), "internal topic",
+                            "needs {n} (the partition count of its input)", kafka.TOPIC_CONFIG)
         for i in range(len(self.topology.subtopologies)):
             counts = {t: parts[t] for t in self.topology.source_topics(i)}
             if len(set(counts.values())) > 1:
                 listing = ", ".join(f"{t}={n}" for t, n in sorted(counts.items()))
                 raise ConfigError(f"co-partitioned source topics of sub-topology {i} have different "
                                   f"partition counts ({listing}); they must be equal")
-        changelogs = topo.changelog_topic_partitions(parts)
-        for t, n in changelogs.items():
-            if t in parts and parts[t] != n:
-                raise ConfigError(f"changelog topic {t} has {parts[t]} partitions, but application "
-                                  f"{self.application_id!r} has {n} tasks writing it; delete it or "
-                                  f"reset the application")
-        create = {t: n for t, n in changelogs.items() if t not in parts}
-        if create:
-            kafka.create_topics(self.bootstrap_servers, create, config=kafka.CHANGELOG_TOPIC_CONFIG)
-            parts.update(create)
+        self._ensure_topics(parts, topo.changelog_topic_partitions(parts), "changelog topic",
+                            "has {n} tasks writing it", kafka.CHANGELOG_TOPIC_CONFIG)
         if self.on_error == "dlq" and self.dlq_topic not in parts:
             kafka.create_topics(self.bootstrap_servers, {self.dlq_topic: 1})
         return parts
+
+    def _ensure_topics(self, parts: dict[str, int], wanted: dict[str, int], kind: str, needs: str,
+                       config: dict) -> None:
+        """Create the ``wanted`` topics that do not exist; refuse one with another partition count."""
+        for t, n in wanted.items():
+            if t in parts and parts[t] != n:
+                raise ConfigError(f"{kind} {t} has {parts[t]} partitions, but application "
+                                  f"{self.application_id!r} {needs.format(n=n)}; delete it or "
+                                  f"reset the application")
+        create = {t: n for t, n in wanted.items() if t not in parts}
+        if create:
+            kafka.create_topics(self.bootstrap_servers, create, config=config)
+            parts.update(create)
 
     # -- task management ----------------------------------------------------------------------
     def _restore_consumer_config(self) -> dict:
