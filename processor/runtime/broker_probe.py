@@ -32,6 +32,16 @@ capability False and its reason lands in ``details``.
   transaction and commits; then ``consumer.committed([tp])`` for that fresh group returns N.
   The consumer is never subscribed (its group metadata carries generation -1, which brokers
   accept as a simple, memberless commit), so the probe does not wait for a group join.
+- ``transactions_complete_after_fencing``: what a crashed exactly-once worker and its restart
+  do to the transactions around them. On one partition: A writes in an open transaction; B
+  (another ``transactional.id``) writes in an open transaction; A' (A's ``transactional.id``,
+  the restart) calls ``init_transactions``, which must abort A's transaction; A' writes, sends
+  offsets for group GA and commits; then B sends offsets for group GB and commits. Both
+  committed offsets must then be visible, and a read_committed consumer must read A''s and B's
+  records up to partition EOF. (Tansu 0.6 leaves A''s transaction "prepared" for good: its
+  offsets are never written and the last stable offset stays in front of its record, so a
+  read_committed consumer stops there until some later transaction on that partition
+  completes.)
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ class TransactionCapabilities:
     read_committed_hides_aborted: bool
     zombie_fenced: bool
     send_offsets_to_transaction_supported: bool
+    transactions_complete_after_fencing: bool
     details: dict[str, str] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -334,6 +345,55 @@ def _probe_send_offsets(bootstrap: str, timeout_s: float, details: dict[str, str
     return got.offset == sent_offset
 
 
+def _probe_complete_after_fencing(bootstrap: str, timeout_s: float, details: dict[str, str]) -> bool:
+    name = "transactions_complete_after_fencing"
+    deadline = _Deadline(timeout_s)
+    topic = _fresh("fencing")
+    txid_a, txid_b = _fresh("txid"), _fresh("txid")
+    records = {w: f"{w}-{uuid.uuid4().hex}".encode() for w in ("a", "b", "a2")}
+    consumers = {}
+    for g in ("A", "B"):
+        conf = kafka.consumer_defaults(bootstrap)
+        conf.update({"group.id": _fresh(f"group{g}"), "isolation.level": "read_committed"})
+        consumers[g] = Consumer(conf)   # never subscribed: memberless commits, as above
+    producers: list[Producer] = []
+    try:
+        kafka.create_topics(bootstrap, {topic: 1}, exist_ok=False, timeout_s=deadline.left())
+        producers.append(a := _txn_producer(bootstrap, txid_a, deadline, quiet=True))
+        producers.append(b := _txn_producer(bootstrap, txid_b, deadline))
+        a.init_transactions(deadline.left())
+        b.init_transactions(deadline.left())
+        a.begin_transaction()
+        _produce_flushed(a, topic, records["a"], deadline)
+        b.begin_transaction()
+        _produce_flushed(b, topic, records["b"], deadline)
+        producers.append(a2 := _txn_producer(bootstrap, txid_a, deadline))
+        a2.init_transactions(deadline.left())      # the restart: A's transaction is aborted
+        a2.begin_transaction()
+        _produce_flushed(a2, topic, records["a2"], deadline)
+        a2.send_offsets_to_transaction([TopicPartition(topic, 0, 1)],
+                                       consumers["A"].consumer_group_metadata(), deadline.left())
+        a2.commit_transaction(deadline.left())
+        b.send_offsets_to_transaction([TopicPartition(topic, 0, 2)],
+                                      consumers["B"].consumer_group_metadata(), deadline.left())
+        b.commit_transaction(deadline.left())
+        got = {g: c.committed([TopicPartition(topic, 0)], timeout=deadline.left())[0].offset
+               for g, c in consumers.items()}
+    except Exception as exc:
+        details[f"{name}.error"] = _error_text(exc)
+        return False
+    finally:
+        _close(producers)
+        for c in consumers.values():
+            c.close()
+    details[f"{name}.committed_offsets"] = f"restarted producer {got['A']} (sent 1), other producer {got['B']} (sent 2)"
+    # A transaction left unfinished never finishes by waiting: a few seconds show it.
+    values, note = _read_committed(bootstrap, topic, records["a2"], _Deadline(min(deadline.left(), 5.0)))
+    seen = records["a2"] in values and records["b"] in values
+    details[f"{name}.records_read_committed"] = f"{_yes(seen)} ({note})"
+    return got == {"A": 1, "B": 2} and seen
+
+
 def probe_transactions(bootstrap_servers: str, timeout_s: float = 30.0) -> TransactionCapabilities:
     """Run every transaction probe against the broker at ``bootstrap_servers``. Each probe is
     bounded by ``timeout_s``; none raises for a "no" (see the module docstring)."""
@@ -343,5 +403,6 @@ def probe_transactions(bootstrap_servers: str, timeout_s: float = 30.0) -> Trans
         read_committed_hides_aborted=_probe_hides_aborted(bootstrap_servers, timeout_s, details),
         zombie_fenced=_probe_zombie_fenced(bootstrap_servers, timeout_s, details),
         send_offsets_to_transaction_supported=_probe_send_offsets(bootstrap_servers, timeout_s, details),
+        transactions_complete_after_fencing=_probe_complete_after_fencing(bootstrap_servers, timeout_s, details),
         details=details,
     )

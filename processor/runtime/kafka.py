@@ -87,15 +87,18 @@ def create_topics(bootstrap_servers: str, topics: dict[str, int], exist_ok: bool
             raise ConfigError(f"cannot create topic {topic!r}: {err.str()}") from None
 
 
-def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> list:
+def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0,
+               isolation_level: str = "read_committed") -> list:
     """Every record of ``topic`` from the beginning to its current end, partition by partition
     (a list of confluent_kafka Messages, ordered by partition then offset). Uses partition EOF,
-    not list_offsets, to find the end (list_offsets latest is wrong on some brokers)."""
+    not list_offsets, to find the end (list_offsets latest is wrong on some brokers); with
+    read_committed that end is the last stable offset."""
     parts = topic_partitions(bootstrap_servers).get(topic)
     if parts is None:
         raise ConfigError(f"topic {topic!r} does not exist on {bootstrap_servers}")
     conf = consumer_defaults(bootstrap_servers)
     conf["group.id"] = f"reader-{topic}-{time.time_ns()}"
+    conf["isolation.level"] = isolation_level
     conf["fetch.wait.max.ms"] = 50   # a one-off reader: reach partition EOF quickly
     c = Consumer(conf)
     by_part: dict[int, list] = {p: [] for p in range(parts)}
@@ -121,13 +124,16 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> l
 
 
 def partitions_with_records_from(bootstrap_servers: str, positions: dict[tuple[str, int], int],
-                                 timeout_s: float = 30.0) -> set[tuple[str, int]]:
+                                 timeout_s: float = 30.0,
+                                 isolation_level: str = "read_uncommitted") -> set[tuple[str, int]]:
     """Which of ``{(topic, partition): offset}`` hold a record at or after ``offset`` (found by
-    reading up to partition EOF, not by list_offsets)."""
+    reading up to partition EOF, not by list_offsets; with read_committed, EOF is the last
+    stable offset)."""
     if not positions:
         return set()
     conf = consumer_defaults(bootstrap_servers)
     conf["group.id"] = f"probe-{time.time_ns()}"
+    conf["isolation.level"] = isolation_level
     conf["fetch.wait.max.ms"] = 50
     c = Consumer(conf)
     more: set[tuple[str, int]] = set()

@@ -175,6 +175,13 @@ class Worker:
         self.batch_size = batch_size
         self.startup_timeout_s = startup_timeout_s
         self._consumer_config = consumer_config or {}
+        # As in Kafka Streams: read_committed under exactly_once, read_uncommitted otherwise;
+        # a consumer-config ``isolation.level`` overrides it for every consumer the worker opens
+        # (group, restore, end-of-partition probes). On a broker whose read_committed hides no
+        # aborted record and whose last stable offset can stay behind a transaction it never
+        # completes (Tansu: README "Reliability"), read_uncommitted loses nothing and cannot block.
+        self.isolation_level = self._consumer_config.get(
+            "isolation.level", "read_committed" if processing_guarantee == "exactly_once" else "read_uncommitted")
         self._producer_config = producer_config or {}
         self.tasks: dict[tuple[int, int], Task] = {}
         self._writers: dict[tuple[int, int], ChangelogWriter] = {}
@@ -191,6 +198,7 @@ class Worker:
         self.finished_tasks_metrics: list[dict] = []
         self._fatal: BaseException | None = None
         self._group_offsets: dict[tuple[str, int], int] = {}
+        self._skipped_offsets: dict[tuple[str, int], int] = {}   # at least once, see commit()
         self._wall_punctuation = any(
             (e := n.attrs.get("emit")) is not None and e.mode == "every" and e.clock == "wall"
             for n in topology.nodes)
@@ -242,8 +250,7 @@ class Worker:
     def _restore_consumer_config(self) -> dict:
         conf = kafka.consumer_defaults(self.bootstrap_servers)
         conf["group.id"] = f"{self.application_id}-restore"   # assign() only; never commits
-        if self.processing_guarantee == "exactly_once":
-            conf["isolation.level"] = "read_committed"
+        conf["isolation.level"] = self.isolation_level
         return conf
 
     def _open_tasks(self, keys) -> None:
@@ -365,6 +372,7 @@ class Worker:
             if writer.has_work(pos) or outbox:
                 units.append((task, writer, pos, outbox))
         if not units:
+            self._retry_skipped_offsets()
             return
         for task, writer, pos, outbox in units:
             writer.write_pending()
@@ -390,23 +398,42 @@ class Worker:
                 return
         else:
             collector.flush()           # the commit records: the units are durable now
-            if offsets:
-                try:
-                    self.consumer.commit(offsets=offsets, asynchronous=False)
-                except KafkaException as exc:
-                    # The units are durable in the changelogs (the truth about positions), so a
-                    # group that rebalances under us loses nothing: the next owner resumes from
-                    # the commit records. Only the offsets shown to tools lag until the next commit.
-                    if exc.args[0].code() not in _REBALANCING:
-                        raise
-                    log.warning("group offset commit skipped (%s): the group is rebalancing; the "
-                                "commit units are durable in the changelogs", exc.args[0].name())
-                    offsets = []
+            offsets = self._commit_group_offsets(offsets)
         for tp in offsets:
             self._group_offsets[(tp.topic, tp.partition)] = tp.offset
         collector.begin()               # outbox records below go into the next transaction
         for task, writer, pos, outbox in units:
             task.finish_commit(pos, outbox, writer.committed_ends(pos))
+
+    def _commit_group_offsets(self, offsets: list) -> list:
+        """At least once: commit the group offsets of durable units; returns those committed.
+        The units are durable in the changelogs (the truth about positions), so a group that
+        rebalances under us loses nothing: the next owner resumes from the commit records. Only
+        the offsets shown to tools lag; they are retried at the next commit, with or without
+        new work (``_retry_skipped_offsets``)."""
+        if not offsets:
+            return []
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _REBALANCING:
+                raise
+            log.warning("group offset commit skipped (%s): the group is rebalancing; the "
+                        "commit units are durable in the changelogs", exc.args[0].name())
+            for tp in offsets:
+                self._skipped_offsets[(tp.topic, tp.partition)] = tp.offset
+            return []
+        for tp in offsets:
+            self._skipped_offsets.pop((tp.topic, tp.partition), None)
+        return offsets
+
+    def _retry_skipped_offsets(self) -> None:
+        """Group offsets skipped during a rebalance, of partitions still assigned here."""
+        retry = [TopicPartition(t, p, off) for (t, p), off in sorted(self._skipped_offsets.items())
+                 if (t, p) in self._assigned and off > self._group_offsets.get((t, p), 0)]
+        self._skipped_offsets = {tp: off for tp, off in self._skipped_offsets.items() if tp in self._assigned}
+        for tp in self._commit_group_offsets(retry):
+            self._group_offsets[(tp.topic, tp.partition)] = tp.offset
 
     def _transaction_failed(self, exc) -> None:
         """Exactly once: the transaction did not commit. Fatal if this producer was fenced (a
@@ -451,7 +478,8 @@ class Worker:
         self._sent_at_drain_check = self.collector.sent
         internal = {tp: self.tasks[(self._sub_of_topic[tp[0]], tp[1])].positions.get(tp, 0)
                     for tp in self._assigned if tp[0] in self._internal_topics}
-        more = kafka.partitions_with_records_from(self.bootstrap_servers, internal)
+        more = kafka.partitions_with_records_from(self.bootstrap_servers, internal,
+                                                  isolation_level=self.isolation_level)
         self._at_eof -= more
         return not more
 
@@ -500,7 +528,7 @@ class Worker:
             self.collector.begin()
         cconf = kafka.consumer_defaults(self.bootstrap_servers)
         cconf.update({"group.id": self.application_id, "session.timeout.ms": 10000,
-                      "heartbeat.interval.ms": 1000})
+                      "heartbeat.interval.ms": 1000, "isolation.level": self.isolation_level})
         cconf.update(self._consumer_config)
         self.consumer = Consumer(cconf)
         previous = {}

@@ -236,21 +236,46 @@ def table_emission_violations(seq) -> list[str]:
 
 
 def wait_until_group_drained(bootstrap: str, group: str, topics: dict[str, int], timeout_s: float = 120.0,
-                             poll_s: float = 0.5) -> float:
+                             poll_s: float = 0.5, check=None) -> float:
     """Wait until ``group`` has committed every partition of ``topics`` (``{topic: partitions}``,
     internal topics included) to its end: the committed offsets are read FIRST, then the broker
     is probed (to partition EOF, not list_offsets) for records at or after them; none means
     every record was processed and committed, and so was everything those records caused (a
-    worker flushes its outputs before committing). Returns the seconds waited."""
+    worker flushes its outputs before committing). ``check()``, if given, runs on every poll
+    (e.g. to fail at once when a worker process exited). Returns the seconds waited."""
     t0 = time.monotonic()
     while True:
+        if check is not None:
+            check()
         committed = {(t, p): max(off, 0) for t, n in topics.items()
                      for p, off in committed_offsets(bootstrap, group, t, n).items()}
-        if not kafka.partitions_with_records_from(bootstrap, committed):
+        behind = kafka.partitions_with_records_from(bootstrap, committed)
+        if not behind:
             return time.monotonic() - t0
         if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"group {group} did not drain {sorted(topics)} within {timeout_s:.0f} s")
+            raise AssertionError(f"group {group} did not drain {sorted(topics)} within {timeout_s:.0f} s; "
+                                 f"behind (committed offset / high watermark): "
+                                 f"{_lag_report(bootstrap, {tp: committed[tp] for tp in behind})}")
         time.sleep(poll_s)
+
+
+def _lag_report(bootstrap: str, committed: dict[tuple[str, int], int]) -> list[str]:
+    """``topic[p]: committed/high-watermark`` for a failure message (a diagnostic, so the
+    watermark query is fine here)."""
+    conf = kafka.consumer_defaults(bootstrap)
+    conf["group.id"] = f"lag-{time.time_ns()}"
+    c = Consumer(conf)
+    try:
+        out = []
+        for (t, p), off in sorted(committed.items()):
+            try:
+                hw = c.get_watermark_offsets(TopicPartition(t, p), timeout=5)[1]
+            except Exception as e:  # noqa: BLE001 - a diagnostic must not hide the real failure
+                hw = f"? ({e})"
+            out.append(f"{t}[{p}]: {off}/{hw}")
+        return out
+    finally:
+        c.close()
 
 
 # -- reliability (issue 5): workers as processes, stores as bytes ---------------------------------

@@ -15,10 +15,11 @@ def _with_prefix(details: dict[str, str], name: str) -> dict[str, str]:
 def test_capabilities_reported_and_transactions_supported(broker_capabilities, report):
     caps = broker_capabilities
     assert caps.names() == ["transactions_supported", "read_committed_hides_aborted",
-                            "zombie_fenced", "send_offsets_to_transaction_supported"]
+                            "zombie_fenced", "send_offsets_to_transaction_supported",
+                            "transactions_complete_after_fencing"]
     for line in caps.describe():
         report(line)
-    assert caps.describe()[:4] == [f"{name}: {'yes' if value else 'no'}" for name, value in caps.as_dict().items()]
+    assert caps.describe()[:5] == [f"{name}: {'yes' if value else 'no'}" for name, value in caps.as_dict().items()]
     # exactly_once mode needs transactions and offsets committed inside them.
     assert caps.transactions_supported, caps.details
     assert caps.send_offsets_to_transaction_supported, caps.details
@@ -47,6 +48,11 @@ def test_every_answer_agrees_with_what_the_probe_observed(broker_capabilities):
     d = _with_prefix(caps.details, "send_offsets_to_transaction_supported")
     assert caps.send_offsets_to_transaction_supported == (d.get("committed_offset") == "3 (sent 3)")
 
+    d = _with_prefix(caps.details, "transactions_complete_after_fencing")
+    assert caps.transactions_complete_after_fencing == (
+        "error" not in d and d.get("committed_offsets") == "restarted producer 1 (sent 1), other producer 2 (sent 2)"
+        and d.get("records_read_committed", "").startswith("yes"))
+
 
 def test_probe_is_deterministic(broker_capabilities, kafka_bootstrap, report):
     t0 = time.monotonic()
@@ -61,9 +67,9 @@ def test_unreachable_broker_answers_no_without_raising(report):
     t0 = time.monotonic()
     caps = probe_transactions(f"127.0.0.1:{free_port()}", timeout_s=1.0)
     elapsed = time.monotonic() - t0
-    report(f"unreachable broker: all four probes answered no in {elapsed:.2f} s")
+    report(f"unreachable broker: all five probes answered no in {elapsed:.2f} s")
     assert isinstance(caps, TransactionCapabilities)
     assert caps.as_dict() == {name: False for name in caps.names()}
     for name in caps.names():
         assert _with_prefix(caps.details, name).get("error"), caps.details
-    assert elapsed < 4 * 1.0 + 5
+    assert elapsed < 5 * 1.0 + 5

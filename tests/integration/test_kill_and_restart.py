@@ -22,6 +22,7 @@ guarantee:
 """
 
 import json
+import os
 import random
 import signal
 import threading
@@ -83,6 +84,9 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
         producer.start()
         # five kills at random moments while the input arrives and shortly after
         moments = sorted(rnd.uniform(1.0, 16.0) for _ in range(KILLS))
+        if os.environ.get("KILL_TEST_SEED"):  # explore other kill moments by hand
+            rnd = random.Random(int(os.environ["KILL_TEST_SEED"]))
+            moments = sorted(rnd.uniform(1.0, 16.0) for _ in range(KILLS))
         for at in moments:
             time.sleep(max(0.0, t0 + at - time.monotonic()))
             i = rnd.randrange(2)
@@ -96,8 +100,20 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
         produce_s = time.monotonic() - t0
         internal = [f"{app}-totals-repartition", f"{app}-enriched-subscription-registration-topic",
                     f"{app}-enriched-subscription-response-topic"]
-        wait_until_group_drained(kafka_bootstrap, app, {t: PARTS for t in [orders, customers] + internal},
-                                 timeout_s=240)
+        def worker_logs():
+            return "\n".join(f"--- w{i} (kills so far {kills}, exit code {p.poll()}):\n" + open(lg).read()[-4000:]
+                             for i, (p, lg) in enumerate(zip(procs, logs)))
+
+        def workers_alive():
+            assert all(p.poll() is None for p in procs), f"a worker exited on its own\n{worker_logs()}"
+
+        try:
+            wait_until_group_drained(kafka_bootstrap, app, {t: PARTS for t in [orders, customers] + internal},
+                                     timeout_s=240, check=workers_alive)
+        except AssertionError as e:
+            if "exited on its own" in str(e):
+                raise
+            raise AssertionError(f"{e}\n{worker_logs()}") from None
         drained_s = time.monotonic() - t0
         for p in procs:
             assert p.poll() is None, "a worker died on its own"
