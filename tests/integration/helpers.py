@@ -7,7 +7,7 @@ import random
 import time
 from collections import defaultdict
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from processor.runtime import kafka
 from processor.serde import Serdes
@@ -259,6 +259,55 @@ def wait_until_group_drained(bootstrap: str, group: str, topics: dict[str, int],
         time.sleep(poll_s)
 
 
+def wait_until_tasks_committed(bootstrap: str, topology, topics: dict[str, int], isolation_level: str,
+                               timeout_s: float = 120.0, poll_s: float = 0.5, check=None) -> float:
+    """Like ``wait_until_group_drained``, but by the workers' own truth: the last commit record in
+    each task changelog (``topology``: bound to its application id) names the input positions
+    its unit covered; drained when those reach the end of every partition of ``topics``. Needed
+    where the broker may never write the group offsets of a committed transaction (probe
+    ``transactions_complete_after_fencing``). Reads with ``isolation_level`` (read_committed
+    where the broker hides aborted transactions, so an aborted unit's commit record does not
+    count). Returns the seconds waited."""
+    from processor.state import commit_record
+    from processor.state.store import TASK_STORE
+
+    changelogs = [TopicPartition(topology.changelog_topic(TASK_STORE, i), p, OFFSET_BEGINNING)
+                  for i in range(len(topology.subtopologies))
+                  for p in range(max(topics[t] for t in topology.source_topics(i)))]
+    conf = kafka.consumer_defaults(bootstrap)
+    conf.update({"group.id": f"drain-{time.time_ns()}", "isolation.level": isolation_level,
+                 "fetch.wait.max.ms": 50})
+    c = Consumer(conf)
+    c.assign(changelogs)
+    latest: dict[tuple[str, int], dict] = {}
+    t0 = time.monotonic()
+    try:
+        while True:
+            if check is not None:
+                check()
+            while True:   # the task changelogs as far as they go now
+                data = [m for m in c.consume(5000, poll_s) if m.error() is None]
+                if not data:
+                    break
+                for m in data:
+                    if m.key() == commit_record.COMMIT_KEY:
+                        latest[(m.topic(), m.partition())] = commit_record.decode(m.value()).positions
+            committed = {(t, p): 0 for t, n in topics.items() for p in range(n)}
+            for pos in latest.values():
+                for tp, off in pos.items():
+                    if tp in committed:
+                        committed[tp] = max(committed[tp], off)
+            behind = kafka.partitions_with_records_from(bootstrap, committed, isolation_level=isolation_level)
+            if not behind:
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout_s:
+                raise AssertionError(f"the tasks' commit records did not reach the end of {sorted(topics)} "
+                                     f"within {timeout_s:.0f} s; behind (committed offset / high watermark): "
+                                     f"{_lag_report(bootstrap, {tp: committed[tp] for tp in behind})}")
+    finally:
+        c.close()
+
+
 def _lag_report(bootstrap: str, committed: dict[tuple[str, int], int]) -> list[str]:
     """``topic[p]: committed/high-watermark`` for a failure message (a diagnostic, so the
     watermark query is fine here)."""
@@ -317,8 +366,10 @@ def reliability_scenario(orders_topic: str, customers_topic: str, n: int, seed: 
 
 
 def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_path, env: dict,
-                         guarantee: str = "at_least_once", commit_interval_ms: int = 300):
-    """``python -m processor.cli run SPEC`` as a child process (stderr to ``log_path``, appended)."""
+                         guarantee: str = "at_least_once", commit_interval_ms: int = 300,
+                         consumer_config: list[str] = ()):
+    """``python -m processor.cli run SPEC`` as a child process (stderr to ``log_path``, appended);
+    ``consumer_config``: extra ``key=value`` consumer settings."""
     import os
     import subprocess
     import sys
@@ -330,7 +381,8 @@ def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_pat
         [sys.executable, "-m", "processor.cli", "--log-level", "INFO", "run", spec,
          "--bootstrap-servers", bootstrap, "--application-id", app, "--state-dir", str(state_dir),
          "--commit-interval-ms", str(commit_interval_ms), "--processing-guarantee", guarantee,
-         "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500"],
+         "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500",
+         *[a for kv in consumer_config for a in ("--consumer-config", kv)]],
         cwd=root, env=e, stdout=subprocess.DEVNULL, stderr=open(log_path, "a"))
 
 
