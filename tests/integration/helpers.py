@@ -236,27 +236,18 @@ def table_emission_violations(seq) -> list[str]:
 
 
 def wait_until_group_drained(bootstrap: str, group: str, topics: dict[str, int], timeout_s: float = 120.0,
-                             poll_s: float = 0.5, check=None) -> float:
+                             poll_s: float = 0.5) -> float:
     """Wait until ``group`` has committed every partition of ``topics`` (``{topic: partitions}``,
     internal topics included) to its end: the committed offsets are read FIRST, then the broker
     is probed (to partition EOF, not list_offsets) for records at or after them; none means
     every record was processed and committed, and so was everything those records caused (a
-    worker flushes its outputs before committing). ``check()``, if given, runs on every poll
-    (e.g. to fail at once when a worker process exited). Returns the seconds waited."""
-    t0 = time.monotonic()
-    while True:
-        if check is not None:
-            check()
-        committed = {(t, p): max(off, 0) for t, n in topics.items()
-                     for p, off in committed_offsets(bootstrap, group, t, n).items()}
-        behind = kafka.partitions_with_records_from(bootstrap, committed)
-        if not behind:
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"group {group} did not drain {sorted(topics)} within {timeout_s:.0f} s; "
-                                 f"behind (committed offset / high watermark): "
-                                 f"{_lag_report(bootstrap, {tp: committed[tp] for tp in behind})}")
-        time.sleep(poll_s)
+    worker flushes its outputs before committing). Returns the seconds waited."""
+    def committed():
+        return {(t, p): max(off, 0) for t, n in topics.items()
+                for p, off in committed_offsets(bootstrap, group, t, n).items()}
+
+    return _wait_until_at_end(bootstrap, f"group {group} did not drain {sorted(topics)}", committed,
+                              "read_uncommitted", timeout_s, poll_s)
 
 
 def wait_until_tasks_committed(bootstrap: str, topology, topics: dict[str, int], isolation_level: str,
@@ -267,45 +258,59 @@ def wait_until_tasks_committed(bootstrap: str, topology, topics: dict[str, int],
     where the broker may never write the group offsets of a committed transaction (probe
     ``transactions_complete_after_fencing``). Reads with ``isolation_level`` (read_committed
     where the broker hides aborted transactions, so an aborted unit's commit record does not
-    count). Returns the seconds waited."""
+    count). ``check()``, if given, runs on every poll (e.g. to fail at once when a worker
+    process exited). Returns the seconds waited."""
     from processor.state import commit_record
     from processor.state.store import TASK_STORE
 
-    changelogs = [TopicPartition(topology.changelog_topic(TASK_STORE, i), p, OFFSET_BEGINNING)
-                  for i in range(len(topology.subtopologies))
-                  for p in range(max(topics[t] for t in topology.source_topics(i)))]
     conf = kafka.consumer_defaults(bootstrap)
     conf.update({"group.id": f"drain-{time.time_ns()}", "isolation.level": isolation_level,
                  "fetch.wait.max.ms": 50})
     c = Consumer(conf)
-    c.assign(changelogs)
-    latest: dict[tuple[str, int], dict] = {}
-    t0 = time.monotonic()
+    c.assign([TopicPartition(topology.changelog_topic(TASK_STORE, i), p, OFFSET_BEGINNING)
+              for i in range(len(topology.subtopologies))
+              for p in range(max(topics[t] for t in topology.source_topics(i)))])
+    latest: dict[tuple[str, int], dict] = {}   # task changelog partition -> its last commit's positions
+
+    def committed():
+        if check is not None:
+            check()
+        while True:   # the task changelogs as far as they go now
+            data = [m for m in c.consume(5000, 0.2) if m.error() is None]
+            if not data:
+                break
+            for m in data:
+                if m.key() == commit_record.COMMIT_KEY:
+                    latest[(m.topic(), m.partition())] = commit_record.decode(m.value()).positions
+        out = {(t, p): 0 for t, n in topics.items() for p in range(n)}
+        for pos in latest.values():
+            for tp, off in pos.items():
+                if tp in out:
+                    out[tp] = max(out[tp], off)
+        return out
+
     try:
-        while True:
-            if check is not None:
-                check()
-            while True:   # the task changelogs as far as they go now
-                data = [m for m in c.consume(5000, poll_s) if m.error() is None]
-                if not data:
-                    break
-                for m in data:
-                    if m.key() == commit_record.COMMIT_KEY:
-                        latest[(m.topic(), m.partition())] = commit_record.decode(m.value()).positions
-            committed = {(t, p): 0 for t, n in topics.items() for p in range(n)}
-            for pos in latest.values():
-                for tp, off in pos.items():
-                    if tp in committed:
-                        committed[tp] = max(committed[tp], off)
-            behind = kafka.partitions_with_records_from(bootstrap, committed, isolation_level=isolation_level)
-            if not behind:
-                return time.monotonic() - t0
-            if time.monotonic() - t0 > timeout_s:
-                raise AssertionError(f"the tasks' commit records did not reach the end of {sorted(topics)} "
-                                     f"within {timeout_s:.0f} s; behind (committed offset / high watermark): "
-                                     f"{_lag_report(bootstrap, {tp: committed[tp] for tp in behind})}")
+        return _wait_until_at_end(bootstrap, f"the tasks' commit records did not reach the end of {sorted(topics)}",
+                                  committed, isolation_level, timeout_s, poll_s)
     finally:
         c.close()
+
+
+def _wait_until_at_end(bootstrap: str, failure: str, committed, isolation_level: str, timeout_s: float,
+                       poll_s: float) -> float:
+    """Poll ``committed()`` (``{(topic, partition): offset}``) until no partition holds a record at
+    or after its offset (partition EOF, read with ``isolation_level``); on timeout fail with
+    ``failure`` and each lagging partition's committed offset and high watermark."""
+    t0 = time.monotonic()
+    while True:
+        at = committed()
+        behind = kafka.partitions_with_records_from(bootstrap, at, isolation_level=isolation_level)
+        if not behind:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"{failure} within {timeout_s:.0f} s; behind (committed offset / high "
+                                 f"watermark): {_lag_report(bootstrap, {tp: at[tp] for tp in behind})}")
+        time.sleep(poll_s)
 
 
 def _lag_report(bootstrap: str, committed: dict[tuple[str, int], int]) -> list[str]:
