@@ -159,6 +159,8 @@ class Topology:
                     raise TopologyError(f"optimization pass {name!r} broke the topology: {exc}") from exc
         self._mark_passthrough_sinks()
         self.subtopologies = self._split()
+        self.partitioning: dict[str, object] = {}   # topic -> PartitionerChoice, once a host decided
+        self._resolve_routes()
 
     # -- graph checks -------------------------------------------------------------------------
     def check(self) -> None:
@@ -260,7 +262,88 @@ class Topology:
         bound.application_id = application_id
         bound.applied_passes = list(self.applied_passes)
         bound.subtopologies = bound._split()
+        bound.partitioning = dict(self.partitioning)
+        bound._resolve_routes()
         return bound
+
+    def with_partitioning(self, choices: dict) -> "Topology":
+        """A copy that knows which partitioner placed each source topic (``{topic:
+        PartitionerChoice}``, decided by a host: ``processor/runtime/partitioning.py``); shown by
+        ``describe()``."""
+        bound = copy.copy(self)
+        bound.partitioning = {**self.partitioning, **choices}
+        return bound
+
+    # -- partitioning (README "Partitioning") --------------------------------------------------
+    def roots(self, node: LogicalNode) -> list[str]:
+        """The source topics whose partitioning places ``node``'s keys: the sources upstream of it
+        along parent edges, except internal topics whose records are sent to an explicit
+        partition (foreign-key subscriptions and responses follow their reader)."""
+        out, seen, stack = [], set(), [node]
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if n.source_topic:
+                if n.attrs.get("partitioning") != "explicit" and n.source_topic not in out:
+                    out.append(n.source_topic)
+                continue
+            stack.extend(n.parents)
+        return sorted(out)
+
+    def copartition_constraints(self) -> list[tuple[str, list[str], list[str]]]:
+        """``(join node, left topics, right topics)`` for every join whose sides must be
+        co-partitioned (primary-key table joins, stream-table joins, stream-stream joins): the
+        same key must land on the same partition number on both sides, so both sides' topics
+        must be placed by one partitioner."""
+        out = []
+        for n in self.nodes:
+            other = n.attrs.get("copartition_with")
+            if n.lookups:
+                left = [t for p in n.parents for t in self.roots(p)]
+                right = [t for x in n.lookups for t in self.roots(x)]
+            elif other and any(x.name == other for x in self.nodes):  # (a self-join keeps one side)
+                left = [t for p in n.parents for t in self.roots(p)]
+                right = [t for p in self.node(other).parents for t in self.roots(p)]
+            else:
+                continue
+            if left and right:
+                out.append((n.name, sorted(set(left)), sorted(set(right))))
+        return out
+
+    def routed_by_source(self) -> dict[str, list[str]]:
+        """Sink topic -> the source topics whose partitioner routes its records (a foreign-key
+        join's subscriptions go to the right table's partition of the foreign key)."""
+        return {n.sink_topic: list(n.attrs["route_like_topics"]) for n in self.nodes
+                if n.sink_topic and n.attrs.get("route_like_topics")}
+
+    def partitioning_relevant_topics(self) -> list[str]:
+        """External source topics whose partitioner decides a result (co-partitioned join sides,
+        tables a foreign-key join routes to) or was declared: their placement is determined at
+        start and every key is checked as it is consumed."""
+        internal = {n.source_topic for n in self.nodes if n.source_topic and n.attrs.get("internal")}
+        topics = set()
+        for _, left, right in self.copartition_constraints():
+            topics.update(left + right)
+        for like in self.routed_by_source().values():
+            topics.update(like)
+        for n in self.nodes:
+            if n.source_topic and n.attrs.get("partitioner"):
+                topics.add(n.source_topic)
+        return sorted(topics - internal)
+
+    def declared_partitioners(self) -> dict[str, str]:
+        return {n.source_topic: n.attrs["partitioner"] for n in self.nodes
+                if n.source_topic and n.attrs.get("partitioner")}
+
+    def _resolve_routes(self) -> None:
+        """Sinks marked ``route_like`` (a node name) route by the partitioner of that node's
+        source topics: resolved to topic names now (after rewrites and internal-topic naming)."""
+        for n in self.nodes:
+            like = n.attrs.get("route_like")
+            if like and n.sink_topic:
+                n.attrs["route_like_topics"] = self.roots(self.node(like))
 
     # -- changelogs ------------------------------------------------------------------------------
     def changelog_topic(self, store: str, sub_id: int | None = None) -> str:
@@ -387,7 +470,22 @@ class Topology:
         return ops
 
     # -- describe -----------------------------------------------------------------------------
+    def _describe_partitioner(self, n: LogicalNode, relevant: set[str]) -> str | None:
+        choice = self.partitioning.get(n.source_topic)
+        if choice is not None:
+            return str(choice)
+        if n.attrs.get("partitioning") == "explicit":
+            return "explicit partitions (foreign-key join internal topic)"
+        if n.attrs.get("internal"):
+            return "murmur2 (internal topic)"
+        if n.attrs.get("partitioner"):
+            return f"{n.attrs['partitioner']} (declared; checked as consumed)"
+        if n.source_topic in relevant:
+            return "determined from the data at start, then checked as consumed"
+        return None
+
     def describe(self) -> str:
+        relevant = set(self.partitioning_relevant_topics())
         lines = ["Topologies:"]
         for i, sub in enumerate(self.subtopologies):
             lines.append(f"   Sub-topology: {i}")
@@ -396,6 +494,9 @@ class Topology:
                     head = f"    Source: {n.name} (topics: [{n.source_topic}])"
                     if n.stores:
                         head += f" (stores: [{', '.join(n.stores)}])"
+                    placed = self._describe_partitioner(n, relevant)
+                    if placed:
+                        head += f" (partitioner: {placed})"
                 elif n.kind == "sink":
                     head = f"    Sink: {n.name} (topic: {n.sink_topic})"
                 else:
@@ -418,6 +519,14 @@ class Topology:
         lines.append("Stores:")
         for s in self.stores.values():
             lines.append(f"    {s.name} ({s.kind}; owner: {s.owner}; changelog: {self.changelog_topic(s.name)})")
+        constraints = self.copartition_constraints()
+        routes = self.routed_by_source()
+        if constraints or routes:
+            lines.append("Partitioning:")
+            for name, left, right in constraints:
+                lines.append(f"    {name}: co-partitioned, one partitioner for {', '.join(left)} and {', '.join(right)}")
+            for sink, like in sorted(routes.items()):
+                lines.append(f"    {sink}: routed by the partitioner of {', '.join(like)}")
         opt = "on" if self.optimize else "off"
         applied = ", ".join(f"{n}: {c} rewrite(s)" for n, c in self.applied_passes) or "none applicable"
         lines.append(f"Optimizations: {opt} (passes: {applied})")

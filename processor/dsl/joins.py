@@ -144,12 +144,16 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
     vs = value_serde or Serdes.json()
     raw = Serdes.bytes()
 
-    def internal_sink(topic, parents):
+    def internal_sink(topic, parents, route_like=None):
+        # Subscriptions go to the right table's partition of the foreign key under the RIGHT
+        # TABLE'S partitioner (``route_like``, resolved to its source topics by the topology);
+        # responses name the left row's partition themselves (``Routed``).
         node = LogicalNode(
             name=b._name("KTABLE-SINK"), kind="sink", sink_topic=topic,
-            factory=lambda n: Sink(n.name, n.sink_topic, raw, raw, internal=True),
+            factory=lambda n: Sink(n.name, n.sink_topic, raw, raw, internal=True,
+                                   route_like=(n.attrs.get("route_like_topics") or [None])[0]),
             attrs={"key_serde": raw, "value_serde": raw, "internal": True, "internal_topic": topic,
-                   "partitions_from": "reader"})
+                   "partitions_from": "reader", "route_like": route_like})
         b._add(node, *parents)
         return node
 
@@ -158,7 +162,7 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
             name=b._name("KTABLE-SOURCE"), kind="source", source_topic=topic,
             factory=lambda n: StreamSource(n.name, n.source_topic, raw, raw),
             attrs={"key_serde": raw, "value_serde": raw, "internal": True, "internal_topic": topic,
-                   "dedup": dedup})
+                   "dedup": dedup, "partitioning": "explicit"})
         b._add(node)
         return node
 
@@ -168,7 +172,7 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
                                                           version_store, result_store, vs),
         stores=[version_store, result_store])
     b._add(send, left._node)
-    internal_sink(sub_topic, [send])
+    internal_sink(sub_topic, [send], route_like=right._node.name)
     sub_source = internal_source(sub_topic, dedup=False)
     receive = LogicalNode(
         name=b._name("KTABLE-FK-JOIN-SUBSCRIPTION-RECEIVE"), kind="processor",

@@ -72,6 +72,7 @@ def stream_stream_join(left, right, joiner, windows, how, name, value_serde):
         factory=lambda n: StreamJoinSide(n.name, base, "right", how, joiner, windows, ks, other_store,
                                          this_store, outer_store, rvs, lvs),
         stores=[other_store, this_store] + shared)
+    this.attrs["copartition_with"] = other.name   # both sides co-partitioned (README "Partitioning")
     b._add(this, left._node)
     b._add(other, right._node)
     merge = LogicalNode(name=b._name("KSTREAM-MERGE", name and f"{name}-join-merge"), kind="processor",

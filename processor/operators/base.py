@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from processor.engine.routing import Routing
 from processor.errors import ProcessingError, ProcessorError
 
 
@@ -30,6 +31,7 @@ class ProcessorContext:
         self._stores = stores
         self.collector = collector
         self.wall_clock = wall_clock
+        self.routing = Routing()      # the host's (processor/engine/routing.py); set by the Task
         # Provenance of what is being processed: the input record's topic, partition and offset;
         # during a punctuation or flush, a synthetic one (``"__punctuation:<sub>"``, the task's
         # partition, the commit that will persist it) with ``in_record`` False.

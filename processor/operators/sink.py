@@ -5,6 +5,10 @@
 timestamp and headers. A sink whose value reaches it only through value-preserving steps
 (filters, to_stream) reuses the source's bytes instead of serializing again.
 
+A sink with ``route_like`` (a foreign-key join's subscription sink) names the partition itself:
+the key's partition under the partitioner that placed ``route_like`` (the right table's source
+topic), from the host's ``Routing`` (``processor/engine/routing.py``).
+
 A sink to an internal topic (repartition) writes the input's headers plus the provenance
 header ``processor.source`` (``processor/provenance.py``): the input record's topic,
 partition and offset and a sequence number, so the receiving task can drop replays.
@@ -47,8 +51,11 @@ class TableToStream(Processor):
 class Sink(Processor):
     kind = "sink"
 
-    def __init__(self, name, topic, key_serde, value_serde, passthrough=False, internal=False):
+    def __init__(self, name, topic, key_serde, value_serde, passthrough=False, internal=False,
+                 route_like: str | None = None):
         super().__init__(name)
+        # route by the partitioner that placed this source topic (FK subscriptions: the right table's)
+        self.route_like = route_like
         self.internal = internal
         self.topic = topic
         self.key_serde = key_serde
@@ -75,6 +82,8 @@ class Sink(Processor):
                 raise SerializationError(f"value serialization with {self.value_serde!r} for topic "
                                          f"{self.topic!r} failed: {type(exc).__name__}: {exc}", step=self.name) from exc
         self.records_out += 1
+        if self.route_like is not None and partition is None:
+            partition = ctx.routing.route(self.route_like, self.topic, kb)
         if self.internal:
             headers = [h for h in ctx.headers or () if h[0] not in provenance.INTERNAL_HEADERS]
             headers.extend(extra)

@@ -55,6 +55,18 @@ class StreamSource(Processor):
         return {"records_in": self.records_in}
 
 
+class RequireKey(Processor):
+    """Before a table's repartition topic: a record without a key is poison here, at the user's
+    topic (dead-lettered by policy), never on the internal topic, where it would be fatal."""
+
+    kind = "require-key"
+
+    def process(self, key, value, timestamp):
+        if key is None:
+            raise DeserializationError("a table record needs a non-null key", step=self.name)
+        self.forward(key, value, timestamp)
+
+
 class TableSource(StreamSource):
     kind = "table-source"
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 
 from processor import provenance
+from processor.engine.routing import Routing, misplaced_key
 from processor.errors import DeserializationError, ProcessingError, ProcessorError, RecordError
 from processor.operators.base import Processor, ProcessorContext
 from processor.state import outbox as outbox_codec
@@ -54,7 +55,7 @@ def dlq_topic_for(application_id: str) -> str:
 
 class Task:
     def __init__(self, topology, sub_id: int, partition: int, stores, collector, wall_clock,
-                 on_error: str = "dlq", dlq_topic: str | None = None):
+                 on_error: str = "dlq", dlq_topic: str | None = None, routing: Routing | None = None):
         if on_error not in ERROR_POLICIES:
             raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {on_error!r}")
         if on_error == "dlq" and not dlq_topic:
@@ -68,6 +69,7 @@ class Task:
         self.on_error = on_error
         self.dlq_topic = dlq_topic
         self.context = ProcessorContext(self.id, stores, collector, wall_clock, partition)
+        self.routing = self.context.routing = routing or Routing()
         self.task_store = stores.store(TASK_STORE)
         self.ops = topology.instantiate(sub_id, self.context)
         self.sources: dict[str, list] = {}   # topic -> its source operators, in graph order
@@ -82,6 +84,8 @@ class Task:
                     self.internal_topics.add(n.source_topic)
                 if n.attrs.get("internal"):
                     self._internal_sources.add(n.source_topic)
+        # topics whose every key is checked against its partitioner (README "Partitioning")
+        self._placement_checks = self.routing.checks(self.sources)
         ops = list(self.ops.values())
         self._wall_punctuators = [op for op in ops if op.punctuates_wall]
         self._flushers = [op for op in ops if type(op).flush is not Processor.flush]
@@ -112,6 +116,10 @@ class Task:
         ctx.in_record = True
         self.stores.writer = (topic, partition, offset)
         mark = None
+        if self._placement_checks and topic in self._placement_checks and key is not None:
+            p, n, choice = self._placement_checks[topic]
+            if p.places(key) and (expected := p.partition(key, n)) != partition:
+                raise misplaced_key(topic, partition, offset, key, expected, choice)
         try:
             if topic in self.internal_topics:
                 mark = self._check_provenance(topic, headers)

@@ -45,8 +45,10 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from processor.engine.routing import Routing
 from processor.errors import ChangelogMismatch, ConfigError, ProcessorError
 from processor.runtime import kafka
+from processor.runtime.partitioning import determine_partitioners
 from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, RestoreTarget, restore_tasks
 from processor.runtime.state_lock import StateDirLock
 from processor.runtime.task import Task, dlq_topic_for
@@ -231,6 +233,11 @@ class Worker:
                             "has {n} tasks writing it", kafka.CHANGELOG_TOPIC_CONFIG)
         if self.on_error == "dlq" and self.dlq_topic not in parts:
             kafka.create_topics(self.bootstrap_servers, {self.dlq_topic: 1})
+        # which partitioner placed each source a join depends on (README "Partitioning")
+        choices = determine_partitioners(self.topology, self.bootstrap_servers, parts,
+                                         self._consumer_config)
+        self.topology = self.topology.with_partitioning(choices)
+        self.routing = Routing(choices, parts)
         return parts
 
     def _ensure_topics(self, parts: dict[str, int], wanted: dict[str, int], kind: str, needs: str,
@@ -265,7 +272,7 @@ class Worker:
             for (sub, partition), t in zip(keys, targets):
                 self.restored_records += t.restored
                 task = Task(self.topology, sub, partition, t.db, self.collector, lambda: int(time.time() * 1000),
-                            on_error=self.on_error, dlq_topic=self.dlq_topic)
+                            on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing)
                 self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog)
                 self.tasks[(sub, partition)] = task
         except BaseException:

@@ -1,0 +1,146 @@
+"""Routing: which partitioner placed each source topic, and how records are sent by key.
+
+Invariant: a host (worker, test driver, backfill) gives every Task one ``Routing``; the Task
+checks the key of every record it consumes from a checked topic against the partitioner decided
+for that topic (``PartitioningError``, exit 2, before anything is applied), and sinks that route
+like a source (foreign-key subscriptions) pick the partition with the same partitioner. So a
+record that would make a join silently wrong stops the worker instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from processor.engine.partitioners import INTERNAL, Partitioner
+from processor.errors import ConfigError
+
+
+class PartitioningError(ConfigError):
+    """A key is not where its topic's partitioner puts it, or co-partitioned inputs disagree
+    (exit 2: the input or the topology must change, not the worker)."""
+
+
+REMEDY = ("re-produce the topic with the partitioner the other side uses, declare the partitioner "
+          "that wrote it (b.table/b.stream(topic, partitioner=...)), or let the topology repartition "
+          "it (repartition=True on the source)")
+
+
+@dataclass(frozen=True)
+class PartitionerChoice:
+    """The partitioner of one source topic and how it was decided."""
+
+    topic: str
+    partitioner: Partitioner
+    how: str              # "declared" | "detected from N sampled keys" | "default: ..." | ...
+    checked: bool = True  # keys are checked as they are consumed
+
+    def __str__(self):
+        return f"{self.partitioner.name} ({self.how}{'; checked as consumed' if self.checked else ''})"
+
+
+class Routing:
+    def __init__(self, choices: dict[str, PartitionerChoice] | None = None,
+                 partition_counts: dict[str, int] | None = None):
+        self.choices = dict(choices or {})
+        self.partition_counts = dict(partition_counts or {})
+
+    def partitioner_of(self, topic: str) -> Partitioner:
+        choice = self.choices.get(topic)
+        return INTERNAL if choice is None else choice.partitioner
+
+    def route(self, like_topic: str, sink_topic: str, key: bytes) -> int | None:
+        """The partition of ``sink_topic`` that ``key`` goes to under ``like_topic``'s partitioner
+        (None where the host has no partition count: a one-partition host such as the driver)."""
+        n = self.partition_counts.get(sink_topic)
+        if n is None:
+            return None
+        return self.partitioner_of(like_topic).partition(key, n)
+
+    def checks(self, topics) -> dict[str, tuple[Partitioner, int, PartitionerChoice]]:
+        """``{topic: (partitioner, partition count, choice)}`` for the checked topics among ``topics``."""
+        out = {}
+        for t in topics:
+            c = self.choices.get(t)
+            n = self.partition_counts.get(t, 1)
+            if c is not None and c.checked and n > 1:
+                out[t] = (c.partitioner, n, c)
+        return out
+
+
+def misplaced_key(topic: str, partition: int, offset, key: bytes, expected: int,
+                  choice: PartitionerChoice) -> PartitioningError:
+    return PartitioningError(
+        f"key {key!r} at {topic}[{partition}]@{offset} is in partition {partition}, but partitioner "
+        f"{choice.partitioner.name} ({choice.how}) puts it in partition {expected}: joins over this "
+        f"topic would be silently wrong; {REMEDY}")
+
+
+def _fmt(topic: str, cands, how: dict[str, str]) -> str:
+    names = "/".join(p.name for p in cands)
+    return f"{topic} ({names}, {how[topic]})"
+
+
+def decide_partitioners(topology, partition_counts: dict[str, int],
+                        samples: dict[str, list[tuple[bytes | None, int, int]]]) -> dict[str, PartitionerChoice]:
+    """Decide the partitioner of every source topic that a result depends on
+    (``topology.partitioning_relevant_topics()``) from declarations and ``samples`` (``{topic:
+    [(key, partition, offset)]}``, the first records of each partition), then make co-partitioned
+    join inputs agree. Raises ``PartitioningError`` (exit 2) when a declared partitioner
+    contradicts the data, when no known partitioner explains a topic's keys, or when
+    co-partitioned inputs are placed by different partitioners."""
+    from processor.engine.partitioners import KNOWN, explaining, resolve
+
+    relevant = topology.partitioning_relevant_topics()
+    declared = topology.declared_partitioners()
+    cands: dict[str, list[Partitioner]] = {}
+    how: dict[str, str] = {}
+    for t in relevant:
+        n = partition_counts[t]
+        keyed = [(k, p, off) for k, p, off in samples.get(t, ()) if k is not None]
+        if t in declared:
+            p = resolve(declared[t])
+            if n > 1:
+                for k, part, off in keyed:
+                    if p.places(k) and (exp := p.partition(k, n)) != part:
+                        raise misplaced_key(t, part, off, k, exp,
+                                            PartitionerChoice(t, p, f"declared as {declared[t]!r}"))
+            cands[t], how[t] = [p], "declared"
+        elif n == 1:
+            cands[t], how[t] = list(KNOWN), "one partition: every partitioner places keys alike"
+        elif not keyed:
+            cands[t], how[t] = list(KNOWN), "default: the topic held no keyed record at start"
+        else:
+            found = explaining([(k, p) for k, p, _ in keyed], n)
+            if not found:
+                k, part, off = next((k, p, o) for k, p, o in keyed
+                                    if not any(x.places(k) and x.partition(k, n) == p for x in KNOWN))
+                where = ", ".join(f"{x.name} -> {x.partition(k, n)}" for x in KNOWN)
+                raise PartitioningError(
+                    f"no known partitioner explains where the keys of topic {t} are: key {k!r} at "
+                    f"{t}[{part}]@{off} ({where}); joins over it cannot be routed; declare its "
+                    f"partitioner (b.table/b.stream(topic, partitioner=...)) if it is another, or let "
+                    f"the topology repartition it (repartition=True on the source)")
+            cands[t] = found
+            how[t] = f"detected from {len(keyed)} sampled keys"
+    internal = {n.source_topic for n in topology.nodes if n.source_topic and n.attrs.get("internal")}
+    for t in internal:
+        cands[t], how[t] = [INTERNAL], "internal topic"
+    # co-partitioned inputs: narrow to the partitioners every side admits, to a fixed point
+    constraints = topology.copartition_constraints()
+    changed = True
+    while changed:
+        changed = False
+        for name, left, right in constraints:
+            topics = [t for t in left + right if t in cands]
+            common = [p for p in KNOWN if all(p in cands[t] for t in topics)]
+            if not common:
+                raise PartitioningError(
+                    f"{name} joins {', '.join(_fmt(t, cands[t], how) for t in left)} with "
+                    f"{', '.join(_fmt(t, cands[t], how) for t in right)}: co-partitioned inputs must be "
+                    f"placed by one partitioner, or equal keys meet on different partitions; {REMEDY}")
+            for t in topics:
+                if cands[t] != common:
+                    cands[t] = common
+                    changed = True
+    return {t: PartitionerChoice(t, cands[t][0], how[t], checked=partition_counts[t] > 1)
+            for t in relevant}
