@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 from processor import Emit, StreamsBuilder, TimeWindows
 from processor.runtime import kafka
 from processor.runtime.local_broker import LocalBroker
-from processor.runtime.task import dlq_topic_for
+from processor.engine.task import dlq_topic_for
 from processor.runtime.worker import Worker
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver

@@ -15,7 +15,7 @@ from collections import defaultdict, deque
 
 from processor.errors import ConfigError
 from processor.records import OutputRecord
-from processor.runtime.task import Task, dlq_topic_for
+from processor.engine.task import Task, dlq_topic_for
 from processor.state import emitted as emitted_codec
 from processor.state import timestamped
 from processor.state.memory import MemoryStores

@@ -114,12 +114,13 @@ def resolve(name: str) -> Partitioner:
 
 def explaining(samples: Iterable[tuple[bytes, int]], partitions: int) -> list[Partitioner]:
     """The known partitioners that map every sampled ``(key bytes, partition)`` to the partition it
-    is in (null keys are ignored: every family spreads or pins them without looking at them)."""
+    is in (a key a family does not place by its bytes, such as a null key, or an empty key under
+    ``consistent_random``, says nothing against that family)."""
     left = list(KNOWN)
     for key, part in samples:
         if key is None:
             continue
-        left = [p for p in left if p.partition(key, partitions) == part]
+        left = [p for p in left if not p.places(key) or p.partition(key, partitions) == part]
         if not left:
             break
     return left

@@ -75,6 +75,27 @@ def misplaced_key(topic: str, partition: int, offset, key: bytes, expected: int,
         f"topic would be silently wrong; {REMEDY}")
 
 
+def _unexplained(topic: str, n: int, keyed) -> PartitioningError:
+    """No known partitioner places every sampled key: name the record at which the last
+    candidate failed (a key no family explains, or keys that need different families)."""
+    from processor.engine.partitioners import KNOWN
+
+    left = list(KNOWN)
+    for k, part, off in keyed:
+        fits = [p for p in left if not p.places(k) or p.partition(k, n) == part]
+        if not fits:
+            where = ", ".join(f"{x.name} -> {x.partition(k, n)}" for x in KNOWN)
+            also = "" if len(left) == len(KNOWN) else \
+                f" (the keys before it fit only {'/'.join(p.name for p in left)}: written by several partitioners?)"
+            return PartitioningError(
+                f"no known partitioner explains where the keys of topic {topic} are: key {k!r} at "
+                f"{topic}[{part}]@{off} ({where}){also}; joins over it cannot be routed; declare its "
+                f"partitioner (b.table/b.stream(topic, partitioner=...)) if it is another, or let the "
+                f"topology repartition it (repartition=True on the source)")
+        left = fits
+    raise AssertionError("_unexplained called with keys some partitioner explains")
+
+
 def _fmt(topic: str, cands, how: dict[str, str]) -> str:
     names = "/".join(p.name for p in cands)
     return f"{topic} ({names}, {how[topic]})"
@@ -112,14 +133,7 @@ def decide_partitioners(topology, partition_counts: dict[str, int],
         else:
             found = explaining([(k, p) for k, p, _ in keyed], n)
             if not found:
-                k, part, off = next((k, p, o) for k, p, o in keyed
-                                    if not any(x.places(k) and x.partition(k, n) == p for x in KNOWN))
-                where = ", ".join(f"{x.name} -> {x.partition(k, n)}" for x in KNOWN)
-                raise PartitioningError(
-                    f"no known partitioner explains where the keys of topic {t} are: key {k!r} at "
-                    f"{t}[{part}]@{off} ({where}); joins over it cannot be routed; declare its "
-                    f"partitioner (b.table/b.stream(topic, partitioner=...)) if it is another, or let "
-                    f"the topology repartition it (repartition=True on the source)")
+                raise _unexplained(t, n, keyed)
             cands[t] = found
             how[t] = f"detected from {len(keyed)} sampled keys"
     internal = {n.source_topic for n in topology.nodes if n.source_topic and n.attrs.get("internal")}

@@ -1,2 +1,2 @@
-"""Hosts of the operator code: ``Task`` (shared by worker, driver and backfill) and the worker,
-which does all Kafka I/O."""
+"""The worker host: all Kafka I/O (poll loop, commit units, changelogs, restore) and RocksDB
+state. It runs ``processor.engine.task.Task``, which the test driver and the backfill run too."""

@@ -51,7 +51,7 @@ from processor.runtime import kafka
 from processor.runtime.partitioning import determine_partitioners
 from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, RestoreTarget, restore_tasks
 from processor.runtime.state_lock import StateDirLock
-from processor.runtime.task import Task, dlq_topic_for
+from processor.engine.task import Task, dlq_topic_for
 from processor.state.rocksdb import RocksDBDatabase
 
 log = logging.getLogger("processor.worker")

@@ -1,7 +1,7 @@
 """An aggregate's value and last-emitted columns are column families of the task's database."""
 
 from processor import StreamsBuilder
-from processor.runtime.task import Task
+from processor.engine.task import Task
 from processor.state.rocksdb import RocksDBDatabase
 
 

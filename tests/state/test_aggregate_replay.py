@@ -6,7 +6,7 @@ import json
 import random
 
 from processor import Emit, StreamsBuilder
-from processor.runtime.task import Task
+from processor.engine.task import Task
 from processor.state.rocksdb import RocksDBDatabase
 
 

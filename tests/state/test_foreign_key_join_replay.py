@@ -13,7 +13,7 @@ import pytest
 
 from processor import StreamsBuilder
 from processor.errors import ProcessingError
-from processor.runtime.task import Task
+from processor.engine.task import Task
 from processor.serde import Serdes
 from processor.state.rocksdb import RocksDBDatabase
 

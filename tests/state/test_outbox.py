@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from processor import Emit, StreamsBuilder
-from processor.runtime.task import Task
+from processor.engine.task import Task
 from processor.state import outbox
 from processor.state.rocksdb import RocksDBDatabase
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from processor import JoinWindows, StreamsBuilder
-from processor.runtime.task import Task
+from processor.engine.task import Task
 from processor.state.rocksdb import RocksDBDatabase
 
 

@@ -111,7 +111,7 @@ def test_every_then_on_change_is_the_same_policy():
 def test_pending_emissions_survive_a_restart_of_the_task(tmp_path):
     """Deferred keys live in memory; a task reopened on the same RocksDB state finds them by
     comparing the value and last-emitted columns, and its flush forwards them."""
-    from processor.runtime.task import Task
+    from processor.engine.task import Task
     from processor.state.rocksdb import RocksDBDatabase
 
     topo = counts(Emit.every(100)).for_application("app")

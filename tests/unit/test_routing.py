@@ -7,7 +7,7 @@ import pytest
 from processor import StreamsBuilder
 from processor.engine.partitioners import CONSISTENT, FNV1A, MURMUR2
 from processor.engine.routing import PartitionerChoice, PartitioningError, Routing
-from processor.runtime.task import Task
+from processor.engine.task import Task
 from processor.serde import Serdes
 from processor.state.memory import MemoryStores
 from processor.testing import TopologyTestDriver
