@@ -439,3 +439,46 @@ def driver_store_bytes(driver, stores) -> dict[str, dict[bytes, bytes]]:
             if any(spec.name == s for spec in t.store_specs):
                 out[s].update(t.stores.store(s).items())
     return out
+
+
+# -- partitioners (issue 12): input produced by a chosen librdkafka partitioner -------------------
+
+def produce_with_partitioner(bootstrap: str, records, partitioner: str, timestamp0: int = 1_000_000,
+                             chunk: int = 0, pause_s: float = 0.0,
+                             config: dict | None = None) -> list[tuple[str, bytes, int, int]]:
+    """Produce ``(topic, key, value)`` triples through ONE confluent-kafka producer configured with
+    librdkafka's ``partitioner`` (e.g. ``consistent_random``, confluent-kafka's default), in the
+    given order, record ``i`` at ``timestamp0 + i``; with ``chunk`` > 0 in chunks of ``chunk``
+    records, each flushed and followed by ``pause_s`` of quiet; ``config``: more producer settings.
+    Returns, per record in production order, ``(topic, key, partition, offset)`` from the delivery
+    reports."""
+    got: dict[int, tuple[str, bytes, int, int]] = {}
+    errors = []
+
+    def report(i):
+        def on_delivery(err, msg):
+            if err is not None:
+                errors.append(err)
+            else:
+                got[i] = (msg.topic(), msg.key(), msg.partition(), msg.offset())
+        return on_delivery
+
+    conf = kafka.producer_defaults(bootstrap)
+    conf["partitioner"] = partitioner
+    conf.update(config or {})
+    p = Producer(conf)
+    records = list(records)
+    for i, (topic, k, v) in enumerate(records):
+        while True:
+            try:
+                p.produce(topic, v, k, timestamp=timestamp0 + i, on_delivery=report(i))
+                break
+            except BufferError:
+                p.poll(0.05)
+        if chunk > 0 and (i + 1) % chunk == 0:
+            assert p.flush(30) == 0
+            time.sleep(pause_s)
+    assert p.flush(30) == 0
+    assert not errors, errors[:5]
+    assert len(got) == len(records)
+    return [got[i] for i in range(len(records))]
