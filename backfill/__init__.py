@@ -1,4 +1,11 @@
-"""The PySpark backfill job: rebuild the worker's RocksDB stores from topic history.
+"""The PySpark backfill job: rebuild the worker's RocksDB stores from topic history, then hand
+over to the worker at the snapshot (``backfill.job``; README "Backfill").
 
-Not built yet (see the open backfill work); the package exists so the import name is reserved.
+``backfill.run(topology, bootstrap_servers=..., application_id=..., state_dir=..., spark=None,
+emit_outputs=False) -> BackfillReport``; the command is ``processor backfill`` or
+``python -m backfill`` (the same arguments, for ``spark-submit``).
 """
+
+from backfill.job import BackfillReport, run
+
+__all__ = ["BackfillReport", "run"]

@@ -108,9 +108,43 @@ def _parser() -> argparse.ArgumentParser:
     de.add_argument("topology", metavar="MODULE:ATTR")
     de.add_argument("--application-id", help="name internal topics as this application's worker does")
 
+    bf = sub.add_parser("backfill", help="rebuild a topology's stores from topic history with Spark, "
+                                         "then `processor run` continues at the snapshot")
+    add_backfill_arguments(bf)
+
     b = sub.add_parser("broker", help="start the local development broker (tansu) and print its address")
     b.add_argument("--port", type=int, default=None)
     return ap
+
+
+def add_backfill_arguments(bf: argparse.ArgumentParser) -> None:
+    """The arguments of ``processor backfill`` (also ``python -m backfill``, for spark-submit)."""
+    bf.add_argument("topology", metavar="MODULE:ATTR")
+    bf.add_argument("--bootstrap-servers", required=True)
+    bf.add_argument("--application-id", required=True)
+    bf.add_argument("--state-dir", required=True)
+    bf.add_argument("--master", default=None, help="Spark master (default local[*]; ignored under spark-submit)")
+    bf.add_argument("--emit-outputs", action="store_true",
+                    help="write the history's outputs to the sink topics (default: stores only)")
+    bf.add_argument("--archive", action="append", default=[], metavar="TOPIC=PATH",
+                    help="Parquet archive (Spark kafka schema) of records older than the topic's earliest offset")
+    bf.add_argument("--force", action="store_true", help="replace existing state / ignore committed group offsets")
+    bf.add_argument("--on-error", choices=["dlq", "skip", "fail"], default="dlq")
+    bf.add_argument("--consumer-config", action="append", default=[], metavar="KEY=VALUE")
+
+
+def run_backfill_command(args) -> int:
+    import backfill
+
+    topology = resolve_topology(args.topology)
+    report = backfill.run(topology, bootstrap_servers=args.bootstrap_servers,
+                          application_id=args.application_id, state_dir=args.state_dir,
+                          emit_outputs=args.emit_outputs, archives=_kv(args.archive), force=args.force,
+                          master=args.master, on_error=args.on_error,
+                          consumer_config=_kv(args.consumer_config) or None)
+    for line in report.lines():
+        print(line, flush=True)
+    return 0
 
 
 def _kv(pairs: list[str]) -> dict:
@@ -125,7 +159,7 @@ def _kv(pairs: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    level = args.log_level or ("INFO" if args.command == "run" else "WARNING")
+    level = args.log_level or ("INFO" if args.command in ("run", "backfill") else "WARNING")
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # librdkafka chatter (connection retries) is noise next to our own one-line errors
@@ -155,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger("processor.worker").info(
                 "stopped after %d records; counters: %s", worker.records_processed, worker.metrics())
             return 0
+        if args.command == "backfill":
+            return run_backfill_command(args)
         if args.command == "broker":
             from processor.runtime.local_broker import LocalBroker
 

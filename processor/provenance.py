@@ -64,6 +64,14 @@ def mark_key(input_topic: str, source_topic: str, source_partition: int) -> byte
     return f"hwm\x00{input_topic}\x00{source_topic}\x00{source_partition}".encode("utf-8")
 
 
+def mark_source(key: bytes) -> str | None:
+    """The source topic of a high-water mark key (``mark_key``); None for any other key."""
+    if not key.startswith(b"hwm\x00"):
+        return None
+    parts = key.split(b"\x00")
+    return parts[2].decode("utf-8") if len(parts) == 4 else None
+
+
 def encode_mark(offset: int, sequence: int) -> bytes:
     return _MARK.pack(offset, sequence)
 

@@ -89,6 +89,7 @@ class KTable:
     def to_stream(self, name: str | None = None) -> KStream:
         b = self._builder
         node = LogicalNode(name=b._name("KTABLE-TOSTREAM", name), kind="processor",
-                           factory=lambda n: TableToStream(n.name), value_preserving=True)
+                           factory=lambda n: TableToStream(n.name), value_preserving=True,
+                           attrs={"table_changelog": True})   # a sink right after it carries a table
         b._add(node, self._node)
         return KStream(b, node, self.key_serde, self.value_serde)

@@ -1,0 +1,755 @@
+"""The backfill job: topic history -> the topology's own tasks in Spark executors -> the worker's
+stores, changelogs and group offsets -> ``processor run`` continues at the snapshot.
+
+Invariants:
+
+- **One engine.** Executors run ``processor.engine.task.Task`` over the topology's own operators
+  (what the worker and ``TopologyTestDriver`` run) with in-memory stores. A task gets its
+  records in offset order per input partition; across a task's inputs, the record with the
+  lowest timestamp goes first (ties: topic, partition), as Kafka Streams picks.
+- **Internal topics are shuffles.** What a task sends to an internal topic (repartition,
+  foreign-key subscription/response) becomes a row for the task that reads it, routed exactly as
+  the worker routes it (the sink's explicit partition, else murmur2 of the key: the producer's
+  ``murmur2_random``), with the same headers (provenance). Sub-topologies run in *runs*: one Spark
+  stage per sub-topology that has input, in topological order, repeated until no row is pending
+  (a foreign-key join's cycle, left -> right -> left, takes three runs). A task's stores are
+  kept between its runs (``<build root>/state``). Then each sub-topology is flushed once (as a
+  graceful stop does), and what that sends is processed too.
+- **Exactly the snapshot.** The end offset of every source partition is taken first (fetch high
+  watermark, ``backfill.snapshot``); exactly the history below it is read
+  (``backfill.kafka_source``, plus ``--archive`` Parquet below the earliest offset Kafka holds);
+  the checkpoint, the commit record and the group offsets say "next offset = snapshot end", and
+  for internal topics "= their end now" (the shuffles never went through them). So a worker
+  started after the backfill processes no record below the snapshot again and skips none above it.
+- **The worker's layout, all or nothing.** Every task's database is built through SST files
+  (``backfill.sst``) under a build root next to the state directory and moved into
+  ``<state-dir>/<application-id>/task-<sub>_<partition>`` only at the end: a failure or a kill
+  leaves no state, and a re-run starts afresh (a killed run's build root is removed by the next).
+- **Changelog hand-off.** Each store's final contents go to its changelog partition, then a
+  commit record (positions as above, every changelog end) to the task changelog, as a worker's
+  commit unit leaves them: a worker on another machine restores the same state from the
+  changelogs; the local checkpoint names those ends, so a worker on this directory restores nothing.
+- **Outputs.** Without ``emit_outputs`` no sink is written (the outputs are assumed to exist).
+  With it, each sink receives the history's result once: a table's sink (``to_stream().to()``)
+  the last record per key, a stream sink every record, in order. Dead-letter records follow the
+  topology's ``on_error`` policy as in the worker, produced once, whether or not outputs are.
+
+Where the stores can differ from a live worker's (README "Backfill"): high-water marks of
+internal records whose source is itself an internal topic are not kept (those records never
+existed in Kafka, so none can be replayed); ``Emit.every(clock="wall")`` records wall-clock
+emission times.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import os
+import pickle
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from processor.errors import ConfigError
+
+log = logging.getLogger("processor.backfill")
+
+STATS_SCHEMA = "task string, records long, internal string, outputs long, dead_lettered long"
+# rows a task run writes: internal records for the next runs, outputs for the end
+_ROW_FIELDS = ["kind", "topic", "partition", "key", "value", "ts", "headers", "origin", "seq", "phase"]
+_SAVED_FIELDS = _ROW_FIELDS + ["run"]
+
+
+@dataclass
+class BackfillReport:
+    application_id: str
+    snapshot: dict                               # (topic, partition) -> (start, end)
+    rows_read: int = 0                           # input records read from history
+    records_processed: int = 0                   # every record a task processed (incl. internal)
+    rows_per_store: dict = field(default_factory=dict)   # store -> entries (all tasks)
+    tasks: int = 0
+    runs: list = field(default_factory=list)     # (sub-topology, flush, records, seconds)
+    outputs_emitted: int = 0
+    dead_lettered: int = 0
+    seconds: dict = field(default_factory=dict)  # stage -> seconds
+    installed: list = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"backfill of {self.application_id}: {self.rows_read} input rows read, {self.records_processed} "
+               f"records processed in {len(self.runs)} run(s), {self.tasks} task(s) written, "
+               f"{self.outputs_emitted} output record(s) emitted, {self.dead_lettered} dead-lettered"]
+        for (t, p), (s, e) in sorted(self.snapshot.items()):
+            out.append(f"  snapshot {t}[{p}]: offsets [{s}, {e})")
+        for sub, flush, n, secs in self.runs:
+            out.append(f"  run: sub-topology {sub}{' (flush)' if flush else ''}: {n} records, {secs:.1f} s")
+        for store, n in sorted(self.rows_per_store.items()):
+            out.append(f"  store {store}: {n} entries")
+        stages = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
+        rate = (f"; {self.rows_read / self.seconds['process']:.0f} input rows/s in the process stage"
+                if self.seconds.get("process") else "")
+        out.append(f"  seconds: {stages} (total {sum(self.seconds.values()):.1f} s){rate}")
+        return out
+
+
+def _spark_session(master: str | None):
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return (SparkSession.builder.master(master or "local[*]").appName("processor-backfill")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "8")
+            .config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate())
+
+
+def _refuse_existing(bootstrap_servers, application_id, state_dir: Path, topics, counts, consumer_config) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from processor.runtime import kafka
+
+    target = state_dir / application_id
+    existing = sorted(p.name for p in target.glob("task-*")) if target.exists() else []
+    if existing:
+        raise ConfigError(f"state directory {target} already holds state of application "
+                          f"{application_id!r} ({', '.join(existing[:4])}{'...' if len(existing) > 4 else ''}); "
+                          f"pass --force to replace it")
+    conf = kafka.consumer_defaults(bootstrap_servers)
+    conf.update(consumer_config or {})
+    conf["group.id"] = application_id
+    c = Consumer(conf)
+    try:
+        committed = c.committed([TopicPartition(t, p) for t in topics for p in range(counts[t])], timeout=30)
+    finally:
+        c.close()
+    done = [f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in committed if tp.offset >= 0]
+    if done:
+        raise ConfigError(f"consumer group {application_id!r} has committed offsets ({', '.join(done[:4])}"
+                          f"{'...' if len(done) > 4 else ''}): the application already ran; pass --force "
+                          f"to backfill over it")
+
+
+def _run_order(topo) -> list[int]:
+    """Sub-topologies in topological order of the internal topics between them (a cycle, such as a
+    foreign-key join's, is broken where it is entered first: runs repeat until nothing is pending)."""
+    readers = topo.subtopology_of_topic()
+    edges: dict[int, set[int]] = {i: set() for i in range(len(topo.subtopologies))}
+    for topic, writers in topo.internal_topics().items():
+        for w in writers:
+            if readers[topic] != w:
+                edges[w].add(readers[topic])
+    order, state = [], {}
+
+    def visit(i):
+        if state.get(i):
+            return
+        state[i] = 1
+        for j in sorted(edges[i]):
+            visit(j)
+        order.append(i)
+
+    for i in sorted(edges):
+        visit(i)
+    return order[::-1]
+
+
+def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=None,
+        emit_outputs: bool = False, archives: dict | None = None, force: bool = False,
+        master: str | None = None, on_error: str = "dlq", consumer_config: dict | None = None,
+        producer_config: dict | None = None, max_records_per_split: int | None = None) -> BackfillReport:
+    """Rebuild every task's stores of ``topology`` for ``application_id`` from topic history into
+    ``state_dir`` and hand over to the worker (see the module docstring)."""
+    from processor.engine.routing import Routing
+    from processor.engine.task import dlq_topic_for
+    from processor.runtime import kafka
+    from processor.runtime.partitioning import determine_partitioners
+
+    from backfill.snapshot import snapshot_offsets
+    from backfill.sst import install_task_databases, new_build_root
+
+    seconds: dict[str, float] = {}
+    t0 = time.monotonic()
+    topo = topology.for_application(application_id)
+    state_dir = Path(state_dir)
+    counts = kafka.topic_partitions(bootstrap_servers)
+    sources = list(dict.fromkeys(topo.external_source_topics()))
+    wanted = sources + (topo.sink_topics(internal=False) if emit_outputs else [])
+    missing = sorted({t for t in wanted if t not in counts})
+    if missing:
+        raise ConfigError(f"topic(s) {', '.join(missing)} do not exist on {bootstrap_servers}; "
+                          f"create them before backfilling application {application_id!r}")
+    for topic, path in (archives or {}).items():
+        if topic not in sources:
+            raise ConfigError(f"archive given for topic {topic!r}, which this topology does not read "
+                              f"(sources: {', '.join(sorted(sources))})")
+        if not Path(path).exists():
+            raise ConfigError(f"archive of topic {topic!r}: path {path} does not exist")
+    for i in range(len(topo.subtopologies)):
+        ext = {t: counts[t] for t in topo.source_topics(i) if t in sources}
+        if len(set(ext.values())) > 1:
+            listing = ", ".join(f"{t}={n}" for t, n in sorted(ext.items()))
+            raise ConfigError(f"co-partitioned source topics of sub-topology {i} have different "
+                              f"partition counts ({listing}); they must be equal")
+    if not force:
+        _refuse_existing(bootstrap_servers, application_id, state_dir, sources, counts, consumer_config)
+    for stale in state_dir.glob(f"{application_id}.backfill-tmp-*"):   # a killed run's leftovers
+        shutil.rmtree(stale, ignore_errors=True)
+
+    # 1. topics as the worker creates them; the snapshot; each source's partitioner
+    internal_counts = topo.internal_topic_partitions(counts)
+    kafka.create_topics(bootstrap_servers, {t: n for t, n in internal_counts.items() if t not in counts})
+    counts.update(internal_counts)
+    kafka.create_topics(bootstrap_servers, topo.changelog_topic_partitions(counts), config=kafka.CHANGELOG_TOPIC_CONFIG)
+    dlq = dlq_topic_for(application_id)
+    if on_error == "dlq" and dlq not in counts:
+        kafka.create_topics(bootstrap_servers, {dlq: 1})
+    snapshot = snapshot_offsets(bootstrap_servers, sources, consumer_config=consumer_config)
+    internal_ends = ({tp: e for tp, (_, e) in snapshot_offsets(bootstrap_servers, list(internal_counts),
+                                                               consumer_config=consumer_config).items()}
+                     if internal_counts else {})
+    changelog_topics = topo.changelog_topic_partitions(counts)
+    changelog_ends = {tp: e for tp, (_, e) in snapshot_offsets(bootstrap_servers, list(changelog_topics),
+                                                               consumer_config=consumer_config).items()}
+    if any(changelog_ends.values()):   # a killed backfill, or --force over an earlier run
+        log.info("changelog topics already hold records: keys the backfill does not write get tombstones")
+    choices = determine_partitioners(topo, bootstrap_servers, counts, consumer_config)
+    topo = topo.with_partitioning(choices)
+    seconds["snapshot"] = time.monotonic() - t0
+    for (t, p), (s, e) in sorted(snapshot.items()):
+        log.info("snapshot %s[%d]: offsets [%d, %d)", t, p, s, e)
+
+    own_session = spark is None
+    spark = spark or _spark_session(master)
+    build_root = new_build_root(state_dir, application_id)
+    report = BackfillReport(application_id, snapshot, seconds=seconds)
+    try:
+        ctx = _JobContext(topo, Routing(choices, counts), counts, str(build_root), bootstrap_servers,
+                          on_error, dlq, producer_config or {})
+        t1 = time.monotonic()
+        _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_split, report)
+        seconds["process"] = time.monotonic() - t1
+        t2 = time.monotonic()
+        stats = _finalize(spark, ctx, snapshot, internal_ends, changelog_ends)
+        for store, n in stats.items():
+            report.rows_per_store[store] = n
+        report.tasks = sum(1 for p in build_root.iterdir() if p.name.startswith("task-"))
+        seconds["write stores"] = time.monotonic() - t2
+        t3 = time.monotonic()
+        report.outputs_emitted, report.dead_lettered = _emit(spark, ctx, emit_outputs)
+        seconds["outputs"] = time.monotonic() - t3
+        t4 = time.monotonic()
+        report.installed = [str(p) for p in install_task_databases(build_root, state_dir, application_id,
+                                                                   force=force)]
+        _commit_group_offsets(bootstrap_servers, application_id, snapshot, internal_ends, consumer_config)
+        seconds["install"] = time.monotonic() - t4
+    finally:
+        if build_root.exists():
+            shutil.rmtree(build_root, ignore_errors=True)
+        if own_session:
+            spark.stop()
+    for line in report.lines():
+        log.info("%s", line)
+    return report
+
+
+class _JobContext:
+    """What executors need (pickled into every Spark task)."""
+
+    def __init__(self, topo, routing, counts, build_root, bootstrap_servers, on_error, dlq, producer_config):
+        self.topo = topo
+        self.routing = routing
+        self.counts = counts
+        self.build_root = build_root
+        self.bootstrap_servers = bootstrap_servers
+        self.on_error = on_error
+        self.dlq = dlq
+        self.producer_config = producer_config
+        self.internal = set(topo.internal_topics())
+
+    def tasks_of(self, sub: int) -> int:
+        return max(self.counts[t] for t in self.topo.source_topics(sub))
+
+    def state_path(self, task_id: str) -> Path:
+        return Path(self.build_root) / "state" / f"task-{task_id}.pkl"
+
+    def rows_dir(self, run: int) -> Path:
+        return Path(self.build_root) / "rows" / f"run-{run:05d}"
+
+
+# -- processing: runs of sub-topologies until nothing is pending ------------------------------------
+def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_split, report) -> None:
+    from pyspark.sql import functions as F
+
+    from backfill.kafka_source import DEFAULT_MAX_RECORDS_PER_SPLIT, read_history
+    from backfill.snapshot import to_ranges
+
+    topo = ctx.topo
+    order = _run_order(topo)
+    reads = {i: set(topo.source_topics(i)) for i in order}
+    last_run = {i: -1 for i in order}
+    produced: list[tuple[int, dict[str, int]]] = []    # run -> internal rows per topic
+    external_done: set[int] = set()
+    flushed: set[int] = set()
+    run_no = 0
+
+    def pending_dirs(sub):
+        return [str(ctx.rows_dir(r)) for r, per_topic in produced
+                if r > last_run[sub] and any(per_topic.get(t) for t in reads[sub])]
+
+    while True:
+        sub, flush = None, False
+        for i in order:
+            has_external = i not in external_done and any(
+                e > s for (t, _), (s, e) in snapshot.items() if t in reads[i])
+            if has_external or pending_dirs(i):
+                sub = i
+                break
+        if sub is None:
+            sub = next((i for i in order if i not in flushed and _defers_emissions(topo, i)), None)
+            flush = True
+            if sub is None:
+                break
+        t0 = time.monotonic()
+        frames = []
+        if sub not in external_done:
+            ext_ranges = to_ranges({tp: r for tp, r in snapshot.items() if tp[0] in reads[sub]})
+            if ext_ranges and any(e > s for parts in ext_ranges.values() for s, e in parts.values()):
+                ext_archives = {t: p for t, p in (archives or {}).items() if t in ext_ranges}
+                hist = read_history(spark, ctx.bootstrap_servers, ext_ranges, archives=ext_archives,
+                                    max_records_per_split=max_records_per_split or DEFAULT_MAX_RECORDS_PER_SPLIT,
+                                    consumer_config=consumer_config)
+                frames.append(hist.select(
+                    F.lit("input").alias("kind"), "topic", "partition", "key", "value",
+                    F.unix_millis("timestamp").alias("ts"), "headers", F.lit("").alias("origin"),
+                    F.col("offset").alias("seq"), F.lit(0).alias("phase")))
+            external_done.add(sub)
+        dirs = pending_dirs(sub)
+        if dirs:
+            rows = spark.read.parquet(*dirs)
+            frames.append(rows.where((F.col("kind") == "internal") & F.col("topic").isin(sorted(reads[sub])))
+                          .select(*_ROW_FIELDS))
+        n_tasks = ctx.tasks_of(sub)
+        # one marker row per task: every task of the sub-topology runs (flush, empty partitions)
+        markers = spark.createDataFrame([("marker", "", p, None, None, 0, None, "", -1, -1) for p in range(n_tasks)],
+                                        "kind string, topic string, partition int, key binary, value binary, "
+                                        "ts long, headers array<struct<key:string,value:binary>>, origin string, "
+                                        "seq long, phase int")
+        frames.append(markers)
+        df = frames[0]
+        for f in frames[1:]:
+            df = df.unionByName(f)
+        job = _TaskRun(ctx, sub, run_no, flush)
+        stats = (df.repartition(n_tasks, "partition").sortWithinPartitions("partition")
+                 .mapInArrow(job, STATS_SCHEMA).collect())
+        per_topic: dict[str, int] = {}
+        n = 0
+        for r in stats:
+            n += r.records
+            for t, c in json.loads(r.internal).items():
+                per_topic[t] = per_topic.get(t, 0) + c
+        if sub in external_done and last_run[sub] == -1:
+            report.rows_read += sum(e - s for (t, _), (s, e) in snapshot.items() if t in reads[sub])
+        produced.append((run_no, per_topic))
+        last_run[sub] = run_no
+        if flush:
+            flushed.add(sub)
+        report.records_processed += n
+        secs = time.monotonic() - t0
+        report.runs.append((sub, flush, n, secs))
+        log.info("backfill run %d: sub-topology %d%s: %d records processed in %d task(s), %.1f s, %s",
+                 run_no, sub, " (flush)" if flush else "", n, n_tasks, secs,
+                 ", ".join(f"{c} rows to {t}" for t, c in sorted(per_topic.items())) or "no internal rows")
+        run_no += 1
+
+
+def _defers_emissions(topo, sub) -> bool:
+    """Whether a flush (graceful stop) can emit anything in this sub-topology: an aggregate
+    under ``Emit.every`` (the only policy that keeps emissions pending)."""
+    return any((e := n.attrs.get("emit")) is not None and e.mode == "every" for n in topo.subtopologies[sub])
+
+
+class _RowCollector:
+    """A backfill task's collector: internal records become rows for the tasks that read them
+    (partition as the worker's producer picks it), everything else an output row."""
+
+    def __init__(self, ctx, task_id, run_no):
+        from processor.engine.partitioners import INTERNAL
+
+        self.ctx = ctx
+        self.internal_partitioner = INTERNAL
+        self.origin = task_id
+        self.run_no = run_no
+        self.rows = {k: [] for k in _SAVED_FIELDS}
+        self.seq = 0
+        self.phase = 0
+        self.internal_counts: dict[str, int] = {}
+
+    def send(self, topic, key, value, timestamp, headers, partition=None):
+        internal = topic in self.ctx.internal
+        if internal:
+            if partition is None:
+                partition = 0 if key is None else self.internal_partitioner.partition(key, self.ctx.counts[topic])
+            self.internal_counts[topic] = self.internal_counts.get(topic, 0) + 1
+        r = self.rows
+        r["kind"].append("internal" if internal else "output")
+        r["topic"].append(topic)
+        r["partition"].append(partition)
+        r["key"].append(key)
+        r["value"].append(value)
+        r["ts"].append(timestamp)
+        r["headers"].append(None if not headers else [{"key": k, "value": v} for k, v in headers])
+        r["origin"].append(self.origin)
+        r["seq"].append(self.seq)
+        r["phase"].append(self.phase)
+        r["run"].append(self.run_no)
+        self.seq += 1
+
+    def flush(self):
+        pass
+
+
+_ROWS_ARROW = None
+
+
+def _rows_schema():
+    import pyarrow as pa
+
+    global _ROWS_ARROW
+    if _ROWS_ARROW is None:
+        _ROWS_ARROW = pa.schema([
+            ("kind", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("key", pa.binary()),
+            ("value", pa.binary()), ("ts", pa.int64()),
+            ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+            ("origin", pa.string()), ("seq", pa.int64()), ("phase", pa.int32()), ("run", pa.int32())])
+    return _ROWS_ARROW
+
+
+def _load_stores(ctx, task_id):
+    from processor.state.memory import MemoryStores
+
+    stores = MemoryStores()
+    path = ctx.state_path(task_id)
+    offsets: dict = {}
+    if path.exists():
+        with open(path, "rb") as f:
+            saved = pickle.load(f)
+        for name, items in saved["stores"].items():
+            stores.store(name).put_all(items)
+        stores.checkpoint = dict(saved["checkpoint"])
+        offsets = saved["offsets"]
+    return stores, offsets
+
+
+def _save_stores(ctx, task_id, stores, offsets) -> None:
+    path = ctx.state_path(task_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump({"stores": {n: list(s.items()) for n, s in stores.stores.items()},
+                     "checkpoint": stores.checkpoint, "offsets": offsets}, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+class _TaskRun:
+    """One run of one sub-topology (the ``mapInArrow`` function): rows grouped by partition ->
+    that task, resumed from its saved stores -> its rows (internal, outputs) and saved stores."""
+
+    def __init__(self, ctx, sub, run_no, flush):
+        self.ctx = ctx
+        self.sub = sub
+        self.run_no = run_no
+        self.flush = flush
+
+    def __call__(self, batches):
+        import pyarrow as pa
+
+        by_task: dict[int, list] = {}
+        for batch in batches:
+            d = batch.to_pydict()
+            for i in range(batch.num_rows):
+                by_task.setdefault(d["partition"][i], []).append(
+                    (d["kind"][i], d["topic"][i], d["partition"][i], d["key"][i], d["value"][i], d["ts"][i],
+                     d["headers"][i], d["origin"][i], d["seq"][i], d["phase"][i]))
+        out = [self._run_task(p, rows) for p, rows in sorted(by_task.items())]
+        yield pa.RecordBatch.from_pylist(out, schema=pa.schema([
+            ("task", pa.string()), ("records", pa.int64()), ("internal", pa.string()),
+            ("outputs", pa.int64()), ("dead_lettered", pa.int64())]))
+
+    def _run_task(self, partition, rows):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from processor.engine.task import Task
+
+        ctx = self.ctx
+        task_id = f"{self.sub}_{partition}"
+        stores, offsets = _load_stores(ctx, task_id)
+        collector = _RowCollector(ctx, task_id, self.run_no)
+        task = Task(ctx.topo, self.sub, partition, stores, collector, lambda: int(time.time() * 1000),
+                    on_error=ctx.on_error, dlq_topic=ctx.dlq, routing=ctx.routing)
+        n = 0
+        for kind, topic, part, key, value, ts, headers, origin, seq, phase in _merge(rows):
+            if kind == "input":
+                offset = seq
+            else:   # a shuffled internal record: offsets of its (virtual) partition, in arrival order
+                offset = offsets.get((topic, part), 0)
+                offsets[(topic, part)] = offset + 1
+            hs = None if headers is None else [(h["key"], h["value"]) for h in headers]
+            task.process(topic, part, offset, ts, key, value, hs)
+            n += 1
+        if self.flush:
+            task.flush()
+        # settle the outbox (records sent outside an input record) as a commit would: its records
+        # go out now, after everything the run processed (phase 1), and the outbox entry is deleted
+        pos, outbox = task.prepare_commit()
+        collector.phase = 1
+        task.finish_commit(pos, outbox)
+        pos, _ = task.prepare_commit()
+        task.finish_commit(pos, [])
+        _save_stores(ctx, task_id, stores, offsets)
+        if collector.seq:
+            d = ctx.rows_dir(self.run_no)
+            d.mkdir(parents=True, exist_ok=True)
+            table = pa.Table.from_pydict(collector.rows, schema=_rows_schema())
+            pq.write_table(table, str(d / f"task-{task_id}.parquet"))
+        task.close()
+        outputs = sum(1 for k in collector.rows["kind"] if k == "output")
+        return {"task": task_id, "records": n, "internal": json.dumps(collector.internal_counts),
+                "outputs": outputs, "dead_lettered": task.dead_lettered}
+
+
+def _merge(rows):
+    """A task's rows of one run: each input stream (an input partition in offset order; an
+    internal topic partition from one origin task in send order) as it came; across streams
+    phase 0 before phase 1 (records of a flush), then the lowest timestamp first (ties: topic,
+    partition, origin)."""
+    streams: dict[tuple, list] = {}
+    for r in rows:
+        if r[0] == "marker":
+            continue
+        streams.setdefault((r[9], r[1], r[2], r[7]), []).append(r)
+    heap = []
+    for key, rs in streams.items():
+        rs.sort(key=lambda r: r[8])
+        heap.append((key[0], rs[0][5] if rs[0][5] is not None else 0, key[1], key[2], key[3], 0))
+    heapq.heapify(heap)
+    while heap:
+        phase, _, topic, part, origin, i = heapq.heappop(heap)
+        rs = streams[(phase, topic, part, origin)]
+        yield rs[i]
+        if i + 1 < len(rs):
+            nxt = rs[i + 1][5]
+            heapq.heappush(heap, (phase, nxt if nxt is not None else 0, topic, part, origin, i + 1))
+
+
+# -- writing: every task's database and changelogs -------------------------------------------------
+def _finalize(spark, ctx, snapshot, internal_ends, changelog_ends) -> dict[str, int]:
+    """Every task (of every sub-topology, with or without records): positions, changelogs, commit
+    record, database under the build root. Returns entries per store."""
+    tasks = [(sub, p) for sub in range(len(ctx.topo.subtopologies)) for p in range(ctx.tasks_of(sub))]
+    fin = _FinalizeTask(ctx, snapshot, internal_ends, changelog_ends)
+    results = spark.sparkContext.parallelize(tasks, max(1, min(len(tasks), 64))).map(fin).collect()
+    total: dict[str, int] = {}
+    for r in results:
+        for store, n in r.items():
+            total[store] = total.get(store, 0) + n
+    return total
+
+
+class _FinalizeTask:
+    def __init__(self, ctx, snapshot, internal_ends, changelog_ends):
+        self.ctx = ctx
+        self.snapshot = snapshot
+        self.internal_ends = internal_ends
+        self.changelog_ends = changelog_ends
+
+    def __call__(self, key):
+        from confluent_kafka import Producer
+
+        from processor import provenance
+        from processor.runtime import kafka
+        from processor.state import commit_record
+        from processor.state.store import TASK_STORE
+
+        from backfill.sst import build_task_database, task_dir_name
+
+        sub, partition = key
+        ctx = self.ctx
+        stores, _ = _load_stores(ctx, f"{sub}_{partition}")
+        inputs = ctx.topo.source_topics(sub)
+        positions = {}
+        for t in inputs:
+            if t in ctx.internal:
+                positions[(t, partition)] = self.internal_ends.get((t, partition), 0)
+            else:
+                positions[(t, partition)] = self.snapshot[(t, partition)][1]
+        changelogs = ctx.topo.changelogs_of(sub)
+        contents = {name: list(stores.store(name).items()) for name in changelogs}
+        # high-water marks of records whose source is an internal topic: those records were rows
+        # of a shuffle, never in Kafka, so no replay of them can come; their (virtual) offsets must
+        # not hold back the records the worker sends to those topics from their real end on
+        kept = []
+        for k, v in contents[TASK_STORE]:
+            src = provenance.mark_source(k)
+            if src is None or src not in ctx.internal:
+                kept.append((k, v))
+        contents[TASK_STORE] = kept
+        producer = Producer({**kafka.producer_defaults(ctx.bootstrap_servers), **ctx.producer_config})
+        ends = {}
+        for name, topic in changelogs.items():
+            if name == TASK_STORE:
+                continue
+            before = self.changelog_ends.get((topic, partition), 0)
+            entries = contents[name]
+            if before:   # records of an earlier (killed or replaced) run: tombstone what we do not write
+                ours = {k for k, _ in entries}
+                entries = entries + [(k, None) for k in _existing_keys(ctx.bootstrap_servers, topic, partition,
+                                                                        before) if k not in ours]
+            ends[(topic, partition)] = _produce_acked(producer, topic, partition, entries, before)
+        task_topic = changelogs[TASK_STORE]
+        record = commit_record.encode(commit_record.CommitRecord(1, positions, ends))
+        task_end = _produce_acked(producer, task_topic, partition,
+                                  contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)])
+        producer.flush(60)
+        contents[TASK_STORE] = sorted(dict(contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)]).items())
+        checkpoint = {**positions, **ends, (task_topic, partition): task_end}
+        build_task_database(Path(ctx.build_root) / task_dir_name(sub, partition), contents, checkpoint)
+        return {name: len(v) for name, v in contents.items() if not name.startswith("__")}
+
+
+def _existing_keys(bootstrap_servers, topic, partition, end) -> list[bytes]:
+    """The keys of ``topic[partition]`` below ``end`` (a changelog an earlier run wrote)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from processor.runtime import kafka
+
+    conf = kafka.consumer_defaults(bootstrap_servers)
+    conf.update({"group.id": f"backfill-keys-{time.time_ns()}", "fetch.wait.max.ms": 50})
+    c = Consumer(conf)
+    keys: dict[bytes, None] = {}
+    try:
+        c.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for m in c.consume(1000, 0.2):
+                if m.error() is None:
+                    if m.key() is not None:
+                        keys[m.key()] = None
+                    if m.offset() + 1 >= end:
+                        return list(keys)
+                elif m.error().code() == m.error()._PARTITION_EOF:
+                    return list(keys)
+        raise ConfigError(f"backfill: reading the earlier records of {topic}[{partition}] did not finish in 60 s")
+    finally:
+        c.close()
+
+
+def _produce_acked(producer, topic, partition, entries, end_before: int = 0) -> int:
+    """Produce ``entries`` to one partition and flush; returns the partition's end offset after
+    them (``end_before`` when there is nothing to write)."""
+    if not entries:
+        return end_before
+    end = [0]
+    errors = []
+
+    def on_delivery(err, msg):
+        if err is not None:
+            errors.append(err.str())
+        else:
+            end[0] = max(end[0], msg.offset() + 1)
+
+    for k, v in entries:
+        while True:
+            try:
+                producer.produce(topic, v, k, partition=partition, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(60):
+        raise ConfigError(f"backfill: writing {topic}[{partition}] did not finish within 60 s")
+    if errors:
+        raise ConfigError(f"backfill: writing {topic}[{partition}] failed: {errors[0]}")
+    return end[0]
+
+
+# -- outputs ----------------------------------------------------------------------------------------
+def _table_sinks(topo) -> set[str]:
+    """Sink topics fed straight by a table's ``to_stream()``: they carry a table, so the history's
+    result is the last record per key."""
+    out = set()
+    for n in topo.nodes:
+        if n.sink_topic and not n.attrs.get("internal") and n.parents and \
+                all(p.attrs.get("table_changelog") for p in n.parents):
+            out.add(n.sink_topic)
+    return out
+
+
+def _emit(spark, ctx, emit_outputs: bool) -> tuple[int, int]:
+    """Produce the output rows: dead-letter records always (the on-error policy), sink records
+    with ``emit_outputs`` (table sinks: last record per key). Returns (outputs, dead-lettered)."""
+    from confluent_kafka import Producer
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
+    from processor.runtime import kafka
+
+    rows_root = Path(ctx.build_root) / "rows"
+    if not rows_root.exists() or not any(rows_root.glob("run-*/*.parquet")):
+        return 0, 0
+    rows = spark.read.parquet(str(rows_root / "run-*")).where(F.col("kind") == "output")
+    dlq = rows.where(F.col("topic") == ctx.dlq)
+    selected = dlq
+    if emit_outputs:
+        sinks = rows.where(F.col("topic") != ctx.dlq)
+        tables = sorted(_table_sinks(ctx.topo))
+        streams = sinks.where(~F.col("topic").isin(tables)) if tables else sinks
+        last = Window.partitionBy("topic", "key").orderBy(F.col("run").desc(), F.col("seq").desc())
+        table_rows = (sinks.where(F.col("topic").isin(tables)).withColumn("_n", F.row_number().over(last))
+                      .where(F.col("_n") == 1).drop("_n")) if tables else None
+        selected = selected.unionByName(streams)
+        if table_rows is not None:
+            selected = selected.unionByName(table_rows)
+    producer = Producer({**kafka.producer_defaults(ctx.bootstrap_servers), **ctx.producer_config})
+    outputs = dead = 0
+    errors = []
+    for r in selected.orderBy("run", "origin", "seq").toLocalIterator():
+        kw = {"timestamp": r.ts, "on_delivery": lambda err, msg: errors.append(err.str()) if err else None}
+        if r.headers:
+            kw["headers"] = [(h.key, h.value) for h in r.headers]
+        if r.partition is not None:
+            kw["partition"] = r.partition
+        while True:
+            try:
+                producer.produce(r.topic, r.value, r.key, **kw)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if r.topic == ctx.dlq:
+            dead += 1
+        else:
+            outputs += 1
+    if producer.flush(120):
+        raise ConfigError("backfill: output records not delivered within 120 s")
+    if errors:
+        raise ConfigError(f"backfill: {len(errors)} output record(s) failed, first: {errors[0]}")
+    return outputs, dead
+
+
+def _commit_group_offsets(bootstrap_servers, application_id, snapshot, internal_ends, consumer_config) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from processor.runtime import kafka
+
+    conf = kafka.consumer_defaults(bootstrap_servers)
+    conf.update(consumer_config or {})
+    conf["group.id"] = application_id
+    c = Consumer(conf)
+    try:
+        offsets = [TopicPartition(t, p, e) for (t, p), (_, e) in sorted(snapshot.items())]
+        offsets += [TopicPartition(t, p, e) for (t, p), e in sorted(internal_ends.items()) if e > 0]
+        if offsets:
+            c.commit(offsets=offsets, asynchronous=False)
+    finally:
+        c.close()
