@@ -98,7 +98,10 @@ def _spark_session(master: str | None):
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return (SparkSession.builder.master(master or "local[*]").appName("processor-backfill")
+    builder = SparkSession.builder
+    if master or "PYSPARK_GATEWAY_PORT" not in os.environ:   # under spark-submit: its master
+        builder = builder.master(master or "local[*]")
+    return (builder.appName("processor-backfill")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "8")
             .config("spark.sql.session.timeZone", "UTC")
@@ -214,7 +217,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
                                                                consumer_config=consumer_config).items()}
     if any(changelog_ends.values()):   # a killed backfill, or --force over an earlier run
         log.info("changelog topics already hold records: keys the backfill does not write get tombstones")
-    choices = determine_partitioners(topo, bootstrap_servers, counts, consumer_config)
+    choices = determine_partitioners(topo, bootstrap_servers, counts, consumer_config, application_id)
     topo = topo.with_partitioning(choices)
     seconds["snapshot"] = time.monotonic() - t0
     for (t, p), (s, e) in sorted(snapshot.items()):
@@ -276,6 +279,52 @@ class _JobContext:
 
     def rows_dir(self, run: int) -> Path:
         return Path(self.build_root) / "rows" / f"run-{run:05d}"
+
+
+class _StageProgress:
+    """A progress bar (tqdm, on stderr) of the Spark tasks of the jobs started inside the block:
+    tasks done / total, elapsed and rate, from Spark's status tracker."""
+
+    def __init__(self, spark, what: str):
+        self.spark = spark
+        self.what = what
+        self._stop = None
+
+    def __enter__(self):
+        import threading
+
+        from tqdm import tqdm
+
+        tracker = self.spark.sparkContext.statusTracker()
+        before = set(tracker.getJobIdsForGroup(None))
+        self._stop = threading.Event()
+        bar = tqdm(desc=self.what, unit="task", leave=True, file=sys.stderr, disable=None)
+
+        def poll():
+            while True:
+                done = total = 0
+                for job in set(tracker.getJobIdsForGroup(None)) - before:
+                    info = tracker.getJobInfo(job)
+                    for sid in (info.stageIds if info else ()):
+                        st = tracker.getStageInfo(sid)
+                        if st:
+                            done += st.numCompletedTasks
+                            total += st.numTasks
+                if total:
+                    bar.total = total
+                bar.n = done
+                bar.refresh()
+                if self._stop.wait(0.5):
+                    bar.close()
+                    return
+
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)
 
 
 # -- processing: runs of sub-topologies until nothing is pending ------------------------------------
@@ -341,8 +390,9 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
         for f in frames[1:]:
             df = df.unionByName(f)
         job = _TaskRun(ctx, sub, run_no, flush)
-        stats = (df.repartition(n_tasks, "partition").sortWithinPartitions("partition")
-                 .mapInArrow(job, STATS_SCHEMA).collect())
+        with _StageProgress(spark, f"run {run_no}: sub-topology {sub}{' (flush)' if flush else ''}"):
+            stats = (df.repartition(n_tasks, "partition").sortWithinPartitions("partition")
+                     .mapInArrow(job, STATS_SCHEMA).collect())
         per_topic: dict[str, int] = {}
         n = 0
         for r in stats:
@@ -367,7 +417,10 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
 def _defers_emissions(topo, sub) -> bool:
     """Whether a flush (graceful stop) can emit anything in this sub-topology: an aggregate
     under ``Emit.every`` (the only policy that keeps emissions pending)."""
-    return any((e := n.attrs.get("emit")) is not None and e.mode == "every" for n in topo.subtopologies[sub])
+    from processor.graph import AggregateAttrs
+
+    return any(isinstance(n.attrs, AggregateAttrs) and n.attrs.emit.mode == "every"
+               for n in topo.subtopologies[sub])
 
 
 class _RowCollector:
@@ -550,7 +603,8 @@ def _finalize(spark, ctx, snapshot, internal_ends, changelog_ends) -> dict[str, 
     record, database under the build root. Returns entries per store."""
     tasks = [(sub, p) for sub in range(len(ctx.topo.subtopologies)) for p in range(ctx.tasks_of(sub))]
     fin = _FinalizeTask(ctx, snapshot, internal_ends, changelog_ends)
-    results = spark.sparkContext.parallelize(tasks, max(1, min(len(tasks), 64))).map(fin).collect()
+    with _StageProgress(spark, f"writing {len(tasks)} task database(s) and changelogs"):
+        results = spark.sparkContext.parallelize(tasks, max(1, min(len(tasks), 64))).map(fin).collect()
     total: dict[str, int] = {}
     for r in results:
         for store, n in r.items():
@@ -678,10 +732,12 @@ def _produce_acked(producer, topic, partition, entries, end_before: int = 0) -> 
 def _table_sinks(topo) -> set[str]:
     """Sink topics fed straight by a table's ``to_stream()``: they carry a table, so the history's
     result is the last record per key."""
+    from processor.graph import ToStreamAttrs
+
     out = set()
     for n in topo.nodes:
-        if n.sink_topic and not n.attrs.get("internal") and n.parents and \
-                all(p.attrs.get("table_changelog") for p in n.parents):
+        if n.sink_topic and not n.attrs.internal and n.parents and \
+                all(isinstance(p.attrs, ToStreamAttrs) for p in n.parents):
             out.add(n.sink_topic)
     return out
 

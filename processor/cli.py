@@ -85,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run the example topology end to end (embedded local broker by default)")
     d.add_argument("--bootstrap-servers", help="use this Kafka instead of starting the local broker")
     d.add_argument("--records", type=int, default=2000)
+    d.add_argument("--run-id", default=None, help="suffix of the demo's topics and application id "
+                   "(default: the time); `processor backfill processor.demo:topology_from_env` with "
+                   "DEMO_RUN=<run id> rebuilds its stores")
 
     r = sub.add_parser("run", help="run a topology as a consumer-group worker")
     r.add_argument("topology", metavar="MODULE:ATTR")
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from processor.demo import run_demo
 
-            return run_demo(args.bootstrap_servers, args.records)
+            return run_demo(args.bootstrap_servers, args.records, run_id=args.run_id)
         if args.command == "describe":
             topo = resolve_topology(args.topology)
             if args.application_id:

@@ -10,6 +10,7 @@ TopologyTestDriver on the same input, prints a summary and exits.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import tempfile
 import time
@@ -17,6 +18,7 @@ import time
 from confluent_kafka import Producer
 
 from processor import Emit, StreamsBuilder, TimeWindows
+from processor.graph import AggregateAttrs
 from processor.runtime import kafka
 from processor.runtime.local_broker import LocalBroker
 from processor.engine.task import dlq_topic_for
@@ -127,7 +129,24 @@ def _fmt(v, width=60):
     return s if len(s) <= width else s[: width - 3] + "..."
 
 
-def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: int = 5) -> int:
+def demo_topic_names(run: str) -> tuple[str, ...]:
+    """The demo's topics for one run id: orders, big orders, status, revenue, status counts,
+    updates per order, customers, enriched orders."""
+    return (f"orders-{run}", f"big-orders-{run}", f"order-status-{run}", f"revenue-{run}",
+            f"status-counts-{run}", f"updates-per-order-{run}", f"customers-{run}", f"orders-enriched-{run}")
+
+
+def topology_from_env():
+    """The demo topology over the topics of run ``$DEMO_RUN`` (``processor demo --run-id``): what
+    ``processor backfill processor.demo:topology_from_env`` rebuilds (docker-compose ``backfill``)."""
+    run = os.environ.get("DEMO_RUN")
+    if not run:
+        raise ValueError("set DEMO_RUN to the run id given to `processor demo --run-id`")
+    return demo_topology(*demo_topic_names(run))
+
+
+def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: int = 5,
+             run_id: str | None = None) -> int:
     broker = None
     t_start = time.monotonic()
     if not bootstrap_servers:
@@ -135,12 +154,10 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
         bootstrap_servers = broker.bootstrap_servers
         print(f"started local broker (tansu) at {bootstrap_servers}")
     try:
-        run = time.strftime("%H%M%S")
+        run = run_id or time.strftime("%H%M%S")
         app = f"demo-{run}"
-        t_orders, t_big, t_status = f"orders-{run}", f"big-orders-{run}", f"order-status-{run}"
-        t_revenue, t_counts, t_windows = f"revenue-{run}", f"status-counts-{run}", f"updates-per-order-{run}"
-        t_customers, t_enriched = f"customers-{run}", f"orders-enriched-{run}"
-        names = (t_orders, t_big, t_status, t_revenue, t_counts, t_windows, t_customers, t_enriched)
+        names = demo_topic_names(run)
+        t_orders, t_big, t_status, t_revenue, t_counts, t_windows, t_customers, t_enriched = names
         kafka.create_topics(bootstrap_servers, {t: 4 for t in names})
         data = demo_input(records)
         customers = demo_customers()
@@ -244,10 +261,10 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
             print(f"  {node}: " + ", ".join(f"{k}={v:,}" for k, v in counters.items()))
         print("\naggregations (emission policy: records in -> records emitted):")
         for node in topo.nodes:
-            if "emit" in node.attrs and node.name in metrics:
+            if isinstance(node.attrs, AggregateAttrs) and node.name in metrics:
                 m = metrics[node.name]
                 late = f", {m['late_records_dropped']:,} late records dropped" if "late_records_dropped" in m else ""
-                print(f"  {node.stores[0]:<22} {node.attrs['emit']!r:<20} {m['records_in']:>7,} in -> "
+                print(f"  {node.stores[0]:<22} {node.attrs.emit!r:<20} {m['records_in']:>7,} in -> "
                       f"{m['records_emitted']:>7,} emitted  ({m['noop_updates_skipped']:,} no-op updates "
                       f"skipped, {m['emissions_deferred']:,} deferred{late})")
         fk = {n: metrics.get(n.name, {}) for n in topo.nodes if n.name.startswith("KTABLE-FK-JOIN-")}

@@ -110,8 +110,8 @@ class TopologyTestDriver:
             raise ConfigError(f"topic {topic!r} is not a source of this topology "
                               f"(sources: {sorted(self._sub_of_topic)})")
         node = self.topology.source_node(topic)
-        kb = node.attrs["key_serde"].serialize(key)
-        vb = node.attrs["value_serde"].serialize(value)
+        kb = node.attrs.key_serde.serialize(key)
+        vb = node.attrs.value_serde.serialize(value)
         self.pipe_raw(topic, kb, vb, timestamp, headers)
 
     def pipe_raw(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int | None = None,
@@ -159,8 +159,8 @@ class TopologyTestDriver:
             if not sinks and topic != self.dlq_topic:
                 raise ConfigError(f"topic {topic!r} is not written by this topology "
                                   f"(sinks: {self.topology.sink_topics()})")
-            ks = key_serde or (sinks[0].attrs["key_serde"] if sinks else None)
-            vs = value_serde or (sinks[0].attrs["value_serde"] if sinks else None)
+            ks = key_serde or (sinks[0].attrs.key_serde if sinks else None)
+            vs = value_serde or (sinks[0].attrs.value_serde if sinks else None)
         else:
             ks, vs = key_serde, value_serde
         out = []

@@ -18,10 +18,12 @@ task, so every task (worker, test driver, backfill) runs its own copy of the sam
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from processor.errors import TopologyError
+from processor.graph import (AggregateAttrs, JoinResultAttrs, JoinSideAttrs, NodeAttrs, ProcessorAttrs,
+                             SinkAttrs, SourceAttrs)
 from processor.state.store import TASK_STORE
 
 
@@ -36,10 +38,16 @@ class LogicalNode:
     sink_topic: str | None = None
     stores: list[str] = field(default_factory=list)
     value_preserving: bool = False               # forwards the value object it received
-    attrs: dict = field(default_factory=dict)
+    # What this kind of node declares: one class per node kind (``processor/graph.py``).
+    attrs: NodeAttrs = field(default_factory=ProcessorAttrs)
     # Tables whose current values this node reads (joins): not an edge records flow along, but
     # it puts both in one sub-topology, so the table's store is in the same task.
     lookups: list["LogicalNode"] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not isinstance(self.attrs, NodeAttrs):
+            raise TypeError(f"node {self.name}: attrs must be a processor.graph.NodeAttrs, "
+                            f"not {type(self.attrs).__name__}")
 
     def __repr__(self):
         return f"<{self.name}>"
@@ -57,7 +65,7 @@ class StoreSpec:
 
 
 def _clone_graph(nodes: list[LogicalNode]) -> list[LogicalNode]:
-    """Copies of ``nodes`` wired to each other (attrs dicts copied, values shared)."""
+    """Copies of ``nodes`` wired to each other (attributes shared: they are immutable)."""
     clones = {id(n): copy.copy(n) for n in nodes}
     for n in nodes:
         c = clones[id(n)]
@@ -65,7 +73,6 @@ def _clone_graph(nodes: list[LogicalNode]) -> list[LogicalNode]:
         c.children = [clones[id(x)] for x in n.children]
         c.lookups = [clones[id(x)] for x in n.lookups]
         c.stores = list(n.stores)
-        c.attrs = dict(n.attrs)
     return [clones[id(n)] for n in nodes]
 
 
@@ -78,8 +85,8 @@ def same_input(a: LogicalNode, b: LogicalNode) -> bool:
     if a is b:
         return True
     return (a.kind == b.kind == "source" and a.source_topic == b.source_topic
-            and a.attrs.get("key_serde") == b.attrs.get("key_serde")
-            and a.attrs.get("value_serde") == b.attrs.get("value_serde"))
+            and a.attrs.key_serde == b.attrs.key_serde
+            and a.attrs.value_serde == b.attrs.value_serde)
 
 
 def _merge_sources(topology: "Topology", keep: LogicalNode, drop: LogicalNode) -> None:
@@ -95,8 +102,8 @@ def _merge_sources(topology: "Topology", keep: LogicalNode, drop: LogicalNode) -
 def rewrite_self_joins(topology: "Topology") -> int:
     """KIP-862: a join whose two sides are the same stream or table keeps one state store.
 
-    Join builders mark their first side node with ``attrs["self_join"]``: ``kind`` (stream or
-    table), ``how``, ``other`` (the second side node's name) and ``rewrite(topology, node)``,
+    Join builders mark their first side node with ``attrs.self_join`` (a ``SelfJoin``): ``kind``
+    (stream or table), ``how``, ``other`` (the second side node's name) and ``rewrite(topology, node)``,
     which replaces both sides by one operator over one store. This pass decides WHERE it is
     safe, and the rewrite functions say why the result is the same:
 
@@ -114,20 +121,20 @@ def rewrite_self_joins(topology: "Topology") -> int:
     """
     count = 0
     for node in list(topology.nodes):
-        info = node.attrs.get("self_join")
-        if not info or not any(n is node for n in topology.nodes):
+        info = node.attrs.self_join if isinstance(node.attrs, JoinSideAttrs) else None
+        if info is None or not any(n is node for n in topology.nodes):
             continue
-        other = topology.node(info["other"])
+        other = topology.node(info.other)
         a, b = node.parents[0], other.parents[0]
         if not same_input(a, b):
             continue
-        if info["kind"] == "table" and info.get("named"):
+        if info.kind == "table" and info.named:
             continue
-        if info["kind"] == "stream" and info["how"] != "inner":
+        if info.kind == "stream" and info.how != "inner":
             continue
         if a is not b:
             _merge_sources(topology, a, b)
-        info["rewrite"](topology, node)
+        info.rewrite(topology, node)
         count += 1
     return count
 
@@ -161,6 +168,7 @@ class Topology:
         self.subtopologies = self._split()
         self.partitioning: dict[str, object] = {}   # topic -> PartitionerChoice, once a host decided
         self._resolve_routes()
+        self.check_declared_partitioners()
 
     # -- graph checks -------------------------------------------------------------------------
     def check(self) -> None:
@@ -181,6 +189,10 @@ class Topology:
                 raise TopologyError(f"source {n.name} has parents")
             if n.kind not in ("source", "table-source") and not n.parents:
                 raise TopologyError(f"processor {n.name} has no input")
+            if bool(n.source_topic) != isinstance(n.attrs, SourceAttrs) or \
+                    bool(n.sink_topic) != isinstance(n.attrs, SinkAttrs):
+                raise TopologyError(f"{n.kind} {n.name} has attributes of another kind of node "
+                                    f"({type(n.attrs).__name__})")
             for x in n.lookups:
                 if id(x) not in known:
                     raise TopologyError(f"{n.name} looks up {x.name}, which is not in the graph")
@@ -215,7 +227,7 @@ class Topology:
                 if cur.kind not in ("source", "table-source") and not cur.value_preserving:
                     ok = False
                     break
-            n.attrs["passthrough"] = ok and n.attrs.get("value_serde") is cur.attrs.get("value_serde")
+            n.attrs = replace(n.attrs, passthrough=ok and n.attrs.value_serde is cur.attrs.value_serde)
 
     def _split(self) -> list[list[LogicalNode]]:
         seen: dict[int, int] = {}
@@ -248,7 +260,7 @@ class Topology:
             return self
         nodes = _clone_graph(self.nodes)
         for n in nodes:
-            base = n.attrs.get("internal_topic")
+            base = n.attrs.internal_topic if isinstance(n.attrs, (SourceAttrs, SinkAttrs)) else None
             if base:
                 topic = f"{application_id}-{base}"
                 if n.source_topic:
@@ -286,64 +298,94 @@ class Topology:
                 continue
             seen.add(id(n))
             if n.source_topic:
-                if n.attrs.get("partitioning") != "explicit" and n.source_topic not in out:
+                if n.attrs.partitioning != "explicit" and n.source_topic not in out:
                     out.append(n.source_topic)
                 continue
             stack.extend(n.parents)
         return sorted(out)
 
     def copartition_constraints(self) -> list[tuple[str, list[str], list[str]]]:
-        """``(join node, left topics, right topics)`` for every join whose sides must be
-        co-partitioned (primary-key table joins, stream-table joins, stream-stream joins): the
-        same key must land on the same partition number on both sides, so both sides' topics
-        must be placed by one partitioner."""
+        """``(node, left topics, right topics)`` for every place where the same key must land on
+        the same partition number on both sides, so both sides' topics must be placed by one
+        partitioner: primary-key table joins, stream-table joins, stream-stream joins, and a merge
+        of several inputs that reaches key-grouped state (an aggregation by key, a join) with no
+        repartition in between. Sides read from the very same topics need no check."""
         out = []
         for n in self.nodes:
-            other = n.attrs.get("copartition_with")
+            other = n.attrs.copartition_with if isinstance(n.attrs, JoinSideAttrs) else None
             if n.lookups:
-                left = [t for p in n.parents for t in self.roots(p)]
-                right = [t for x in n.lookups for t in self.roots(x)]
+                sides = [[t for p in n.parents for t in self.roots(p)],
+                         [t for x in n.lookups for t in self.roots(x)]]
             elif other and any(x.name == other for x in self.nodes):  # (a self-join keeps one side)
-                left = [t for p in n.parents for t in self.roots(p)]
-                right = [t for p in self.node(other).parents for t in self.roots(p)]
+                sides = [[t for p in n.parents for t in self.roots(p)],
+                         [t for p in self.node(other).parents for t in self.roots(p)]]
+            elif len(n.parents) > 1 and not isinstance(n.attrs, JoinResultAttrs) and self._reaches_keyed_state(n):
+                sides = [self.roots(n.parents[0]), [t for p in n.parents[1:] for t in self.roots(p)]]
             else:
                 continue
-            if left and right:
-                out.append((n.name, sorted(set(left)), sorted(set(right))))
+            left, right = sorted(set(sides[0])), sorted(set(sides[1]))
+            if left and right and left != right:
+                out.append((n.name, left, right))
         return out
+
+    def _reaches_keyed_state(self, node: LogicalNode) -> bool:
+        """Whether records from ``node`` reach a store or a lookup by their key before any sink
+        (a repartition starts a new placement)."""
+        seen, stack = set(), list(node.children)
+        while stack:
+            n = stack.pop()
+            if id(n) in seen or n.kind == "sink":
+                continue
+            seen.add(id(n))
+            if n.stores or n.lookups or (isinstance(n.attrs, JoinSideAttrs) and n.attrs.copartition_with):
+                return True
+            stack.extend(n.children)
+        return False
+
+    def check_declared_partitioners(self) -> None:
+        """Co-partitioned sides declared with different partitioners can never run: refuse at
+        ``build()``, before any host."""
+        from processor.engine.partitioners import resolve
+
+        declared = {t: resolve(name) for t, name in self.declared_partitioners().items()}
+        for name, left, right in self.copartition_constraints():
+            fams = {declared[t].name: t for t in left + right if t in declared}
+            if len(fams) > 1:
+                listing = ", ".join(f"{t} ({f})" for f, t in sorted(fams.items()))
+                raise TopologyError(f"{name} needs its inputs placed by one partitioner, but they are "
+                                    f"declared with different ones: {listing}")
 
     def routed_by_source(self) -> dict[str, list[str]]:
         """Sink topic -> the source topics whose partitioner routes its records (a foreign-key
         join's subscriptions go to the right table's partition of the foreign key)."""
-        return {n.sink_topic: list(n.attrs["route_like_topics"]) for n in self.nodes
-                if n.sink_topic and n.attrs.get("route_like_topics")}
+        return {n.sink_topic: list(n.attrs.route_like_topics) for n in self.nodes
+                if n.sink_topic and n.attrs.route_like_topics}
 
     def partitioning_relevant_topics(self) -> list[str]:
         """External source topics whose partitioner decides a result (co-partitioned join sides,
         tables a foreign-key join routes to) or was declared: their placement is determined at
         start and every key is checked as it is consumed."""
-        internal = {n.source_topic for n in self.nodes if n.source_topic and n.attrs.get("internal")}
+        internal = {n.source_topic for n in self.nodes if n.source_topic and n.attrs.internal}
         topics = set()
         for _, left, right in self.copartition_constraints():
             topics.update(left + right)
         for like in self.routed_by_source().values():
             topics.update(like)
         for n in self.nodes:
-            if n.source_topic and n.attrs.get("partitioner"):
+            if n.source_topic and n.attrs.partitioner:
                 topics.add(n.source_topic)
         return sorted(topics - internal)
 
     def declared_partitioners(self) -> dict[str, str]:
-        return {n.source_topic: n.attrs["partitioner"] for n in self.nodes
-                if n.source_topic and n.attrs.get("partitioner")}
+        return {n.source_topic: n.attrs.partitioner for n in self.nodes
+                if n.source_topic and n.attrs.partitioner}
 
     def _resolve_routes(self) -> None:
         """Sinks marked ``route_like`` (a node name) route by the partitioner of that node's
         source topics: resolved to topic names now (after rewrites and internal-topic naming)."""
         for n in self.nodes:
-            like = n.attrs.get("route_like")
-            if like and n.sink_topic:
-                n.attrs["route_like_topics"] = self.roots(self.node(like))
+            if n.sink_topic and n.attrs.route_like:
+                n.attrs = replace(n.attrs, route_like_topics=tuple(self.roots(self.node(n.attrs.route_like))))
 
     # -- changelogs ------------------------------------------------------------------------------
     def changelog_topic(self, store: str, sub_id: int | None = None) -> str:
@@ -375,7 +417,7 @@ class Topology:
         out: dict[str, list[int]] = {}
         for i, sub in enumerate(self.subtopologies):
             for n in sub:
-                if n.sink_topic and n.attrs.get("internal"):
+                if n.sink_topic and n.attrs.internal:
                     out.setdefault(n.sink_topic, []).append(i)
         return out
 
@@ -388,7 +430,7 @@ class Topology:
         writers = self.internal_topics()
         readers = self.subtopology_of_topic()
         reader_sized = {n.sink_topic for n in self.nodes
-                        if n.sink_topic and n.attrs.get("partitions_from") == "reader"}
+                        if n.sink_topic and n.attrs.partitions_from == "reader"}
         counts: dict[str, int] = {}
         while len(counts) < len(writers):
             progress = False
@@ -417,10 +459,10 @@ class Topology:
     def sink_topics(self, internal: bool | None = None) -> list[str]:
         """Sink topics; ``internal=False``: only user topics, ``True``: only internal ones."""
         return sorted({n.sink_topic for n in self.nodes if n.sink_topic
-                       and (internal is None or bool(n.attrs.get("internal")) == internal)})
+                       and (internal is None or n.attrs.internal == internal)})
 
     def external_source_topics(self) -> list[str]:
-        return [n.source_topic for n in self.nodes if n.source_topic and not n.attrs.get("internal")]
+        return [n.source_topic for n in self.nodes if n.source_topic and not n.attrs.internal]
 
     def subtopology_of_topic(self) -> dict[str, int]:
         return {n.source_topic: i for i, s in enumerate(self.subtopologies) for n in s if n.source_topic}
@@ -474,12 +516,12 @@ class Topology:
         choice = self.partitioning.get(n.source_topic)
         if choice is not None:
             return str(choice)
-        if n.attrs.get("partitioning") == "explicit":
+        if n.attrs.partitioning == "explicit":
             return "explicit partitions (foreign-key join internal topic)"
-        if n.attrs.get("internal"):
+        if n.attrs.internal:
             return "murmur2 (internal topic)"
-        if n.attrs.get("partitioner"):
-            return f"{n.attrs['partitioner']} (declared; checked as consumed)"
+        if n.attrs.partitioner:
+            return f"{n.attrs.partitioner} (declared; checked as consumed)"
         if n.source_topic in relevant:
             return "determined from the data at start, then checked as consumed"
         return None
@@ -504,14 +546,15 @@ class Topology:
 
                     # the stores it reads through lookups, resolved now (after the rewrites)
                     used = [st for x in n.lookups for st in getter_stores(x)]
-                    if "self_join_of" in n.attrs:
+                    self_join_of = n.attrs.self_join_of if isinstance(n.attrs, JoinSideAttrs) else None
+                    if self_join_of is not None:
                         used += getter_stores(n.parents[0])
                     used += [st for st in n.stores if st not in used]
                     head = f"    Processor: {n.name} (stores: [{', '.join(used)}])"
-                    if "emit" in n.attrs:
-                        head += f" (emit: {n.attrs['emit']!r})"
-                    if "self_join_of" in n.attrs:
-                        head += f" (self-join of {n.attrs['self_join_of']}: one side, one store)"
+                    if isinstance(n.attrs, AggregateAttrs):
+                        head += f" (emit: {n.attrs.emit!r})"
+                    if self_join_of is not None:
+                        head += f" (self-join of {self_join_of}: one side, one store)"
                 lines.append(head)
                 lines.append(f"      --> {', '.join(c.name for c in n.children) or 'none'}")
                 if n.parents:

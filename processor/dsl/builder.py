@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from processor.engine.partitioners import resolve as resolve_partitioner
 from processor.errors import TopologyError
+from processor.graph import GetterSpec, SinkAttrs, SourceAttrs, TableSourceAttrs
 from processor.operators.sink import Sink
 from processor.operators.source import RequireKey, StreamSource, TableSource
 from processor.operators.value_getter import StoreValueGetter
@@ -18,13 +19,21 @@ class StreamsBuilder:
         self._index = 0
         self._built = False
 
-    # -- naming and graph bookkeeping (used by KStream/KTable) ---------------------------------
-    def _name(self, prefix: str, name: str | None = None) -> str:
+    # -- naming and graph bookkeeping: the API the DSL (KStream, KTable, joins...) builds with ---
+    def new_name(self, prefix: str, name: str | None = None) -> str:
+        """``name``, or ``<prefix>-<index>`` (Kafka Streams' numbering); either way takes the
+        next index."""
         n = name or f"{prefix}-{self._index:010d}"
         self._index += 1
         return n
 
-    def _add(self, node: LogicalNode, *parents: LogicalNode) -> LogicalNode:
+    def peek_name(self, prefix: str, name: str | None = None) -> str:
+        """``name``, or ``<prefix>-<index>`` with the index the next ``new_name`` will take,
+        without taking it (default store names numbered like the node created next)."""
+        return name or f"{prefix}-{self._index:010d}"
+
+    def add_node(self, node: LogicalNode, *parents: LogicalNode) -> LogicalNode:
+        """Add ``node`` to the graph, fed by ``parents`` (in this order); returns it."""
         if self._built:
             raise TopologyError("this StreamsBuilder was already built; make a new one")
         for p in parents:
@@ -33,39 +42,60 @@ class StreamsBuilder:
         self._nodes.append(node)
         return node
 
-    def _add_store(self, spec: StoreSpec) -> None:
-        if spec.name in self._stores:
-            raise TopologyError(f"store name {spec.name!r} is used twice")
+    def check_store_names_free(self, *names: str) -> None:
+        """Refuse store names already taken (before creating the nodes that would use them)."""
+        for name in names:
+            if name in self._stores:
+                raise TopologyError(f"store name {name!r} is used twice")
+
+    def add_store(self, spec: StoreSpec) -> None:
+        self.check_store_names_free(spec.name)
         self._stores[spec.name] = spec
 
     # -- sources -------------------------------------------------------------------------------
     @staticmethod
-    def _partitioner_attrs(partitioner: str | None) -> dict:
+    def _checked_partitioner(partitioner: str | None) -> str | None:
         """``partitioner``: the librdkafka name of the partitioner that wrote the topic
         (``murmur2``/``murmur2_random`` = Java's, ``consistent``/``consistent_random`` =
         confluent-kafka's default, ``fnv1a``/``fnv1a_random``); None: determined from the data
         at start where a join depends on it (README "Partitioning")."""
         if partitioner is None:
-            return {}
+            return None
         try:
             resolve_partitioner(partitioner)
         except ValueError as exc:
             raise TopologyError(str(exc)) from None
-        return {"partitioner": partitioner}
+        return partitioner
 
     def stream(self, topic: str, key_serde=None, value_serde=None, name: str | None = None,
-               partitioner: str | None = None):
+               partitioner: str | None = None, repartition: bool = False):
+        """A stream read from ``topic``. ``repartition=True``: through the internal topic
+        ``<app>-<node name>-repartition`` placed by murmur2 first, so co-partitioned joins over
+        it are right whatever partitioner wrote ``topic`` (README "Partitioning")."""
         from processor.dsl.kstream import KStream
 
         key_serde = key_serde or Serdes.string()
         value_serde = value_serde or Serdes.json()
+        self._no_declaration_with_repartition(topic, partitioner, repartition)
+        node_name = self.new_name("KSTREAM-SOURCE", name)
+        internal_topic = None
+        if repartition:
+            topic = internal_topic = self._repartitioned_input(topic, node_name, key_serde, value_serde,
+                                                               require_key=False)
         node = LogicalNode(
-            name=self._name("KSTREAM-SOURCE", name), kind="source", source_topic=topic,
-            factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs["key_serde"], n.attrs["value_serde"]),
-            attrs={"key_serde": key_serde, "value_serde": value_serde, **self._partitioner_attrs(partitioner)},
+            name=node_name, kind="source", source_topic=topic,
+            factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs.key_serde, n.attrs.value_serde),
+            attrs=SourceAttrs(key_serde=key_serde, value_serde=value_serde, internal_topic=internal_topic,
+                              partitioner=self._checked_partitioner(partitioner)),
         )
-        self._add(node)
+        self.add_node(node)
         return KStream(self, node, key_serde, value_serde)
+
+    @staticmethod
+    def _no_declaration_with_repartition(topic, partitioner, repartition) -> None:
+        if partitioner is not None and repartition:
+            raise TopologyError(f"source {topic!r}: declare a partitioner or repartition, not both "
+                                f"(a repartitioned source is placed by murmur2 whatever wrote the topic)")
 
     def table(self, topic: str, key_serde=None, value_serde=None, name: str | None = None,
               store_name: str | None = None, partitioner: str | None = None, repartition: bool = False):
@@ -79,47 +109,50 @@ class StreamsBuilder:
 
         key_serde = key_serde or Serdes.string()
         value_serde = value_serde or Serdes.json()
-        node_name = self._name("KTABLE-SOURCE", name)
+        node_name = self.new_name("KTABLE-SOURCE", name)
         store = store_name or f"{topic}-STATE-STORE-{self._index - 1:010d}"
-        extra = {}
+        self._no_declaration_with_repartition(topic, partitioner, repartition)
+        internal_topic = None
         if repartition:
-            topic, extra = self._repartitioned_table_input(topic, node_name, key_serde, value_serde,
-                                                           partitioner), {"internal": True}
-            extra["internal_topic"] = topic
-            partitioner = None
+            topic = internal_topic = self._repartitioned_input(topic, node_name, key_serde, value_serde,
+                                                               require_key=True)
         node = LogicalNode(
             name=node_name, kind="table-source", source_topic=topic, stores=[store],
-            factory=lambda n: TableSource(n.name, n.source_topic, n.attrs["key_serde"],
-                                          n.attrs["value_serde"], n.stores[0]),
-            attrs={"key_serde": key_serde, "value_serde": value_serde,
-                   "getter": lambda n, ctx: StoreValueGetter(ctx.get_store(n.stores[0]), n.attrs["value_serde"]),
-                   "getter_stores": [store], **self._partitioner_attrs(partitioner), **extra},
+            factory=lambda n: TableSource(n.name, n.source_topic, n.attrs.key_serde,
+                                          n.attrs.value_serde, n.stores[0]),
+            attrs=TableSourceAttrs(
+                key_serde=key_serde, value_serde=value_serde, internal_topic=internal_topic,
+                partitioner=self._checked_partitioner(partitioner),
+                getter=GetterSpec(lambda n, ctx: StoreValueGetter(ctx.get_store(n.stores[0]), n.attrs.value_serde),
+                                  stores=(store,))),
         )
-        self._add(node)
-        self._add_store(StoreSpec(store, node_name, source_topic=topic,
-                                  key_serde=key_serde, value_serde=value_serde))
+        self.add_node(node)
+        self.add_store(StoreSpec(store, node_name, source_topic=topic,
+                                 key_serde=key_serde, value_serde=value_serde))
         return KTable(self, node, key_serde, value_serde, store_name=store)
 
-    def _repartitioned_table_input(self, topic, node_name, key_serde, value_serde, partitioner) -> str:
-        """source(topic) -> require a key -> sink(<node name>-repartition); returns the internal
-        topic. Records that do not deserialize, or have no key, are poison at the source (the
-        topology's on-error policy), before they reach the internal topic."""
+    def _repartitioned_input(self, topic, node_name, key_serde, value_serde, require_key: bool) -> str:
+        """source(topic) [-> require a key] -> sink(<node name>-repartition); returns the internal
+        topic. Records that do not deserialize (and, for a table, have no key) are poison at the
+        source (the topology's on-error policy), before they reach the internal topic."""
         source = LogicalNode(
-            name=self._name("KSTREAM-SOURCE"), kind="source", source_topic=topic,
-            factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs["key_serde"], n.attrs["value_serde"]),
-            attrs={"key_serde": key_serde, "value_serde": value_serde, **self._partitioner_attrs(partitioner)})
-        self._add(source)
-        keyed = LogicalNode(name=self._name("KTABLE-REQUIRE-KEY"), kind="processor",
-                            factory=lambda n: RequireKey(n.name), value_preserving=True)
-        self._add(keyed, source)
+            name=self.new_name("KSTREAM-SOURCE"), kind="source", source_topic=topic,
+            factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs.key_serde, n.attrs.value_serde),
+            attrs=SourceAttrs(key_serde=key_serde, value_serde=value_serde))
+        self.add_node(source)
+        last = source
+        if require_key:
+            last = LogicalNode(name=self.new_name("KTABLE-REQUIRE-KEY"), kind="processor",
+                               factory=lambda n: RequireKey(n.name), value_preserving=True)
+            self.add_node(last, source)
         internal = f"{node_name}-repartition"
         sink = LogicalNode(
-            name=self._name("KTABLE-SINK"), kind="sink", sink_topic=internal,
-            factory=lambda n: Sink(n.name, n.sink_topic, n.attrs["key_serde"], n.attrs["value_serde"],
-                                   passthrough=n.attrs.get("passthrough", False), internal=True),
-            attrs={"key_serde": key_serde, "value_serde": value_serde, "internal": True,
-                   "internal_topic": internal})
-        self._add(sink, keyed)
+            name=self.new_name("KSTREAM-SINK" if not require_key else "KTABLE-SINK"), kind="sink",
+            sink_topic=internal,
+            factory=lambda n: Sink(n.name, n.sink_topic, n.attrs.key_serde, n.attrs.value_serde,
+                                   passthrough=n.attrs.passthrough, internal=True),
+            attrs=SinkAttrs(key_serde=key_serde, value_serde=value_serde, internal_topic=internal))
+        self.add_node(sink, last)
         return internal
 
     def build(self, optimize: bool = True) -> Topology:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from processor.dsl.emit import Emit
 from processor.errors import TopologyError
+from processor.graph import AggregateAttrs, GetterSpec, SinkAttrs, SourceAttrs
 from processor.operators.aggregate import StreamAggregate, TableAggregate, WindowedStreamAggregate
 from processor.operators.group_by import StreamGroupBy, TableGroupBy
 from processor.operators.sink import Sink
@@ -47,35 +48,38 @@ def _repartition(builder, parent: LogicalNode, select: LogicalNode, store: str, 
     """select -> sink(<store>-repartition) | source(<store>-repartition); returns the source node."""
     b = builder
     topic = f"{store}-repartition"
-    b._add(select, parent)
+    b.add_node(select, parent)
     sink = LogicalNode(
-        name=b._name("KSTREAM-SINK"), kind="sink", sink_topic=topic,
-        factory=lambda n: Sink(n.name, n.sink_topic, n.attrs["key_serde"], n.attrs["value_serde"], internal=True),
-        attrs={"key_serde": key_serde, "value_serde": value_serde, "internal": True, "internal_topic": topic},
+        name=b.new_name("KSTREAM-SINK"), kind="sink", sink_topic=topic,
+        factory=lambda n: Sink(n.name, n.sink_topic, n.attrs.key_serde, n.attrs.value_serde, internal=True),
+        attrs=SinkAttrs(key_serde=key_serde, value_serde=value_serde, internal_topic=topic),
     )
-    b._add(sink, select)
+    b.add_node(sink, select)
     source = LogicalNode(
-        name=b._name("KSTREAM-SOURCE"), kind="source", source_topic=topic,
-        factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs["key_serde"], n.attrs["value_serde"]),
-        attrs={"key_serde": key_serde, "value_serde": value_serde, "internal": True, "internal_topic": topic},
+        name=b.new_name("KSTREAM-SOURCE"), kind="source", source_topic=topic,
+        factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs.key_serde, n.attrs.value_serde),
+        attrs=SourceAttrs(key_serde=key_serde, value_serde=value_serde, internal_topic=topic),
     )
-    b._add(source)
+    b.add_node(source)
     return source
 
 
-def _aggregate_node(builder, parent, name, store, key_serde, value_serde, factory, store_key_serde=None):
+def _aggregate_node(builder, parent, store, key_serde, value_serde, factory, kind, emit, windows=None,
+                    store_key_serde=None):
     b = builder
-    node = LogicalNode(name=b._name("KTABLE-AGGREGATE", name), kind="processor", factory=factory,
-                       stores=[store, store + ".emitted"])
-    b._add(node, parent)
-    b._add_store(StoreSpec(store, node.name, None, store_key_serde or key_serde, value_serde,
-                           kind="window" if store_key_serde else "aggregate"))
-    b._add_store(StoreSpec(store + ".emitted", node.name, None, store_key_serde or key_serde, value_serde,
-                           kind="emitted"))
+    getter = None
     if store_key_serde is None:  # a windowed aggregate cannot be looked up by its table key
         # joins see the aggregate as last forwarded: its last-emitted column
-        node.attrs["getter"] = lambda n, ctx: EmittedValueGetter(ctx.get_store(store + ".emitted"), value_serde)
-        node.attrs["getter_stores"] = [store + ".emitted"]
+        getter = GetterSpec(lambda n, ctx: EmittedValueGetter(ctx.get_store(store + ".emitted"), value_serde),
+                            stores=(store + ".emitted",))
+    node = LogicalNode(name=b.new_name("KTABLE-AGGREGATE"), kind="processor", factory=factory,
+                       stores=[store, store + ".emitted"],
+                       attrs=AggregateAttrs(kind=kind, emit=emit, windows=windows, getter=getter))
+    b.add_node(node, parent)
+    b.add_store(StoreSpec(store, node.name, None, store_key_serde or key_serde, value_serde,
+                          kind="window" if store_key_serde else "aggregate"))
+    b.add_store(StoreSpec(store + ".emitted", node.name, None, store_key_serde or key_serde, value_serde,
+                          kind="emitted"))
     return node
 
 
@@ -93,17 +97,16 @@ class KGroupedTable:
 
         emit = _check_emit(emit, windowed=False)
         b = self._table._builder
-        store = name or f"KTABLE-AGGREGATE-STATE-STORE-{b._index:010d}"
-        if store in b._stores:
-            raise TopologyError(f"store name {store!r} is used twice")
+        store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
+        b.check_store_names_free(store)
         ks = self.key_serde
-        select = LogicalNode(name=b._name("KTABLE-SELECT"), kind="processor",
+        select = LogicalNode(name=b.new_name("KTABLE-SELECT"), kind="processor",
                              factory=lambda n: TableGroupBy(n.name, self._selector, ks))
         source = _repartition(b, self._table._node, select, store, ks, ChangeSerde(self.value_serde))
         node = _aggregate_node(
-            b, source, None, store, ks, value_serde,
-            lambda n: TableAggregate(n.name, store, ks, value_serde, emit, initializer, adder, subtractor))
-        node.attrs.update(kind=kind, emit=emit)
+            b, source, store, ks, value_serde,
+            lambda n: TableAggregate(n.name, store, ks, value_serde, emit, initializer, adder, subtractor),
+            kind, emit)
         return KTable(b, node, ks, value_serde, store_name=store)
 
     def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
@@ -134,7 +137,7 @@ class KGroupedStream:
         b = self._stream._builder
         if self._selector is None:
             return self._stream._node
-        select = LogicalNode(name=b._name("KSTREAM-KEY-SELECT"), kind="processor",
+        select = LogicalNode(name=b.new_name("KSTREAM-KEY-SELECT"), kind="processor",
                              factory=lambda n: StreamGroupBy(n.name, self._selector))
         return _repartition(b, self._stream._node, select, store, self.key_serde, self.value_serde)
 
@@ -143,25 +146,23 @@ class KGroupedStream:
 
         emit = _check_emit(emit, windowed=windows is not None)
         b = self._stream._builder
-        store = name or f"KTABLE-AGGREGATE-STATE-STORE-{b._index:010d}"
-        if store in b._stores:
-            raise TopologyError(f"store name {store!r} is used twice")
+        store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
+        b.check_store_names_free(store)
         parent = self._input(store)
         ks = self.key_serde
         if windows is None:
             node = _aggregate_node(
-                b, parent, None, store, ks, value_serde,
-                lambda n: StreamAggregate(n.name, store, ks, value_serde, emit, initializer, aggregator))
+                b, parent, store, ks, value_serde,
+                lambda n: StreamAggregate(n.name, store, ks, value_serde, emit, initializer, aggregator),
+                kind, emit)
             table_key_serde = ks
         else:
             node = _aggregate_node(
-                b, parent, None, store, ks, value_serde,
+                b, parent, store, ks, value_serde,
                 lambda n: WindowedStreamAggregate(n.name, store, ks, value_serde, emit, initializer,
                                                   aggregator, windows),
-                store_key_serde=WindowStoreKeySerde(ks, windows.size_ms))
+                kind, emit, windows, store_key_serde=WindowStoreKeySerde(ks, windows.size_ms))
             table_key_serde = Serdes.windowed(ks, windows.size_ms)
-            node.attrs["windows"] = windows
-        node.attrs.update(kind=kind, emit=emit)
         return KTable(b, node, table_key_serde, value_serde, store_name=store)
 
     def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):

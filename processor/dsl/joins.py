@@ -16,7 +16,11 @@ Graph shapes (node names as in Kafka Streams):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from processor.errors import TopologyError
+from processor.graph import (GetterSpec, JoinResultAttrs, JoinSideAttrs, SelfJoin, SinkAttrs, SourceAttrs,
+                             TableAttrs, getter_spec)
 from processor.operators.base import Processor
 from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
                                                   ForeignKeyJoinSubscriptionReceiver,
@@ -34,13 +38,13 @@ def _check_table(other, what):
 
     if not isinstance(other, KTable):
         raise TopologyError(f"{what} takes a KTable, not {type(other).__name__}")
-    if other._node.attrs.get("getter") is None:
+    if getter_spec(other._node) is None:
         raise TopologyError(f"{what}: the table produced by {other._node.name} cannot be looked up "
                             f"(a windowed aggregate, or a table built from a stream)")
 
 
 def _store_getter(store, value_serde):
-    return lambda n, ctx: StoreValueGetter(ctx.get_store(store), value_serde)
+    return GetterSpec(lambda n, ctx: StoreValueGetter(ctx.get_store(store), value_serde), stores=(store,))
 
 
 # -- primary-key table-table joins ------------------------------------------------------------
@@ -56,28 +60,27 @@ def table_table_join(left, right, joiner, how, name, value_serde):
     b = left._builder
     vs = value_serde or Serdes.json()
     ks = left.key_serde
-    idx = b._index
-    result_store = name or f"KTABLE-JOIN-STATE-STORE-{idx:010d}"
-    if result_store in b._stores:
-        raise TopologyError(f"store name {result_store!r} is used twice")
+    result_store = b.peek_name("KTABLE-JOIN-STATE-STORE", name)
+    b.check_store_names_free(result_store)
+    this_name, other_name, merge_name = (b.new_name("KTABLE-JOINTHIS"), b.new_name("KTABLE-JOINOTHER"),
+                                         b.new_name("KTABLE-MERGE"))
     this = LogicalNode(
-        name=b._name("KTABLE-JOINTHIS"), kind="processor",
+        name=this_name, kind="processor",
         factory=lambda n: TableJoinSide(n.name, "left", n.lookups[0], joiner, how, result_store, ks, vs),
-        stores=[result_store], lookups=[right._node])
+        stores=[result_store], lookups=[right._node],
+        attrs=JoinSideAttrs(self_join=SelfJoin(kind="table", how=how, other=other_name, merge=merge_name,
+                                               store=result_store, named=name is not None,
+                                               rewrite=_rewrite_table_self_join(joiner, vs))))
     other = LogicalNode(
-        name=b._name("KTABLE-JOINOTHER"), kind="processor",
+        name=other_name, kind="processor",
         factory=lambda n: TableJoinSide(n.name, "right", n.lookups[0], joiner, how, result_store, ks, vs),
-        stores=[result_store], lookups=[left._node])
-    b._add(this, left._node)
-    b._add(other, right._node)
-    merge = LogicalNode(name=b._name("KTABLE-MERGE"), kind="processor", factory=lambda n: PassThrough(n.name),
-                        value_preserving=True,
-                        attrs={"getter": _store_getter(result_store, vs), "getter_stores": [result_store]})
-    b._add(merge, this, other)
-    b._add_store(StoreSpec(result_store, this.name, None, ks, vs))
-    this.attrs["self_join"] = {"kind": "table", "how": how, "other": other.name, "merge": merge.name,
-                               "store": result_store, "named": name is not None,
-                               "rewrite": _rewrite_table_self_join(joiner, vs)}
+        stores=[result_store], lookups=[left._node], attrs=JoinSideAttrs())
+    b.add_node(this, left._node)
+    b.add_node(other, right._node)
+    merge = LogicalNode(name=merge_name, kind="processor", factory=lambda n: PassThrough(n.name),
+                        value_preserving=True, attrs=JoinResultAttrs(getter=_store_getter(result_store, vs)))
+    b.add_node(merge, this, other)
+    b.add_store(StoreSpec(result_store, this.name, None, ks, vs))
     return KTable(b, merge, ks, vs, store_name=result_store)
 
 
@@ -92,20 +95,19 @@ def _rewrite_table_self_join(joiner, vs):
     store becomes unnecessary: the result is read through the table's own store."""
 
     def rewrite(topology, this):
-        info = this.attrs["self_join"]
-        other = topology.node(info["other"])
-        merge = topology.node(info["merge"])
+        info = this.attrs.self_join
+        other = topology.node(info.other)
+        merge = topology.node(info.merge)
         topology.remove_node(other)
-        del topology.stores[info["store"]]
+        del topology.stores[info.store]
         table = this.parents[0]
         this.factory = lambda n: TableSelfJoin(n.name, joiner, vs)
         this.lookups = []
         this.stores = []   # it owns none; describe() shows the table's, which it reads
-        this.attrs = {k: v for k, v in this.attrs.items() if k != "self_join"}
-        this.attrs["self_join_of"] = table.name
-        merge.attrs = dict(merge.attrs, getter_stores=None,
-                           getter=lambda n, ctx: SelfJoinValueGetter(table_getter(n.parents[0].parents[0], ctx),
-                                                                     joiner, Processor(n.name)))
+        this.attrs = replace(this.attrs, self_join=None, self_join_of=table.name)
+        merge.attrs = replace(merge.attrs, getter=GetterSpec(
+            lambda n, ctx: SelfJoinValueGetter(table_getter(n.parents[0].parents[0], ctx), joiner,
+                                               Processor(n.name))))
     return rewrite
 
 
@@ -116,10 +118,10 @@ def stream_table_join(stream, table, joiner, how, name):
     _check_table(table, "stream-table join")
     b = stream._builder
     ks = stream.key_serde
-    node = LogicalNode(name=b._name("KSTREAM-JOIN", name), kind="processor",
+    node = LogicalNode(name=b.new_name("KSTREAM-JOIN", name), kind="processor",
                        factory=lambda n: StreamTableJoin(n.name, n.lookups[0], joiner, how, ks),
                        lookups=[table._node])
-    b._add(node, stream._node)
+    b.add_node(node, stream._node)
     return KStream(b, node, ks, Serdes.json())
 
 
@@ -132,12 +134,9 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
     _check_table(left, "join_on_foreign_key")
     _check_table(right, "join_on_foreign_key")
     b = left._builder
-    base = name or f"KTABLE-FK-JOIN-{b._index:010d}"
-    b._index += 1
+    base = b.new_name("KTABLE-FK-JOIN", name)
     result_store, version_store, sub_store = base, f"{base}-version-store", f"{base}-subscription-store"
-    for s in (result_store, version_store, sub_store):
-        if s in b._stores:
-            raise TopologyError(f"store name {s!r} is used twice")
+    b.check_store_names_free(result_store, version_store, sub_store)
     sub_topic = f"{base}-subscription-registration-topic"
     resp_topic = f"{base}-subscription-response-topic"
     lks, rks, rvs = left.key_serde, right.key_serde, right.value_serde
@@ -149,53 +148,53 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
         # TABLE'S partitioner (``route_like``, resolved to its source topics by the topology);
         # responses name the left row's partition themselves (``Routed``).
         node = LogicalNode(
-            name=b._name("KTABLE-SINK"), kind="sink", sink_topic=topic,
+            name=b.new_name("KTABLE-SINK"), kind="sink", sink_topic=topic,
             factory=lambda n: Sink(n.name, n.sink_topic, raw, raw, internal=True,
-                                   route_like=(n.attrs.get("route_like_topics") or [None])[0]),
-            attrs={"key_serde": raw, "value_serde": raw, "internal": True, "internal_topic": topic,
-                   "partitions_from": "reader", "route_like": route_like})
-        b._add(node, *parents)
+                                   route_like=(n.attrs.route_like_topics or (None,))[0]),
+            attrs=SinkAttrs(key_serde=raw, value_serde=raw, internal_topic=topic, partitions_from="reader",
+                            route_like=route_like))
+        b.add_node(node, *parents)
         return node
 
     def internal_source(topic, dedup):
         node = LogicalNode(
-            name=b._name("KTABLE-SOURCE"), kind="source", source_topic=topic,
+            name=b.new_name("KTABLE-SOURCE"), kind="source", source_topic=topic,
             factory=lambda n: StreamSource(n.name, n.source_topic, raw, raw),
-            attrs={"key_serde": raw, "value_serde": raw, "internal": True, "internal_topic": topic,
-                   "dedup": dedup, "partitioning": "explicit"})
-        b._add(node)
+            attrs=SourceAttrs(key_serde=raw, value_serde=raw, internal_topic=topic, dedup=dedup,
+                              partitioning="explicit"))
+        b.add_node(node)
         return node
 
     send = LogicalNode(
-        name=b._name("KTABLE-FK-JOIN-SUBSCRIPTION-SEND"), kind="processor",
+        name=b.new_name("KTABLE-FK-JOIN-SUBSCRIPTION-SEND"), kind="processor",
         factory=lambda n: ForeignKeyJoinSubscriptionSender(n.name, fk_extractor, lks, rks, joiner, how,
                                                           version_store, result_store, vs),
         stores=[version_store, result_store])
-    b._add(send, left._node)
+    b.add_node(send, left._node)
     internal_sink(sub_topic, [send], route_like=right._node.name)
     sub_source = internal_source(sub_topic, dedup=False)
     receive = LogicalNode(
-        name=b._name("KTABLE-FK-JOIN-SUBSCRIPTION-RECEIVE"), kind="processor",
+        name=b.new_name("KTABLE-FK-JOIN-SUBSCRIPTION-RECEIVE"), kind="processor",
         factory=lambda n: ForeignKeyJoinSubscriptionReceiver(n.name, n.lookups[0], sub_store, rks, rvs),
         stores=[sub_store], lookups=[right._node])
-    b._add(receive, sub_source)
+    b.add_node(receive, sub_source)
     respond = LogicalNode(
-        name=b._name("KTABLE-FK-JOIN-RESPOND"), kind="processor",
+        name=b.new_name("KTABLE-FK-JOIN-RESPOND"), kind="processor",
         factory=lambda n: ForeignKeyJoinResponder(n.name, sub_store, rks, rvs), stores=[sub_store])
-    b._add(respond, right._node)
+    b.add_node(respond, right._node)
     internal_sink(resp_topic, [receive, respond])
     resp_source = internal_source(resp_topic, dedup=False)
     resolve = LogicalNode(
-        name=b._name("KTABLE-FK-JOIN-RESOLVE"), kind="processor",
+        name=b.new_name("KTABLE-FK-JOIN-RESOLVE"), kind="processor",
         factory=lambda n: ForeignKeyJoinResponseResolver(n.name, n.lookups[0], fk_extractor, lks, rks, rvs,
                                                         joiner, how, version_store, result_store, vs),
         stores=[version_store, result_store], lookups=[left._node])
-    b._add(resolve, resp_source)
-    output = LogicalNode(name=b._name("KTABLE-FK-JOIN-OUTPUT"), kind="processor",
+    b.add_node(resolve, resp_source)
+    output = LogicalNode(name=b.new_name("KTABLE-FK-JOIN-OUTPUT"), kind="processor",
                          factory=lambda n: PassThrough(n.name), value_preserving=True,
-                         attrs={"getter": _store_getter(result_store, vs), "getter_stores": [result_store]})
-    b._add(output, send, resolve)
-    b._add_store(StoreSpec(result_store, send.name, None, lks, vs))
-    b._add_store(StoreSpec(version_store, send.name, None, lks, None, kind="version"))
-    b._add_store(StoreSpec(sub_store, receive.name, None, raw, None, kind="subscription"))
+                         attrs=TableAttrs(getter=_store_getter(result_store, vs)))
+    b.add_node(output, send, resolve)
+    b.add_store(StoreSpec(result_store, send.name, None, lks, vs))
+    b.add_store(StoreSpec(version_store, send.name, None, lks, None, kind="version"))
+    b.add_store(StoreSpec(sub_store, receive.name, None, raw, None, kind="subscription"))
     return KTable(b, output, lks, vs, store_name=result_store)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from processor.errors import TopologyError
+from processor.graph import SinkAttrs
 from processor.operators.filter import StreamFilter
 from processor.operators.map_values import StreamMapValues
 from processor.operators.sink import PassThrough, Sink
@@ -17,11 +18,11 @@ class KStream:
         self.key_serde = key_serde
         self.value_serde = value_serde
 
-    def _then(self, prefix, factory, name=None, value_serde=None, value_preserving=False, attrs=None):
+    def _then(self, prefix, factory, name=None, value_serde=None, value_preserving=False):
         b = self._builder
-        node = LogicalNode(name=b._name(prefix, name), kind="processor", factory=factory,
-                           value_preserving=value_preserving, attrs=attrs or {})
-        b._add(node, self._node)
+        node = LogicalNode(name=b.new_name(prefix, name), kind="processor", factory=factory,
+                           value_preserving=value_preserving)
+        b.add_node(node, self._node)
         return KStream(b, node, self.key_serde, value_serde or self.value_serde)
 
     def filter(self, predicate, name: str | None = None) -> "KStream":
@@ -41,9 +42,9 @@ class KStream:
         """Records of both streams, each in its own order. Both sources join one sub-topology,
         so their topics must be co-partitioned (equal partition counts)."""
         b = self._builder
-        node = LogicalNode(name=b._name("KSTREAM-MERGE", name), kind="processor",
+        node = LogicalNode(name=b.new_name("KSTREAM-MERGE", name), kind="processor",
                            factory=lambda n: PassThrough(n.name), value_preserving=True)
-        b._add(node, self._node, other._node)
+        b.add_node(node, self._node, other._node)
         return KStream(b, node, self.key_serde, self.value_serde)
 
     def group_by_key(self, key_serde=None, value_serde=None):
@@ -100,9 +101,9 @@ class KStream:
         ks = key_serde or self.key_serde
         vs = value_serde or self.value_serde
         node = LogicalNode(
-            name=b._name("KSTREAM-SINK", name), kind="sink", sink_topic=topic,
-            factory=lambda n: Sink(n.name, n.sink_topic, n.attrs["key_serde"], n.attrs["value_serde"],
-                                   passthrough=n.attrs.get("passthrough", False)),
-            attrs={"key_serde": ks, "value_serde": vs},
+            name=b.new_name("KSTREAM-SINK", name), kind="sink", sink_topic=topic,
+            factory=lambda n: Sink(n.name, n.sink_topic, n.attrs.key_serde, n.attrs.value_serde,
+                                   passthrough=n.attrs.passthrough),
+            attrs=SinkAttrs(key_serde=ks, value_serde=vs),
         )
-        b._add(node, self._node)
+        b.add_node(node, self._node)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from processor.dsl.kstream import KStream
+from processor.graph import GetterSpec, TableAttrs, ToStreamAttrs
 from processor.operators.filter import TableFilter
 from processor.operators.map_values import TableMapValues
 from processor.operators.sink import TableToStream
@@ -13,7 +14,8 @@ from processor.topology import LogicalNode
 
 
 def _filter_getter(predicate, negate):
-    return lambda n, ctx: FilterValueGetter(table_getter(n.parents[0], ctx), predicate, negate, Processor(n.name))
+    return GetterSpec(lambda n, ctx: FilterValueGetter(table_getter(n.parents[0], ctx), predicate, negate,
+                                                       Processor(n.name)))
 
 
 class KTable:
@@ -26,9 +28,9 @@ class KTable:
 
     def _then(self, prefix, factory, name=None, value_serde=None, value_preserving=False, getter=None):
         b = self._builder
-        node = LogicalNode(name=b._name(prefix, name), kind="processor", factory=factory,
-                           value_preserving=value_preserving, attrs={"getter": getter})
-        b._add(node, self._node)
+        node = LogicalNode(name=b.new_name(prefix, name), kind="processor", factory=factory,
+                           value_preserving=value_preserving, attrs=TableAttrs(getter=getter))
+        b.add_node(node, self._node)
         return KTable(b, node, self.key_serde, value_serde or self.value_serde)
 
     def filter(self, predicate, name: str | None = None) -> "KTable":
@@ -46,8 +48,8 @@ class KTable:
         vs = value_serde or Serdes.json()
         return self._then("KTABLE-MAPVALUES", lambda n: TableMapValues(n.name, mapper, vs), name,
                           value_serde=vs,
-                          getter=lambda n, ctx: MapValuesGetter(table_getter(n.parents[0], ctx), mapper,
-                                                                Processor(n.name)))
+                          getter=GetterSpec(lambda n, ctx: MapValuesGetter(table_getter(n.parents[0], ctx),
+                                                                           mapper, Processor(n.name))))
 
     def group_by(self, selector, key_serde=None, value_serde=None):
         """``selector(key, value) -> (group_key, group_value)`` (group_key None: the row is in no
@@ -88,8 +90,8 @@ class KTable:
 
     def to_stream(self, name: str | None = None) -> KStream:
         b = self._builder
-        node = LogicalNode(name=b._name("KTABLE-TOSTREAM", name), kind="processor",
+        node = LogicalNode(name=b.new_name("KTABLE-TOSTREAM", name), kind="processor",
                            factory=lambda n: TableToStream(n.name), value_preserving=True,
-                           attrs={"table_changelog": True})   # a sink right after it carries a table
-        b._add(node, self._node)
+                           attrs=ToStreamAttrs())   # a sink right after it carries a table
+        b.add_node(node, self._node)
         return KStream(b, node, self.key_serde, self.value_serde)

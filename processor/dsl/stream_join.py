@@ -32,8 +32,11 @@ is provably output-equal, i.e. only for
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from processor.dsl.windows import JoinWindows
 from processor.errors import TopologyError
+from processor.graph import JoinResultAttrs, JoinSideAttrs, SelfJoin
 from processor.operators.sink import PassThrough
 from processor.operators.stream_join import HOWS, StreamJoinSide, StreamSelfJoin
 from processor.serde import Serdes
@@ -52,41 +55,44 @@ def stream_stream_join(left, right, joiner, windows, how, name, value_serde):
     if left._builder is not right._builder:
         raise TopologyError("both streams of a join must come from one StreamsBuilder")
     b = left._builder
-    base = name or f"KSTREAM-JOIN-{b._index:010d}"
+    base = b.peek_name("KSTREAM-JOIN", name)
     this_store, other_store = f"{base}-this-store", f"{base}-other-store"
     outer_store = None if how == "inner" else f"{base}-outer-store"
     shared = [outer_store] if outer_store else []
-    for s in [this_store, other_store] + shared:
-        if s in b._stores:
-            raise TopologyError(f"store name {s!r} is used twice")
+    b.check_store_names_free(this_store, other_store, *shared)
     ks, lvs, rvs = left.key_serde, left.value_serde, right.value_serde
     vs = value_serde or Serdes.json()
 
+    this_name = b.new_name("KSTREAM-JOINTHIS", name and f"{name}-join-this")
+    other_name = b.new_name("KSTREAM-JOINOTHER", name and f"{name}-join-other")
+    self_join = None
+    if windows.before_ms == windows.after_ms:
+        self_join = SelfJoin(kind="stream", how=how, other=other_name,
+                             rewrite=_rewrite_stream_self_join(base, joiner, windows, ks, lvs, this_store,
+                                                               other_store))
     this = LogicalNode(
-        name=b._name("KSTREAM-JOINTHIS", name and f"{name}-join-this"), kind="processor",
+        name=this_name, kind="processor",
         factory=lambda n: StreamJoinSide(n.name, base, "left", how, joiner, windows, ks, this_store,
                                          other_store, outer_store, lvs, rvs),
-        stores=[this_store, other_store] + shared)
+        stores=[this_store, other_store] + shared,
+        # both sides co-partitioned (README "Partitioning")
+        attrs=JoinSideAttrs(copartition_with=other_name, self_join=self_join))
     other = LogicalNode(
-        name=b._name("KSTREAM-JOINOTHER", name and f"{name}-join-other"), kind="processor",
+        name=other_name, kind="processor",
         factory=lambda n: StreamJoinSide(n.name, base, "right", how, joiner, windows, ks, other_store,
                                          this_store, outer_store, rvs, lvs),
-        stores=[other_store, this_store] + shared)
-    this.attrs["copartition_with"] = other.name   # both sides co-partitioned (README "Partitioning")
-    b._add(this, left._node)
-    b._add(other, right._node)
-    merge = LogicalNode(name=b._name("KSTREAM-MERGE", name and f"{name}-join-merge"), kind="processor",
-                        factory=lambda n: PassThrough(n.name), value_preserving=True)
-    b._add(merge, this, other)
-    b._add_store(StoreSpec(this_store, this.name, None, JoinWindowKeySerde(ks), lvs, kind="join-window"))
-    b._add_store(StoreSpec(other_store, other.name, None, JoinWindowKeySerde(ks), rvs, kind="join-window"))
+        stores=[other_store, this_store] + shared, attrs=JoinSideAttrs())
+    b.add_node(this, left._node)
+    b.add_node(other, right._node)
+    merge = LogicalNode(name=b.new_name("KSTREAM-MERGE", name and f"{name}-join-merge"), kind="processor",
+                        factory=lambda n: PassThrough(n.name), value_preserving=True,
+                        attrs=JoinResultAttrs())   # its sides are constrained by the join itself
+    b.add_node(merge, this, other)
+    b.add_store(StoreSpec(this_store, this.name, None, JoinWindowKeySerde(ks), lvs, kind="join-window"))
+    b.add_store(StoreSpec(other_store, other.name, None, JoinWindowKeySerde(ks), rvs, kind="join-window"))
     if outer_store:
-        b._add_store(StoreSpec(outer_store, this.name, None, JoinOuterKeySerde(ks),
-                               lvs if lvs == rvs else Serdes.bytes(), kind="join-outer"))
-    if windows.before_ms == windows.after_ms:
-        this.attrs["self_join"] = {"kind": "stream", "how": how, "other": other.name,
-                                   "rewrite": _rewrite_stream_self_join(base, joiner, windows, ks, lvs,
-                                                                        this_store, other_store)}
+        b.add_store(StoreSpec(outer_store, this.name, None, JoinOuterKeySerde(ks),
+                              lvs if lvs == rvs else Serdes.bytes(), kind="join-outer"))
     return KStream(b, merge, ks, vs)
 
 
@@ -95,11 +101,10 @@ def _rewrite_stream_self_join(base, joiner, windows, key_serde, value_serde, thi
     ``StreamSelfJoin`` over this-store (why it is output-equal: ``operators/stream_join.py``)."""
 
     def rewrite(topology, this):
-        info = this.attrs["self_join"]
-        topology.remove_node(topology.node(info["other"]))
+        info = this.attrs.self_join
+        topology.remove_node(topology.node(info.other))
         del topology.stores[other_store]
         this.factory = lambda n: StreamSelfJoin(n.name, base, joiner, windows, key_serde, this_store, value_serde)
         this.stores = [this_store]
-        this.attrs = {k: v for k, v in this.attrs.items() if k != "self_join"}
-        this.attrs["self_join_of"] = this.parents[0].name
+        this.attrs = replace(this.attrs, self_join=None, self_join_of=this.parents[0].name)
     return rewrite

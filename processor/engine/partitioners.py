@@ -21,6 +21,7 @@ records with it, so the worker, the test driver and the backfill agree on the ta
 
 from __future__ import annotations
 
+import struct
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -32,12 +33,14 @@ def murmur2(data: bytes) -> int:
     """Kafka's murmur2 (``org.apache.kafka.common.utils.Utils.murmur2``), unsigned 32-bit."""
     length = len(data)
     h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    end = length - length % 4
-    for i in range(0, end, 4):
-        k = (int.from_bytes(data[i:i + 4], "little") * _M) & 0xFFFFFFFF
-        k ^= k >> 24
-        h = ((h * _M) & 0xFFFFFFFF) ^ ((k * _M) & 0xFFFFFFFF)
-    rem = length % 4
+    words = length >> 2
+    if words:
+        for k in struct.unpack_from(f"<{words}I", data):
+            k = (k * _M) & 0xFFFFFFFF
+            k ^= k >> 24
+            h = ((h * _M) & 0xFFFFFFFF) ^ ((k * _M) & 0xFFFFFFFF)
+    end = words << 2
+    rem = length & 3
     if rem == 3:
         h ^= data[end + 2] << 16
     if rem >= 2:

@@ -23,6 +23,12 @@ class PartitioningError(ConfigError):
 REMEDY = ("re-produce the topic with the partitioner the other side uses, declare the partitioner "
           "that wrote it (b.table/b.stream(topic, partitioner=...)), or let the topology repartition "
           "it (repartition=True on the source)")
+# A topic that foreign-key subscriptions are routed by: its partitioner is recorded at the
+# application's first start, because the subscriptions already stored sit where it put them.
+REMEDY_ROUTED = ("this application has routed foreign-key subscriptions by that partitioner since its "
+                 "first start (recorded in its <application-id>-partitioning topic): re-produce the topic "
+                 "with it, or reset the application (delete its state directories, its internal, changelog "
+                 "and -partitioning topics and its group offsets) to route by another")
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,7 @@ class PartitionerChoice:
     partitioner: Partitioner
     how: str              # "declared" | "detected from N sampled keys" | "default: ..." | ...
     checked: bool = True  # keys are checked as they are consumed
+    routes: bool = False  # foreign-key subscriptions are routed by it (recorded, never changes)
 
     def __str__(self):
         return f"{self.partitioner.name} ({self.how}{'; checked as consumed' if self.checked else ''})"
@@ -72,7 +79,7 @@ def misplaced_key(topic: str, partition: int, offset, key: bytes, expected: int,
     return PartitioningError(
         f"key {key!r} at {topic}[{partition}]@{offset} is in partition {partition}, but partitioner "
         f"{choice.partitioner.name} ({choice.how}) puts it in partition {expected}: joins over this "
-        f"topic would be silently wrong; {REMEDY}")
+        f"topic would be silently wrong; {REMEDY_ROUTED if choice.routes else REMEDY}")
 
 
 def _unexplained(topic: str, n: int, keyed) -> PartitioningError:
@@ -102,17 +109,30 @@ def _fmt(topic: str, cands, how: dict[str, str]) -> str:
 
 
 def decide_partitioners(topology, partition_counts: dict[str, int],
-                        samples: dict[str, list[tuple[bytes | None, int, int]]]) -> dict[str, PartitionerChoice]:
+                        samples: dict[str, list[tuple[bytes | None, int, int]]],
+                        recorded: dict[str, str] | None = None) -> dict[str, PartitionerChoice]:
     """Decide the partitioner of every source topic that a result depends on
     (``topology.partitioning_relevant_topics()``) from declarations and ``samples`` (``{topic:
     [(key, partition, offset)]}``, the first records of each partition), then make co-partitioned
     join inputs agree. Raises ``PartitioningError`` (exit 2) when a declared partitioner
     contradicts the data, when no known partitioner explains a topic's keys, or when
-    co-partitioned inputs are placed by different partitioners."""
+    co-partitioned inputs are placed by different partitioners.
+
+    ``recorded``: the partitioner each topic that routes foreign-key subscriptions was given at the
+    application's first start (``processor/runtime/partitioning.py``); it is kept, as a
+    declaration is, and a declaration or data that contradicts it is refused."""
     from processor.engine.partitioners import KNOWN, explaining, resolve
 
     relevant = topology.partitioning_relevant_topics()
-    declared = topology.declared_partitioners()
+    declared = dict(topology.declared_partitioners())
+    routed = {t for like in topology.routed_by_source().values() for t in like}
+    for t, fam in (recorded or {}).items():
+        if t not in relevant:
+            continue
+        if t in declared and resolve(declared[t]).name != fam:
+            raise PartitioningError(
+                f"topic {t} is declared with partitioner {declared[t]!r}, but {REMEDY_ROUTED.replace('that partitioner', f'partitioner {fam}', 1)}")
+        declared[t] = fam
     cands: dict[str, list[Partitioner]] = {}
     how: dict[str, str] = {}
     for t in relevant:
@@ -123,9 +143,11 @@ def decide_partitioners(topology, partition_counts: dict[str, int],
             if n > 1:
                 for k, part, off in keyed:
                     if p.places(k) and (exp := p.partition(k, n)) != part:
-                        raise misplaced_key(t, part, off, k, exp,
-                                            PartitionerChoice(t, p, f"declared as {declared[t]!r}"))
-            cands[t], how[t] = [p], "declared"
+                        raise misplaced_key(t, part, off, k, exp, PartitionerChoice(
+                            t, p, "recorded at the application's first start" if t in (recorded or {})
+                            else f"declared as {declared[t]!r}", routes=t in (recorded or {})))
+            cands[t], how[t] = [p], ("recorded at the application's first start" if t in (recorded or {})
+                                     else "declared")
         elif n == 1:
             cands[t], how[t] = list(KNOWN), "one partition: every partitioner places keys alike"
         elif not keyed:
@@ -136,7 +158,7 @@ def decide_partitioners(topology, partition_counts: dict[str, int],
                 raise _unexplained(t, n, keyed)
             cands[t] = found
             how[t] = f"detected from {len(keyed)} sampled keys"
-    internal = {n.source_topic for n in topology.nodes if n.source_topic and n.attrs.get("internal")}
+    internal = {n.source_topic for n in topology.nodes if n.source_topic and n.attrs.internal}
     for t in internal:
         cands[t], how[t] = [INTERNAL], "internal topic"
     # co-partitioned inputs: narrow to the partitioners every side admits, to a fixed point
@@ -154,7 +176,9 @@ def decide_partitioners(topology, partition_counts: dict[str, int],
                     f"placed by one partitioner, or equal keys meet on different partitions; {REMEDY}")
             for t in topics:
                 if cands[t] != common:
+                    others = ", ".join(x for x in topics if x != t)
+                    how[t] = f"{how[t]}; narrowed by {name} to what {others} admits"
                     cands[t] = common
                     changed = True
-    return {t: PartitionerChoice(t, cands[t][0], how[t], checked=partition_counts[t] > 1)
+    return {t: PartitionerChoice(t, cands[t][0], how[t], checked=partition_counts[t] > 1, routes=t in routed)
             for t in relevant}

@@ -45,6 +45,8 @@ ERROR_POLICIES = ("dlq", "skip", "fail")
 DLQ_HEADERS = ("dlq.source.topic", "dlq.source.partition", "dlq.source.offset", "dlq.step", "dlq.error")
 
 
+_PLACEMENT_CACHE = 100_000   # keys per checked topic whose placement is remembered
+
 _OUTBOX = b"outbox"
 _OUTBOX_COUNTER = b"outbox_counter"
 
@@ -80,12 +82,12 @@ class Task:
                 self.sources.setdefault(n.source_topic, []).append(self.ops[n.name])
                 # Internal topics are deduplicated by provenance, except where applying a record
                 # twice is harmless and a replay must be applied again (FK subscriptions).
-                if n.attrs.get("internal") and n.attrs.get("dedup", True):
+                if n.attrs.internal and n.attrs.dedup:
                     self.internal_topics.add(n.source_topic)
-                if n.attrs.get("internal"):
+                if n.attrs.internal:
                     self._internal_sources.add(n.source_topic)
         # topics whose every key is checked against its partitioner (README "Partitioning")
-        self._placement_checks = self.routing.checks(self.sources)
+        self._placement_checks = {t: (*c, {}) for t, c in self.routing.checks(self.sources).items()}
         ops = list(self.ops.values())
         self._wall_punctuators = [op for op in ops if op.punctuates_wall]
         self._flushers = [op for op in ops if type(op).flush is not Processor.flush]
@@ -116,10 +118,8 @@ class Task:
         ctx.in_record = True
         self.stores.writer = (topic, partition, offset)
         mark = None
-        if self._placement_checks and topic in self._placement_checks and key is not None:
-            p, n, choice = self._placement_checks[topic]
-            if p.places(key) and (expected := p.partition(key, n)) != partition:
-                raise misplaced_key(topic, partition, offset, key, expected, choice)
+        if self._placement_checks and key is not None and topic in self._placement_checks:
+            self._check_placement(topic, partition, offset, key)
         try:
             if topic in self.internal_topics:
                 mark = self._check_provenance(topic, headers)
@@ -148,6 +148,21 @@ class Task:
                                   offset=offset, step=f"task {self.id}") from exc
         self.positions[(topic, partition)] = offset + 1
         self.processed += 1
+
+    def _check_placement(self, topic, partition, offset, key) -> None:
+        """The key must be where its topic's partitioner puts it (one hash per new key: table
+        keys repeat, so a bounded cache of placements saves most of them)."""
+        p, n, choice, cache = self._placement_checks[topic]
+        expected = cache.get(key)
+        if expected is None:
+            if not p.places(key):
+                return
+            expected = p.partition(key, n)
+            if len(cache) >= _PLACEMENT_CACHE:
+                cache.clear()
+            cache[key] = expected
+        if expected != partition:
+            raise misplaced_key(topic, partition, offset, key, expected, choice)
 
     def _check_provenance(self, topic, headers):
         """``False`` for a record already applied; else the high-water mark entry to write once

@@ -10,23 +10,25 @@ the table's last forwarded change left it, or ``None`` when the table has no row
 An aggregate's getter reads its last-emitted column, not its current value, so a table whose
 emissions are deferred (``Emit.every``) is seen as it was last forwarded.
 
-Getter factories live in the logical node's ``attrs["getter"]`` as ``factory(node, context)``
-and are resolved per task when an operator initialises (``table_getter``).
+Getter factories live in the logical node's attributes (``attrs.getter``, a
+``processor.graph.GetterSpec``) as ``factory(node, context)`` and are resolved per task when an
+operator initialises (``table_getter``).
 """
 
 from __future__ import annotations
 
 from processor.errors import TopologyError
+from processor.graph import getter_spec
 from processor.state import emitted as emitted_codec
 from processor.state import timestamped
 
 
 def table_getter(node, context):
     """The value getter of the table produced by logical ``node``, for the task of ``context``."""
-    factory = node.attrs.get("getter")
-    if factory is None:
+    spec = getter_spec(node)
+    if spec is None:
         raise TopologyError(f"the table produced by {node.name} cannot be looked up")
-    return factory(node, context)
+    return spec.factory(node, context)
 
 
 class StoreValueGetter:
@@ -114,7 +116,7 @@ class SelfJoinValueGetter:
 
 def getter_stores(node) -> list[str]:
     """The stores a lookup of ``node``'s table reads (for ``describe()``)."""
-    s = node.attrs.get("getter_stores")
-    if s is not None:
-        return list(s)
+    spec = getter_spec(node)
+    if spec is not None and spec.stores is not None:
+        return list(spec.stores)
     return getter_stores(node.parents[0]) if node.parents else []

@@ -47,6 +47,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from processor.engine.routing import Routing
 from processor.errors import ChangelogMismatch, ConfigError, ProcessorError
+from processor.graph import AggregateAttrs
 from processor.runtime import kafka
 from processor.runtime.partitioning import determine_partitioners
 from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, RestoreTarget, restore_tasks
@@ -185,6 +186,13 @@ class Worker:
         self.isolation_level = self._consumer_config.get(
             "isolation.level", "read_committed" if processing_guarantee == "exactly_once" else "read_uncommitted")
         self._producer_config = producer_config or {}
+        from processor.engine.partitioners import INTERNAL, PARTITIONERS
+
+        chosen = self._producer_config.get("partitioner")
+        if chosen is not None and PARTITIONERS.get(chosen) is not INTERNAL:
+            raise ConfigError(f"producer setting partitioner={chosen!r}: internal topics (repartition) "
+                              f"are placed by murmur2 by every host (worker, driver, backfill); the "
+                              f"worker's producer must use murmur2_random (the default)")
         self.tasks: dict[tuple[int, int], Task] = {}
         self._writers: dict[tuple[int, int], ChangelogWriter] = {}
         self._suspended: dict[tuple[int, int], Task] = {}   # revoked, committed, maybe coming back
@@ -202,8 +210,8 @@ class Worker:
         self._group_offsets: dict[tuple[str, int], int] = {}
         self._skipped_offsets: dict[tuple[str, int], int] = {}   # at least once, see commit()
         self._wall_punctuation = any(
-            (e := n.attrs.get("emit")) is not None and e.mode == "every" and e.clock == "wall"
-            for n in topology.nodes)
+            isinstance(n.attrs, AggregateAttrs) and n.attrs.emit.mode == "every"
+            and n.attrs.emit.clock == "wall" for n in topology.nodes)
         kill = os.environ.get("PROCESSOR_TEST_KILL_BEFORE_COMMIT")
         self._kill_at_commit = int(kill) if kill else None
         self._commits_with_records = 0
@@ -235,7 +243,7 @@ class Worker:
             kafka.create_topics(self.bootstrap_servers, {self.dlq_topic: 1})
         # which partitioner placed each source a join depends on (README "Partitioning")
         choices = determine_partitioners(self.topology, self.bootstrap_servers, parts,
-                                         self._consumer_config)
+                                         self._consumer_config, self.application_id)
         self.topology = self.topology.with_partitioning(choices)
         self.routing = Routing(choices, parts)
         return parts

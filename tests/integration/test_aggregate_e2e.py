@@ -9,6 +9,7 @@ import json
 import random
 from collections import Counter
 
+from processor.graph import AggregateAttrs
 from processor.runtime import kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
@@ -53,7 +54,7 @@ def test_aggregates_per_policy_on_broker_equal_driver(kafka_bootstrap, unique, t
 
     emitted = {s: sum(map(len, got[s].values())) for s in outs}
     m = w.metrics()
-    store_of = {n.name: n.stores[0] for n in w.topology.nodes if n.attrs.get("emit") is not None}
+    store_of = {n.name: n.stores[0] for n in w.topology.nodes if isinstance(n.attrs, AggregateAttrs)}
     counters = {store_of[node]: c for node, c in m.items() if node in store_of}
     report(f"input: {N} records, {len(key_counts)} keys (hottest {hottest}), 4 partitions "
            f"{[ends[p] for p in range(4)]}; worker {w.records_processed} records incl. repartition")

@@ -33,7 +33,7 @@ from collections import Counter
 import pytest
 
 from processor.engine.partitioners import CONSISTENT, MURMUR2, PARTITIONERS
-from processor.engine.routing import PartitioningError
+from processor.engine.routing import REMEDY, REMEDY_ROUTED, PartitioningError
 from processor.runtime import kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
@@ -251,7 +251,8 @@ def error_line(returncode: int, stderr: str) -> str:
     return lines[-1].removeprefix("processor: error: ")
 
 
-def check_misplaced(message: str, bootstrap: str, topic: str, partitioner: str, how: str, first_in_partition: bool):
+def check_misplaced(message: str, bootstrap: str, topic: str, partitioner: str, how: str, first_in_partition: bool,
+                    remedy: str = REMEDY_ROUTED):
     """The message names a record of ``topic`` that is really there (key, partition, offset), that
     the producer's consistent_random placed, and that ``partitioner`` puts elsewhere."""
     m = MISPLACED.match(message)
@@ -267,9 +268,9 @@ def check_misplaced(message: str, bootstrap: str, topic: str, partitioner: str, 
     if first_in_partition:   # every earlier record of the partition is placed alike by both
         p = PARTITIONERS[partitioner]
         assert [x.offset() for x in msgs[:off] if p.partition(x.key(), PARTS) != part] == []
-    assert message.endswith("re-produce the topic with the partitioner the other side uses, declare the partitioner "
-                            "that wrote it (b.table/b.stream(topic, partitioner=...)), or let the topology "
-                            "repartition it (repartition=True on the source)"), message
+    # refused at start (nothing routed yet): the generic remedy; while running, the FK join has
+    # routed subscriptions by this topic's partitioner: re-produce it, or reset the application
+    assert message.endswith(remedy), message
     return key, part, off
 
 
@@ -285,13 +286,13 @@ def test_declared_murmur2_over_a_consistent_random_topic_is_refused_at_start(kaf
     with pytest.raises(PartitioningError) as err:
         w.check_topics()
     assert err.value.exit_code == 2
-    check_misplaced(str(err.value), kafka_bootstrap, customers, "murmur2", "declared as 'murmur2'", False)
+    check_misplaced(str(err.value), kafka_bootstrap, customers, "murmur2", "declared as 'murmur2'", False, REMEDY)
 
     # as a process: one line, exit 2
     p = cli_run("fk_declared_murmur2", kafka_bootstrap, app, tmp_path,
                 {"APP_ORDERS": orders, "APP_CUSTOMERS": customers, "APP_OUTPUT": out})
     check_misplaced(error_line(p.returncode, p.stderr), kafka_bootstrap, customers, "murmur2",
-                    "declared as 'murmur2'", False)
+                    "declared as 'murmur2'", False, REMEDY)
     assert "assigned" not in p.stderr                     # refused before it joined the group
     assert kafka.read_topic(kafka_bootstrap, out) == []
     assert committed_offsets(kafka_bootstrap, app, customers, PARTS) == {p: -1001 for p in range(PARTS)}
@@ -411,3 +412,30 @@ def test_consistent_random_topic_with_empty_keys_is_detected(kafka_bootstrap, un
                consumer_config=TEST_CONSUMER_CONFIG)
     w.check_topics()   # was: PartitioningError "no known partitioner explains ... key b'' at ..."
     assert w.topology.partitioning[customers].partitioner is CONSISTENT
+
+
+def test_routing_partitioner_is_recorded_so_a_restart_cannot_change_it(kafka_bootstrap, unique, tmp_path):
+    """Run 1 starts with an empty right table: FK subscriptions are routed by the default
+    (murmur2), and that is recorded. The right table then gets consistent-placed keys; run 2 does
+    not re-detect (which would strand run 1's subscriptions in the wrong tasks, silently): it stops
+    at start, exit 2, naming the recorded partitioner and the reset."""
+    orders, customers, out = f"orders-{unique}", f"customers-{unique}", f"out-{unique}"
+    app = f"p12r-{unique}"
+    kafka.create_topics(kafka_bootstrap, {orders: PARTS, customers: PARTS, out: PARTS})
+    produce_with_partitioner(kafka_bootstrap, [(t, k, v) for t, k, v in customers_and_orders(orders, customers)
+                                               if t == orders], "consistent_random")
+    w = Worker(apps.fk_topology(orders, customers, out), kafka_bootstrap, app, tmp_path,
+               consumer_config=TEST_CONSUMER_CONFIG)
+    w.run(until_drained=True, install_signal_handlers=False)
+    assert str(w.topology.partitioning[customers]).startswith("murmur2 (default: the topic held no keyed record")
+    recorded = kafka.read_topic(kafka_bootstrap, f"{app}-partitioning")
+    assert [(m.key(), json.loads(m.value())["partitioner"]) for m in recorded] == [(customers.encode(), "murmur2")]
+    produce_with_partitioner(kafka_bootstrap, [(t, k, v) for t, k, v in customers_and_orders(orders, customers)
+                                               if t == customers], "consistent_random")
+    w2 = Worker(apps.fk_topology(orders, customers, out), kafka_bootstrap, app, tmp_path,
+                consumer_config=TEST_CONSUMER_CONFIG)
+    with pytest.raises(PartitioningError) as err:
+        w2.check_topics()
+    msg = str(err.value)
+    assert "partitioner murmur2 (recorded at the application's first start)" in msg, msg
+    assert "reset the application" in msg and f" at {customers}[" in msg, msg

@@ -270,7 +270,9 @@ def test_ambiguous_side_is_narrowed_by_its_co_partitioned_side():
     samples = _samples({"A": placed(CONSISTENT, MC_AGREE), "B": placed(CONSISTENT, DISTINCT)})
     choices = decide_partitioners(topo, {"A": 4, "B": 4}, samples)
     assert {t: c.partitioner for t, c in choices.items()} == {"A": CONSISTENT, "B": CONSISTENT}
-    assert choices["A"].how == f"detected from {len(MC_AGREE)} sampled keys"
+    assert choices["A"].how == f"detected from {len(MC_AGREE)} sampled keys; narrowed by " \
+                               f"{topo.copartition_constraints()[0][0]} to what B admits"
+    assert choices["B"].how == f"detected from {len(DISTINCT)} sampled keys"
     # the same A alone (no constraint) would have been murmur2: the narrowing decided it
     alone = decide_partitioners(fk_topology(), {"customers": 4, "orders": 4},
                                 {"customers": samples["A"]})
@@ -278,6 +280,7 @@ def test_ambiguous_side_is_narrowed_by_its_co_partitioned_side():
     # and an empty side follows the other
     choices = decide_partitioners(topo, {"A": 4, "B": 4}, {"A": [], "B": samples["B"]})
     assert {t: c.partitioner for t, c in choices.items()} == {"A": CONSISTENT, "B": CONSISTENT}
+    assert choices["A"].how.startswith("default: the topic held no keyed record at start; narrowed by ")
     choices = decide_partitioners(topo, {"A": 4, "B": 4}, {"A": [], "B": _samples({"B": placed(FNV1A, DISTINCT)})["B"]})
     assert {t: c.partitioner for t, c in choices.items()} == {"A": FNV1A, "B": FNV1A}
 
@@ -346,3 +349,71 @@ def test_one_partition_topic_is_not_checked():
     choices = decide_partitioners(topo, {"A": 1, "B": 1}, _samples({"A": [(k, 0) for k in DISTINCT],
                                                                     "B": [(k, 0) for k in DISTINCT]}))
     assert {t: (c.checked, c.partitioner) for t, c in choices.items()} == {"A": (False, MURMUR2), "B": (False, MURMUR2)}
+
+
+# -- review fixes: merges, self-joins, declarations, recorded routing -----------------------------
+
+def test_a_merge_that_reaches_keyed_state_must_be_co_partitioned():
+    b = StreamsBuilder()
+    merged = b.stream("s1").merge(b.stream("s2"))
+    merged.group_by_key().count(name="c").to_stream().to("out")
+    merged.filter(lambda k, v: True).to("plain")
+    topo = b.build()
+    assert [(l, r) for _, l, r in topo.copartition_constraints()] == [(["s1"], ["s2"])]
+    assert topo.partitioning_relevant_topics() == ["s1", "s2"]
+    with pytest.raises(PartitioningError) as err:
+        decide_partitioners(topo, {"s1": 4, "s2": 4}, _samples({"s1": placed(MURMUR2, DISTINCT),
+                                                                "s2": placed(CONSISTENT, DISTINCT)}))
+    assert "s1 (murmur2" in str(err.value) and "s2 (consistent" in str(err.value)
+    # a merge that only filters and writes keeps no state by key: no constraint
+    b = StreamsBuilder()
+    b.stream("s1").merge(b.stream("s2")).filter(lambda k, v: True).to("plain")
+    assert b.build().copartition_constraints() == []
+
+
+def test_a_table_joined_with_itself_unoptimized_needs_no_check():
+    b = StreamsBuilder()
+    t = b.table("t")
+    t.join(t, lambda x, y: [x, y]).to_stream().to("out")
+    assert b.build(optimize=False).copartition_constraints() == []
+    assert b.build(optimize=False).partitioning_relevant_topics() == []
+
+
+def test_contradictory_declarations_and_declaration_with_repartition_are_refused_at_build():
+    b = StreamsBuilder()
+    b.table("A", partitioner="murmur2").join(b.table("B", partitioner="consistent_random"),
+                                             lambda x, y: [x, y]).to_stream().to("out")
+    with pytest.raises(TopologyError) as err:
+        b.build()
+    assert "A (murmur2)" in str(err.value) and "B (consistent)" in str(err.value)
+    for source in ("table", "stream"):
+        with pytest.raises(TopologyError) as err:
+            getattr(StreamsBuilder(), source)("x", partitioner="murmur2", repartition=True)
+        assert "not both" in str(err.value)
+
+
+def test_recorded_routing_partitioner_is_kept_and_contradictions_name_the_reset():
+    topo = fk_topology()
+    samples = _samples({"customers": placed(CONSISTENT, DISTINCT)})
+    with pytest.raises(PartitioningError) as err:
+        decide_partitioners(topo, {"customers": 4, "orders": 4}, samples, recorded={"customers": "murmur2"})
+    msg = str(err.value)
+    assert "partitioner murmur2 (recorded at the application's first start)" in msg
+    assert "reset the application" in msg
+    choice = decide_partitioners(topo, {"customers": 4, "orders": 4}, {"customers": []},
+                                 recorded={"customers": "consistent"})["customers"]
+    assert (choice.partitioner, choice.routes, choice.how) == (CONSISTENT, True,
+                                                               "recorded at the application's first start")
+    with pytest.raises(PartitioningError) as err:
+        decide_partitioners(fk_topology(right_partitioner="murmur2"), {"customers": 4, "orders": 4}, {},
+                            recorded={"customers": "consistent"})
+    assert "declared with partitioner 'murmur2'" in str(err.value) and "partitioner consistent since" in str(err.value)
+
+
+def test_the_worker_refuses_another_partitioner_for_its_producer():
+    from processor.runtime.worker import Worker
+
+    with pytest.raises(ConfigError) as err:
+        Worker(fk_topology(), "127.0.0.1:1", "app", "/tmp/unused-state", producer_config={"partitioner": "consistent"})
+    assert "murmur2_random" in str(err.value)
+    Worker(fk_topology(), "127.0.0.1:1", "app", "/tmp/unused-state", producer_config={"partitioner": "murmur2"})

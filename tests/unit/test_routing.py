@@ -124,3 +124,26 @@ def test_describe_shows_partitioning():
     assert "subscription-registration-topic: routed by the partitioner of customers" in text
     decided = topo.with_partitioning({"customers": PartitionerChoice("customers", CONSISTENT, "declared")})
     assert "(partitioner: consistent (declared; checked as consumed))" in decided.describe()
+
+
+def test_repartitioned_stream_joins_like_the_direct_one():
+    def topo(repartition):
+        b = StreamsBuilder()
+        tab = b.table("t")
+        b.stream("s", repartition=repartition).join(tab, lambda s, t: [s, t]).to("out")
+        return b.build()
+
+    def run(t):
+        with TopologyTestDriver(t) as d:
+            d.pipe_input("t", "k1", 1, timestamp=1)
+            d.pipe_input("s", "k1", "a", timestamp=2)
+            d.pipe_input("s", "k2", "b", timestamp=3)
+            d.pipe_input("t", "k2", 2, timestamp=4)
+            d.pipe_input("s", "k2", "c", timestamp=5)
+            return [(r.key, r.value, r.timestamp) for r in d.read_output("out")]
+
+    assert run(topo(True)) == run(topo(False)) == [("k1", ["a", 1], 2), ("k2", ["c", 2], 5)]
+    # the stream side is now the murmur2 repartition topic: only "t" is checked against it
+    (_, left, right), = topo(True).copartition_constraints()
+    assert len(left) == 1 and left[0].endswith("-repartition") and right == ["t"]
+    assert topo(True).partitioning_relevant_topics() == ["t"]

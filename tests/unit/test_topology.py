@@ -48,8 +48,8 @@ def test_passthrough_only_through_value_preserving_steps():
     t.filter(lambda k, v: True).to_stream().to("a")
     t.map_values(lambda v: v).to_stream().to("b")
     topo = b.build()
-    assert topo.sink_nodes("a")[0].attrs["passthrough"] is True
-    assert topo.sink_nodes("b")[0].attrs["passthrough"] is False
+    assert topo.sink_nodes("a")[0].attrs.passthrough is True
+    assert topo.sink_nodes("b")[0].attrs.passthrough is False
 
 
 def test_reading_a_topic_twice_or_building_twice_is_refused():
