@@ -57,7 +57,6 @@ from processor.errors import ConfigError
 
 log = logging.getLogger("processor.backfill")
 
-STATS_SCHEMA = "task string, records long, internal string, outputs long, dead_lettered long"
 # rows a task run writes: internal records for the next runs, outputs for the end
 _ROW_FIELDS = ["kind", "topic", "partition", "key", "value", "ts", "headers", "origin", "seq", "phase"]
 _SAVED_FIELDS = _ROW_FIELDS + ["run"]
@@ -68,6 +67,8 @@ class BackfillReport:
     application_id: str
     snapshot: dict                               # (topic, partition) -> (start, end)
     rows_read: int = 0                           # input records read from history
+    rows_replayed: int = 0                       # of those, fed to the tasks (after compaction)
+    compaction: dict = field(default_factory=dict)   # source topic -> mode (README "Backfill")
     records_processed: int = 0                   # every record a task processed (incl. internal)
     rows_per_store: dict = field(default_factory=dict)   # store -> entries (all tasks)
     tasks: int = 0
@@ -83,6 +84,9 @@ class BackfillReport:
                f"{self.outputs_emitted} output record(s) emitted, {self.dead_lettered} dead-lettered"]
         for (t, p), (s, e) in sorted(self.snapshot.items()):
             out.append(f"  snapshot {t}[{p}]: offsets [{s}, {e})")
+        for t, mode in sorted(self.compaction.items()):
+            out.append(f"  source {t}: {mode}")
+        out.append(f"  rows read {self.rows_read}, replayed after compaction {self.rows_replayed}")
         for sub, flush, n, secs in self.runs:
             out.append(f"  run: sub-topology {sub}{' (flush)' if flush else ''}: {n} records, {secs:.1f} s")
         for store, n in sorted(self.rows_per_store.items()):
@@ -208,13 +212,14 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
     dlq = dlq_topic_for(application_id)
     if on_error == "dlq" and dlq not in counts:
         kafka.create_topics(bootstrap_servers, {dlq: 1})
-    snapshot = snapshot_offsets(bootstrap_servers, sources, consumer_config=consumer_config)
-    internal_ends = ({tp: e for tp, (_, e) in snapshot_offsets(bootstrap_servers, list(internal_counts),
-                                                               consumer_config=consumer_config).items()}
-                     if internal_counts else {})
     changelog_topics = topo.changelog_topic_partitions(counts)
-    changelog_ends = {tp: e for tp, (_, e) in snapshot_offsets(bootstrap_servers, list(changelog_topics),
-                                                               consumer_config=consumer_config).items()}
+    # one snapshot of every partition involved: the sources' history, and where the internal and
+    # changelog topics end (new topics: 0)
+    everything = snapshot_offsets(bootstrap_servers, sources + list(internal_counts) + list(changelog_topics),
+                                  consumer_config=consumer_config)
+    snapshot = {tp: r for tp, r in everything.items() if tp[0] in set(sources)}
+    internal_ends = {tp: e for tp, (_, e) in everything.items() if tp[0] in internal_counts}
+    changelog_ends = {tp: e for tp, (_, e) in everything.items() if tp[0] in changelog_topics}
     if any(changelog_ends.values()):   # a killed backfill, or --force over an earlier run
         log.info("changelog topics already hold records: keys the backfill does not write get tombstones")
     choices = determine_partitioners(topo, bootstrap_servers, counts, consumer_config, application_id)
@@ -229,7 +234,10 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
     report = BackfillReport(application_id, snapshot, seconds=seconds)
     try:
         ctx = _JobContext(topo, Routing(choices, counts), counts, str(build_root), bootstrap_servers,
-                          on_error, dlq, producer_config or {})
+                          on_error, dlq, producer_config or {}, emit_outputs)
+        plan = compaction_plan(topo)
+        report.compaction = {t: plan.get(t, "every record replayed (a reader's state depends on the history)")
+                             for t in sources}
         t1 = time.monotonic()
         _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_split, report)
         seconds["process"] = time.monotonic() - t1
@@ -260,7 +268,10 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
 class _JobContext:
     """What executors need (pickled into every Spark task)."""
 
-    def __init__(self, topo, routing, counts, build_root, bootstrap_servers, on_error, dlq, producer_config):
+    def __init__(self, topo, routing, counts, build_root, bootstrap_servers, on_error, dlq, producer_config,
+                 emit_outputs=False):
+        self.emit_outputs = emit_outputs
+        self.compacted = set(compaction_plan(topo))
         self.topo = topo
         self.routing = routing
         self.counts = counts
@@ -329,11 +340,10 @@ class _StageProgress:
 
 # -- processing: runs of sub-topologies until nothing is pending ------------------------------------
 def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_split, report) -> None:
-    from pyspark.sql import functions as F
-
-    from backfill.kafka_source import DEFAULT_MAX_RECORDS_PER_SPLIT, read_history
-    from backfill.snapshot import to_ranges
-
+    """Runs of sub-topologies until nothing is pending. A run is one Spark job with one Spark task
+    per task of the sub-topology: it reads the task's own input partitions' history (the offset
+    ranges of the snapshot, with the data source's reader, ``read_range``; Kafka partition i is
+    task i, so no shuffle is needed) and the internal rows earlier runs addressed to it."""
     topo = ctx.topo
     order = _run_order(topo)
     reads = {i: set(topo.source_topics(i)) for i in order}
@@ -343,16 +353,15 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
     flushed: set[int] = set()
     run_no = 0
 
-    def pending_dirs(sub):
-        return [str(ctx.rows_dir(r)) for r, per_topic in produced
-                if r > last_run[sub] and any(per_topic.get(t) for t in reads[sub])]
+    def pending_runs(sub):
+        return [r for r, per_topic in produced if r > last_run[sub] and any(per_topic.get(t) for t in reads[sub])]
 
     while True:
         sub, flush = None, False
         for i in order:
             has_external = i not in external_done and any(
                 e > s for (t, _), (s, e) in snapshot.items() if t in reads[i])
-            if has_external or pending_dirs(i):
+            if has_external or pending_runs(i):
                 sub = i
                 break
         if sub is None:
@@ -361,46 +370,23 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
             if sub is None:
                 break
         t0 = time.monotonic()
-        frames = []
+        external = {}
         if sub not in external_done:
-            ext_ranges = to_ranges({tp: r for tp, r in snapshot.items() if tp[0] in reads[sub]})
-            if ext_ranges and any(e > s for parts in ext_ranges.values() for s, e in parts.values()):
-                ext_archives = {t: p for t, p in (archives or {}).items() if t in ext_ranges}
-                hist = read_history(spark, ctx.bootstrap_servers, ext_ranges, archives=ext_archives,
-                                    max_records_per_split=max_records_per_split or DEFAULT_MAX_RECORDS_PER_SPLIT,
-                                    consumer_config=consumer_config)
-                frames.append(hist.select(
-                    F.lit("input").alias("kind"), "topic", "partition", "key", "value",
-                    F.unix_millis("timestamp").alias("ts"), "headers", F.lit("").alias("origin"),
-                    F.col("offset").alias("seq"), F.lit(0).alias("phase")))
+            external = {tp: r for tp, r in snapshot.items() if tp[0] in reads[sub] and r[1] > r[0]}
             external_done.add(sub)
-        dirs = pending_dirs(sub)
-        if dirs:
-            rows = spark.read.parquet(*dirs)
-            frames.append(rows.where((F.col("kind") == "internal") & F.col("topic").isin(sorted(reads[sub])))
-                          .select(*_ROW_FIELDS))
+        spec = _RunSpec(sub, run_no, flush, external, pending_runs(sub), sorted(reads[sub]),
+                        {t: p for t, p in (archives or {}).items() if t in reads[sub]}, consumer_config)
         n_tasks = ctx.tasks_of(sub)
-        # one marker row per task: every task of the sub-topology runs (flush, empty partitions)
-        markers = spark.createDataFrame([("marker", "", p, None, None, 0, None, "", -1, -1) for p in range(n_tasks)],
-                                        "kind string, topic string, partition int, key binary, value binary, "
-                                        "ts long, headers array<struct<key:string,value:binary>>, origin string, "
-                                        "seq long, phase int")
-        frames.append(markers)
-        df = frames[0]
-        for f in frames[1:]:
-            df = df.unionByName(f)
-        job = _TaskRun(ctx, sub, run_no, flush)
         with _StageProgress(spark, f"run {run_no}: sub-topology {sub}{' (flush)' if flush else ''}"):
-            stats = (df.repartition(n_tasks, "partition").sortWithinPartitions("partition")
-                     .mapInArrow(job, STATS_SCHEMA).collect())
+            stats = spark.sparkContext.parallelize(range(n_tasks), n_tasks).map(_TaskRun(ctx, spec)).collect()
         per_topic: dict[str, int] = {}
         n = 0
         for r in stats:
-            n += r.records
-            for t, c in json.loads(r.internal).items():
+            n += r["records"]
+            report.rows_read += r["read"]
+            report.rows_replayed += r["replayed"]
+            for t, c in r["internal"].items():
                 per_topic[t] = per_topic.get(t, 0) + c
-        if sub in external_done and last_run[sub] == -1:
-            report.rows_read += sum(e - s for (t, _), (s, e) in snapshot.items() if t in reads[sub])
         produced.append((run_no, per_topic))
         last_run[sub] = run_no
         if flush:
@@ -412,6 +398,96 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
                  run_no, sub, " (flush)" if flush else "", n, n_tasks, secs,
                  ", ".join(f"{c} rows to {t}" for t, c in sorted(per_topic.items())) or "no internal rows")
         run_no += 1
+
+
+@dataclass
+class _RunSpec:
+    sub: int
+    run_no: int
+    flush: bool
+    external: dict          # (topic, partition) -> (start, end): history to read (first run only)
+    pending: list           # earlier runs whose internal rows this sub-topology reads
+    reads: list             # topics the sub-topology reads
+    archives: dict          # topic -> Parquet path
+    consumer_config: dict | None
+
+
+# -- which table sources are reduced to their last real changes ------------------------------------
+def compaction_plan(topo) -> dict[str, str]:
+    """``{external table topic: reason}`` for every table source whose history may be reduced to
+    the last two real changes per key (README "Backfill"): every store and output downstream of it
+    ends the same from them. That holds when what reads the table's changes is only table
+    filters and map_values, a table's sink, or a foreign-key join (its left or right side; a
+    foreign-key join's results are compared without timestamps anyway), and what looks it up is
+    only a foreign-key join. Anything else (aggregations, primary-key and stream-table joins, a
+    table's changes as a stream) replays every record: its state depends on the history."""
+    from processor.operators.filter import TableFilter
+    from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
+                                                      ForeignKeyJoinSubscriptionReceiver,
+                                                      ForeignKeyJoinSubscriptionSender)
+    from processor.operators.map_values import TableMapValues
+    from processor.operators.sink import Sink, TableToStream
+    from processor.operators.source import TableSource
+
+    def op(n):
+        return type(n.factory(n))
+
+    lookers: dict[int, list] = {}
+    for n in topo.nodes:
+        for x in n.lookups:
+            lookers.setdefault(id(x), []).append(n)
+    out = {}
+    for src in topo.nodes:
+        if src.attrs.internal if hasattr(src.attrs, "internal") else False:
+            continue
+        if not src.source_topic or op(src) is not TableSource:
+            continue
+        ok, via = True, set()
+        stack = [src]
+        while stack and ok:
+            n = stack.pop()
+            for reader in lookers.get(id(n), ()):
+                if op(reader) in (ForeignKeyJoinSubscriptionReceiver, ForeignKeyJoinResponseResolver):
+                    via.add("foreign-key join")
+                else:
+                    ok = False
+            for c in n.children:
+                t = op(c)
+                if t in (TableFilter, TableMapValues):
+                    stack.append(c)
+                elif t is TableToStream:
+                    if not all(op(x) is Sink and not x.attrs.internal for x in c.children):
+                        ok = False
+                    via.add("table sink")
+                elif t is Sink and not c.attrs.internal:
+                    via.add("table sink")
+                elif t in (ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponder):
+                    via.add("foreign-key join")
+                else:
+                    ok = False
+        if ok:
+            out[src.source_topic] = "last real changes per key (" + (", ".join(sorted(via)) or "no reader") + ")"
+    return out
+
+
+def _last_changes(rows):
+    """Rows of one table partition in offset order -> the last two real changes of each key, in
+    offset order. A real change is what the table source does not skip as a no-op (a value whose
+    bytes differ from the key's current ones; a tombstone of a present key). The last one gives
+    the store's value and its timestamp (of the last real change); the one before it lets a
+    foreign-key join unsubscribe the previous foreign key as a replay of every record does."""
+    last: dict = {}
+    for r in rows:
+        k, v = r[3], r[4]
+        ent = last.get(k)
+        if ent is None:
+            if v is not None:
+                last[k] = (None, r)
+        elif ent[1][4] != v:
+            last[k] = (ent[1], r)
+    keep = [x for pair in last.values() for x in pair if x is not None]
+    keep.sort(key=lambda r: r[8])
+    return keep
 
 
 def _defers_emissions(topo, sub) -> bool:
@@ -441,6 +517,8 @@ class _RowCollector:
 
     def send(self, topic, key, value, timestamp, headers, partition=None):
         internal = topic in self.ctx.internal
+        if not internal and topic != self.ctx.dlq and not self.ctx.emit_outputs:
+            return   # a sink record: written only with --emit-outputs
         if internal:
             if partition is None:
                 partition = 0 if key is None else self.internal_partitioner.partition(key, self.ctx.counts[topic])
@@ -506,41 +584,26 @@ def _save_stores(ctx, task_id, stores, offsets) -> None:
 
 
 class _TaskRun:
-    """One run of one sub-topology (the ``mapInArrow`` function): rows grouped by partition ->
-    that task, resumed from its saved stores -> its rows (internal, outputs) and saved stores."""
+    """One run of one sub-topology, for one task (``parallelize(...).map``): its history and the
+    internal rows addressed to it -> that task, resumed from its saved stores -> its rows
+    (internal, outputs) and saved stores."""
 
-    def __init__(self, ctx, sub, run_no, flush):
+    def __init__(self, ctx, spec):
         self.ctx = ctx
-        self.sub = sub
-        self.run_no = run_no
-        self.flush = flush
+        self.spec = spec
 
-    def __call__(self, batches):
-        import pyarrow as pa
-
-        by_task: dict[int, list] = {}
-        for batch in batches:
-            d = batch.to_pydict()
-            for i in range(batch.num_rows):
-                by_task.setdefault(d["partition"][i], []).append(
-                    (d["kind"][i], d["topic"][i], d["partition"][i], d["key"][i], d["value"][i], d["ts"][i],
-                     d["headers"][i], d["origin"][i], d["seq"][i], d["phase"][i]))
-        out = [self._run_task(p, rows) for p, rows in sorted(by_task.items())]
-        yield pa.RecordBatch.from_pylist(out, schema=pa.schema([
-            ("task", pa.string()), ("records", pa.int64()), ("internal", pa.string()),
-            ("outputs", pa.int64()), ("dead_lettered", pa.int64())]))
-
-    def _run_task(self, partition, rows):
+    def __call__(self, partition):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         from processor.engine.task import Task
 
-        ctx = self.ctx
-        task_id = f"{self.sub}_{partition}"
+        ctx, spec = self.ctx, self.spec
+        task_id = f"{spec.sub}_{partition}"
+        rows, read, replayed = self._input(partition)
         stores, offsets = _load_stores(ctx, task_id)
-        collector = _RowCollector(ctx, task_id, self.run_no)
-        task = Task(ctx.topo, self.sub, partition, stores, collector, lambda: int(time.time() * 1000),
+        collector = _RowCollector(ctx, task_id, spec.run_no)
+        task = Task(ctx.topo, spec.sub, partition, stores, collector, lambda: int(time.time() * 1000),
                     on_error=ctx.on_error, dlq_topic=ctx.dlq, routing=ctx.routing)
         n = 0
         for kind, topic, part, key, value, ts, headers, origin, seq, phase in _merge(rows):
@@ -549,10 +612,9 @@ class _TaskRun:
             else:   # a shuffled internal record: offsets of its (virtual) partition, in arrival order
                 offset = offsets.get((topic, part), 0)
                 offsets[(topic, part)] = offset + 1
-            hs = None if headers is None else [(h["key"], h["value"]) for h in headers]
-            task.process(topic, part, offset, ts, key, value, hs)
+            task.process(topic, part, offset, ts, key, value, headers)
             n += 1
-        if self.flush:
+        if spec.flush:
             task.flush()
         # settle the outbox (records sent outside an input record) as a commit would: its records
         # go out now, after everything the run processed (phase 1), and the outbox entry is deleted
@@ -563,14 +625,83 @@ class _TaskRun:
         task.finish_commit(pos, [])
         _save_stores(ctx, task_id, stores, offsets)
         if collector.seq:
-            d = ctx.rows_dir(self.run_no)
-            d.mkdir(parents=True, exist_ok=True)
-            table = pa.Table.from_pydict(collector.rows, schema=_rows_schema())
-            pq.write_table(table, str(d / f"task-{task_id}.parquet"))
+            r = collector.rows
+            by_dest: dict = {}
+            for i, kind in enumerate(r["kind"]):
+                dest = ("internal", r["topic"][i], r["partition"][i]) if kind == "internal" else ("output",)
+                by_dest.setdefault(dest, []).append(i)
+            for dest, idx in by_dest.items():
+                d = ctx.rows_dir(spec.run_no) / (f"internal/{dest[1]}/{dest[2]}" if dest[0] == "internal" else "output")
+                d.mkdir(parents=True, exist_ok=True)
+                cols = {k: [r[k][i] for i in idx] for k in r}
+                pq.write_table(pa.Table.from_pydict(cols, schema=_rows_schema()), str(d / f"task-{task_id}.parquet"))
         task.close()
-        outputs = sum(1 for k in collector.rows["kind"] if k == "output")
-        return {"task": task_id, "records": n, "internal": json.dumps(collector.internal_counts),
-                "outputs": outputs, "dead_lettered": task.dead_lettered}
+        return {"task": task_id, "records": n, "read": read, "replayed": replayed,
+                "internal": collector.internal_counts, "dead_lettered": task.dead_lettered}
+
+    def _input(self, partition):
+        """``(rows, rows read, rows replayed)``: the task's history (archived rows below each
+        range, then Kafka's, each partition in offset order; compactable tables reduced) and the
+        internal rows of the pending runs."""
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+        import pyarrow.parquet as pq
+
+        from backfill.kafka_source import OffsetRange, iter_range
+
+        ctx, spec = self.ctx, self.spec
+        rows, read, replayed = [], 0, 0
+        for (topic, part), (start, end) in sorted(spec.external.items()):
+            if part != partition:
+                continue
+            got = []
+            if topic in spec.archives:
+                arch = ds.dataset(spec.archives[topic], format="parquet")
+                flt = (pc.field("topic") == topic) & (pc.field("partition") == part) & (pc.field("offset") < start)
+                for b in arch.to_batches(filter=flt):
+                    got.extend(_input_rows(b))
+            for msgs in iter_range(ctx.bootstrap_servers, OffsetRange(topic, part, start, end), spec.consumer_config):
+                for m in msgs:
+                    got.append(("input", topic, part, m.key(), m.value(), m.timestamp()[1], m.headers() or None,
+                                "", m.offset(), 0))
+            got.sort(key=lambda r: r[8])
+            read += len(got)
+            if topic in ctx.compacted:
+                got = _last_changes(got)
+            replayed += len(got)
+            rows.extend(got)
+        for run in spec.pending:
+            for topic in spec.reads:
+                d = ctx.rows_dir(run) / "internal" / topic / str(partition)
+                if not d.exists():
+                    continue
+                for f in sorted(d.glob("*.parquet")):
+                    t = pq.read_table(str(f))
+                    cols = [t.column(c).to_pylist() for c in _ROW_FIELDS]
+                    for r in zip(*cols):
+                        hs = r[6]
+                        rows.append((r[0], r[1], r[2], r[3], r[4], r[5],
+                                     None if hs is None else [(h["key"], h["value"]) for h in hs], r[7], r[8], r[9]))
+        return rows, read, replayed
+
+
+def _input_rows(batch):
+    """Arrow rows of the Spark kafka schema -> task rows (kind, topic, partition, key, value,
+    timestamp ms, headers, origin, seq = offset, phase)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = batch.num_rows
+    keys = batch.column("key").to_pylist()
+    values = batch.column("value").to_pylist()
+    topic = batch.column("topic")[0].as_py() if n else None
+    part = batch.column("partition")[0].as_py() if n else None
+    offsets = batch.column("offset").to_pylist()
+    ts = pc.divide(batch.column("timestamp").cast(pa.int64()), 1000).to_pylist()
+    headers = batch.column("headers")
+    hs = [None] * n if headers.null_count == n else [
+        None if h is None else [(x["key"], x["value"]) for x in h] for h in headers.to_pylist()]
+    return [("input", topic, part, keys[i], values[i], ts[i], hs[i], "", offsets[i], 0) for i in range(n)]
 
 
 def _merge(rows):
@@ -625,7 +756,7 @@ class _FinalizeTask:
         from processor import provenance
         from processor.runtime import kafka
         from processor.state import commit_record
-        from processor.state.store import TASK_STORE
+        from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
 
         from backfill.sst import build_task_database, task_dir_name
 
@@ -645,13 +776,13 @@ class _FinalizeTask:
         # of a shuffle, never in Kafka, so no replay of them can come; their (virtual) offsets must
         # not hold back the records the worker sends to those topics from their real end on
         kept = []
-        for k, v in contents[TASK_STORE]:
+        for k, v in contents[BOOKKEEPING_STORE]:
             src = provenance.mark_source(k)
             if src is None or src not in ctx.internal:
                 kept.append((k, v))
-        contents[TASK_STORE] = kept
+        contents[BOOKKEEPING_STORE] = kept
         producer = Producer({**kafka.producer_defaults(ctx.bootstrap_servers), **ctx.producer_config})
-        ends = {}
+        writes = {}
         for name, topic in changelogs.items():
             if name == TASK_STORE:
                 continue
@@ -661,12 +792,12 @@ class _FinalizeTask:
                 ours = {k for k, _ in entries}
                 entries = entries + [(k, None) for k in _existing_keys(ctx.bootstrap_servers, topic, partition,
                                                                         before) if k not in ours]
-            ends[(topic, partition)] = _produce_acked(producer, topic, partition, entries, before)
+            writes[(topic, partition)] = (entries, before)
+        ends = _produce_all(producer, writes)          # every store changelog, one flush
         task_topic = changelogs[TASK_STORE]
         record = commit_record.encode(commit_record.CommitRecord(1, positions, ends))
-        task_end = _produce_acked(producer, task_topic, partition,
-                                  contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)])
-        producer.flush(60)
+        task_end = _produce_all(producer, {(task_topic, partition): (
+            contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)], 0)})[(task_topic, partition)]
         contents[TASK_STORE] = sorted(dict(contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)]).items())
         checkpoint = {**positions, **ends, (task_topic, partition): task_end}
         build_task_database(Path(ctx.build_root) / task_dir_name(sub, partition), contents, checkpoint)
@@ -700,32 +831,32 @@ def _existing_keys(bootstrap_servers, topic, partition, end) -> list[bytes]:
         c.close()
 
 
-def _produce_acked(producer, topic, partition, entries, end_before: int = 0) -> int:
-    """Produce ``entries`` to one partition and flush; returns the partition's end offset after
-    them (``end_before`` when there is nothing to write)."""
-    if not entries:
-        return end_before
-    end = [0]
+def _produce_all(producer, writes: dict) -> dict:
+    """``{(topic, partition): (entries, end before)}`` -> produced, one flush; returns each
+    partition's end offset after its entries (the end before, for no entries)."""
+    ends = {tp: before for tp, (_, before) in writes.items()}
     errors = []
 
     def on_delivery(err, msg):
         if err is not None:
-            errors.append(err.str())
+            errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
         else:
-            end[0] = max(end[0], msg.offset() + 1)
+            tp = (msg.topic(), msg.partition())
+            ends[tp] = max(ends[tp], msg.offset() + 1)
 
-    for k, v in entries:
-        while True:
-            try:
-                producer.produce(topic, v, k, partition=partition, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    if producer.flush(60):
-        raise ConfigError(f"backfill: writing {topic}[{partition}] did not finish within 60 s")
+    for (topic, partition), (entries, _) in writes.items():
+        for k, v in entries:
+            while True:
+                try:
+                    producer.produce(topic, v, k, partition=partition, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+    if producer.flush(120):
+        raise ConfigError(f"backfill: writing changelogs {sorted(writes)} did not finish within 120 s")
     if errors:
-        raise ConfigError(f"backfill: writing {topic}[{partition}] failed: {errors[0]}")
-    return end[0]
+        raise ConfigError(f"backfill: writing changelogs failed: {errors[0]}")
+    return ends
 
 
 # -- outputs ----------------------------------------------------------------------------------------
@@ -752,9 +883,9 @@ def _emit(spark, ctx, emit_outputs: bool) -> tuple[int, int]:
     from processor.runtime import kafka
 
     rows_root = Path(ctx.build_root) / "rows"
-    if not rows_root.exists() or not any(rows_root.glob("run-*/*.parquet")):
+    if not rows_root.exists() or not any(rows_root.glob("run-*/output/*.parquet")):
         return 0, 0
-    rows = spark.read.parquet(str(rows_root / "run-*")).where(F.col("kind") == "output")
+    rows = spark.read.parquet(str(rows_root / "run-*" / "output")).where(F.col("kind") == "output")
     dlq = rows.where(F.col("topic") == ctx.dlq)
     selected = dlq
     if emit_outputs:

@@ -134,11 +134,28 @@ class KafkaHistoryReader(DataSourceReader):
 def read_range(bootstrap_servers: str, split: OffsetRange, consumer_config: dict | None = None,
                batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """The records of ``split`` as Arrow batches of ``ARROW_SCHEMA`` (see the module invariants)."""
+    cols = _Columns()
+    for msgs in iter_range(bootstrap_servers, split, consumer_config, batch_rows):
+        for m in msgs:
+            cols.add(m)
+        if len(cols) >= batch_rows:
+            yield cols.batch(split.topic, split.partition)
+    if len(cols):
+        yield cols.batch(split.topic, split.partition)
+
+
+def iter_range(bootstrap_servers: str, split: OffsetRange, consumer_config: dict | None = None,
+               batch_rows: int = BATCH_ROWS) -> Iterator[list]:
+    """The records of ``split`` as lists of confluent-kafka Messages, in offset order: exactly the
+    offsets ``start <= offset < end`` (see the module invariants; the backfill's tasks read their
+    partitions with it directly)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     from processor.runtime.kafka import consumer_defaults
 
     where = f"{split.topic}[{split.partition}] offsets [{split.start}, {split.end})"
+    if split.end <= split.start:
+        return
     conf = consumer_defaults(bootstrap_servers)
     conf.update({"isolation.level": "read_uncommitted", "fetch.wait.max.ms": 50,
                  "max.partition.fetch.bytes": 8 << 20})
@@ -146,7 +163,6 @@ def read_range(bootstrap_servers: str, split: OffsetRange, consumer_config: dict
     conf.update({"group.id": f"backfill-reader-{time.time_ns()}", "enable.partition.eof": True,
                  "enable.auto.commit": False, "auto.offset.reset": "error"})
     c = Consumer(conf)
-    cols = _Columns()
     try:
         tp = TopicPartition(split.topic, split.partition, split.start)
         c.assign([tp])
@@ -164,6 +180,7 @@ def read_range(bootstrap_servers: str, split: OffsetRange, consumer_config: dict
                                       f"within {STALL_TIMEOUT_S:.0f} s")
                 continue
             quiet_since = time.monotonic()
+            out = []
             done = False
             for m in msgs:
                 err = m.error()
@@ -179,9 +196,9 @@ def read_range(bootstrap_servers: str, split: OffsetRange, consumer_config: dict
                 if m.offset() >= split.end:
                     done = True
                     break
-                cols.add(m)
-            if len(cols) >= batch_rows or (done and len(cols)):
-                yield cols.batch(split.topic, split.partition)
+                out.append(m)
+            if out:
+                yield out
             if done:
                 return
     finally:

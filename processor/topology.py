@@ -24,7 +24,7 @@ from typing import Callable
 from processor.errors import TopologyError
 from processor.graph import (AggregateAttrs, JoinResultAttrs, JoinSideAttrs, NodeAttrs, ProcessorAttrs,
                              SinkAttrs, SourceAttrs)
-from processor.state.store import TASK_STORE
+from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
 
 
 @dataclass(eq=False)
@@ -389,16 +389,17 @@ class Topology:
 
     # -- changelogs ------------------------------------------------------------------------------
     def changelog_topic(self, store: str, sub_id: int | None = None) -> str:
-        """``<application-id>-<store>-changelog``; the task store (``__task``), one per
-        sub-topology, is ``<application-id>-__task-<sub>-changelog``."""
+        """``<application-id>-<store>-changelog``; the task store (``__task``) and the bookkeeping
+        store (``_bookkeeping``), one per sub-topology, are ``<application-id>-<store>-<sub>-changelog``."""
         app = self.application_id or "<application-id>"
-        if store == TASK_STORE:
-            return f"{app}-{TASK_STORE}-{sub_id}-changelog"
+        if store in (TASK_STORE, BOOKKEEPING_STORE):
+            return f"{app}-{store}-{sub_id}-changelog"
         return f"{app}-{store}-changelog"
 
     def changelogs_of(self, sub_id: int) -> dict[str, str]:
         """Store name -> changelog topic, for every store of the sub-topology's tasks."""
         out = {s.name: self.changelog_topic(s.name) for s in self.stores_of(sub_id)}
+        out[BOOKKEEPING_STORE] = self.changelog_topic(BOOKKEEPING_STORE, sub_id)
         out[TASK_STORE] = self.changelog_topic(TASK_STORE, sub_id)
         return out
 

@@ -12,7 +12,7 @@ Invariants:
 - ``commit()`` persists store writes and ``positions`` as one unit. The host must flush the
   collector BEFORE calling it (outputs durable before the offsets that produced them).
 - Records from internal topics carry a provenance header; the task keeps per (input topic,
-  source topic, source partition) the highest ``(offset, sequence)`` applied (``__task`` store,
+  source topic, source partition) the highest ``(offset, sequence)`` applied (``_bookkeeping`` store,
   committed with the state) and drops anything at or below it (``duplicates_dropped``). A
   replay upstream therefore never changes state downstream twice (``processor/provenance.py``).
 - Internal records sent outside an input record (punctuation, flush) go through the outbox:
@@ -35,7 +35,7 @@ from processor.engine.routing import Routing, misplaced_key
 from processor.errors import DeserializationError, ProcessingError, ProcessorError, RecordError
 from processor.operators.base import Processor, ProcessorContext
 from processor.state import outbox as outbox_codec
-from processor.state.store import TASK_STORE
+from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
 
 log = logging.getLogger("processor.task")
 
@@ -72,7 +72,9 @@ class Task:
         self.dlq_topic = dlq_topic
         self.context = ProcessorContext(self.id, stores, collector, wall_clock, partition)
         self.routing = self.context.routing = routing or Routing()
-        self.task_store = stores.store(TASK_STORE)
+        self.task_store = stores.store(TASK_STORE)            # host-local: the outbox
+        # contract: the high-water marks (the outbox counter is host-local: it counts commits)
+        self.bookkeeping = stores.store(BOOKKEEPING_STORE)
         self.ops = topology.instantiate(sub_id, self.context)
         self.sources: dict[str, list] = {}   # topic -> its source operators, in graph order
         self.internal_topics = set()          # deduplicated by provenance
@@ -130,7 +132,7 @@ class Task:
             for source in self.sources[topic]:
                 source.process_bytes(key, value, timestamp)
             if mark is not None:
-                self.task_store.put(*mark)
+                self.bookkeeping.put(*mark)
         except DeserializationError as exc:
             if topic in self._internal_sources:
                 # our own records: a newer build's format or corruption, not user input
@@ -175,7 +177,7 @@ class Task:
         except ValueError as exc:
             raise DeserializationError(f"bad {provenance.HEADER} header: {exc}", step=f"task {self.id}") from exc
         mk = provenance.mark_key(topic, src.topic, src.partition)
-        seen = self.task_store.get(mk)
+        seen = self.bookkeeping.get(mk)
         if seen is not None and (src.offset, src.sequence) <= provenance.decode_mark(seen):
             return False
         return mk, provenance.encode_mark(src.offset, src.sequence)

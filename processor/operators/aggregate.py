@@ -39,7 +39,7 @@ from processor.operators.emission import AggregateEmitter
 from processor.records import Windowed
 from processor.state import timestamped
 from processor.state import window_key
-from processor.state.store import TASK_STORE
+from processor.state.store import BOOKKEEPING_STORE
 
 TS = timestamped.TIMESTAMP_SIZE
 _TIME = struct.Struct(">q")
@@ -65,7 +65,7 @@ class _Aggregate(Processor):
     def init(self, context):
         super().init(context)
         self.store = context.get_store(self.store_name)
-        self._task_store = context.get_store(TASK_STORE)
+        self._task_store = context.get_store(BOOKKEEPING_STORE)
         raw = self._task_store.get(self._time_key)
         self.observed_time = -1 if raw is None else _TIME.unpack(raw)[0]
         if self.emit.mode == "every" and self.emit.clock == "wall":

@@ -12,7 +12,7 @@ match when its window closed. Kafka Streams (>= 3.1) semantics, record by record
   Records with a null key, a null value or a negative timestamp are dropped and counted
   (``skipped_null_key``, ``skipped_null_value``, ``skipped_invalid_timestamp``), as Kafka does.
 * Stream time is the largest timestamp the join has seen, from either side: ONE value in the
-  ``__task`` store (``stream_join_time\\x00<join>``) that both side operators read and advance,
+  ``_bookkeeping`` store (``stream_join_time\\x00<join>``) that both side operators read and advance,
   committed with the state. It advances first; then a left record is late when
   ``stream time > t + after + grace`` (right: ``t + before + grace``): it is dropped and counted
   (``late_records_dropped``), joins nothing and is never emitted as unmatched.
@@ -31,7 +31,7 @@ match when its window closed. Kafka Streams (>= 3.1) semantics, record by record
 * Retention: a record at ``t`` can never match again once ``stream time > t + before + after +
   grace`` (a matching record would be late). Such entries are purged by a full scan of the
   join's window stores whenever stream time has advanced by half the retention since the last
-  purge (``__task``: ``stream_join_purged\\x00<join>``); purging never changes the output.
+  purge (``_bookkeeping``: ``stream_join_purged\\x00<join>``); purging never changes the output.
 
 The self-join (``StreamSelfJoin``) is the optimized form of ``s.join(s, ...)`` (pass
 ``self-join`` in ``topology.py``, rewrite in ``processor/dsl/stream_join.py``): ONE window store
@@ -54,7 +54,7 @@ from processor.errors import SerializationError
 from processor.operators.base import Processor
 from processor.state import join_window_key as jwk
 from processor.state import timestamped
-from processor.state.store import TASK_STORE
+from processor.state.store import BOOKKEEPING_STORE
 
 HOWS = ("inner", "left", "outer")
 TS = timestamped.TIMESTAMP_SIZE
@@ -84,7 +84,7 @@ class _StreamJoin(Processor):
 
     def init(self, context):
         super().init(context)
-        self._task = context.get_store(TASK_STORE)
+        self._task = context.get_store(BOOKKEEPING_STORE)
 
     # -- admission and stream time ---------------------------------------------------------------
     def _admit(self, key, value, ts, look_ahead):

@@ -27,7 +27,10 @@ import rocksdict
 from processor.errors import StateError
 from processor.state.store import merge_sorted, prefix_upper_bound
 
-FORMAT_VERSION = 1
+# 2: operator bookkeeping (stream times, high-water marks, outbox counter) moved from ``__task``
+# to the ``_bookkeeping`` column family; a version-1 database is refused (its bookkeeping would be
+# missed): delete it and the application's changelog topics, or backfill, to rebuild.
+FORMAT_VERSION = 2
 _META = "__meta"
 _CHECKPOINT = "__checkpoint"
 _OFFSET = struct.Struct(">q")
@@ -138,9 +141,12 @@ class RocksDBDatabase:
             meta.put(b"format_version", bytes([FORMAT_VERSION]))
         elif version != bytes([FORMAT_VERSION]):
             self.close()
+            hint = ("its operator bookkeeping lives in __task, where this build no longer reads it: reset "
+                    "the application (state directories, changelog topics, group offsets) or backfill it"
+                    if version == b"\x01" else "delete the directory to rebuild it from the changelog")
             raise StateError(
                 f"state database {self.path} has format version {version[0]}, this build reads "
-                f"version {FORMAT_VERSION}; delete the directory to rebuild it from the changelog"
+                f"version {FORMAT_VERSION}; {hint}"
             )
 
     def _cf(self, name: str):

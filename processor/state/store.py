@@ -64,6 +64,11 @@ def merge_sorted(base: Iterator[tuple[bytes, bytes]], overlay: list[tuple[bytes,
         o = next(ov, None)
 
 
-# The task's own store (a column family like any other): per-operator bookkeeping that must be
-# committed with the state, e.g. an aggregate's observed stream time, internal high-water marks.
+# The task's host-local store (``__`` prefix: may differ between hosts): the outbox of records
+# waiting for the next commit and the commit record.
 TASK_STORE = "__task"
+# The task's bookkeeping that decides future output, a contract column family like the stores
+# (byte-identical between hosts after the same history): an aggregate's observed stream time, a
+# stream join's time and purge marks, the high-water marks of internal topics. (The outbox and its
+# counter, which numbers commits that sent records outside an input record, stay host-local.)
+BOOKKEEPING_STORE = "_bookkeeping"

@@ -45,7 +45,7 @@ PARTS = 4
 KILLS = 5
 SPEC = "tests.integration.apps:reliability_topology"
 TABLES = ("orders-store", "customers-store", "enriched", "totals", "totals.emitted")
-ALL_STORES = TABLES + ("enriched-version-store", "enriched-subscription-store", "__task")
+ALL_STORES = TABLES + ("enriched-version-store", "enriched-subscription-store", "_bookkeeping", "__task")
 
 
 def _sequences(messages):
@@ -188,8 +188,15 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
         assert t.db.read_checkpoint() == live_checkpoints[f"task-{t.task_id}"], t.task_id
         t.db.close()
     restored = task_store_bytes(sorted((tmp_path / "fresh").glob("task-*")), ALL_STORES)
+    bookkeeping_differences = 0
     for s in ALL_STORES:
-        if s == "__task":   # bookkeeping: marks, stream time, the commit record (units differ in number only)
+        if s == "__task":   # host-local: the outbox and the commit record (units differ in number only)
+            continue
+        if s == "_bookkeeping" and guarantee == "exactly_once" and not caps.read_committed_hides_aborted:
+            # a broker that shows aborted transactions (Tansu) hands a restore the high-water marks
+            # of aborted units; compared under at_least_once, reported here
+            bookkeeping_differences = sum(restored[s].get(k) != v for k, v in live[s].items()) + \
+                len(set(restored[s]) - set(live[s]))
             continue
         assert restored[s] == live[s], s
 
@@ -214,7 +221,10 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
     report(f"{guarantee}: stores equal the driver byte for byte: {', '.join(TABLES)} "
            f"({sum(len(live[s]) for s in TABLES)} entries); join-result timestamps that differ "
            f"(interleaving): {ts_differences}; restored from the changelogs into empty databases: "
-           f"{fresh_records} records, every store and checkpoint equal to the live ones")
+           f"{fresh_records} records, every store and checkpoint equal to the live ones"
+           + (f" (_bookkeeping not compared: the broker shows aborted transactions; {bookkeeping_differences} "
+              f"entries differ)" if guarantee == "exactly_once" and not caps.read_committed_hides_aborted
+              else ", _bookkeeping included"))
     report(f"{guarantee}: output keys whose final value differs from the driver's: enriched "
            f"{len(off['enriched'])}, totals {len(off['totals'])} (outputs of a killed, uncommitted unit "
            f"that the replay, reading its inputs in another interleaving, did not reproduce)")

@@ -34,7 +34,7 @@ from processor.runtime import kafka
 from processor.serde import Serdes
 from processor.runtime.worker import Worker
 from processor.serde import change as change_codec
-from processor.state.store import TASK_STORE
+from processor.state.store import BOOKKEEPING_STORE
 from processor.testing import TopologyTestDriver
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
@@ -105,7 +105,7 @@ def task_marks(task_dirs: dict, sub: int, input_topic: str) -> dict:
         if int(s) != sub:
             continue
         prefix = f"hwm\x00{input_topic}\x00".encode()
-        for k, v in task_store_bytes([d], [TASK_STORE])[TASK_STORE].items():
+        for k, v in task_store_bytes([d], [BOOKKEEPING_STORE])[BOOKKEEPING_STORE].items():
             if k.startswith(prefix):
                 _, _, src_topic, src_part = k.decode().split("\x00")
                 assert k == provenance.mark_key(input_topic, src_topic, int(src_part))

@@ -38,7 +38,8 @@ def test_restart_resumes_with_exact_output(kafka_bootstrap, unique, tmp_path, mo
         changelogs = [t for t in kafka.topic_partitions(kafka_bootstrap)
                       if t.startswith(f"{app}-") and t.endswith("-changelog")]
         assert sorted(changelogs) == sorted(
-            [f"{app}-__task-0-changelog", f"{app}-{inp}-STATE-STORE-0000000000-changelog"])
+            [f"{app}-__task-0-changelog", f"{app}-_bookkeeping-0-changelog",
+             f"{app}-{inp}-STATE-STORE-0000000000-changelog"])
         changelog_records = sum(len(kafka.read_topic(kafka_bootstrap, t)) for t in changelogs)
     produce(kafka_bootstrap, inp, records[2_000:], timestamp0=5_000_000)
     second = run_once()

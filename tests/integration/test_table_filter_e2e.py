@@ -40,7 +40,8 @@ def test_filter_on_broker_equals_driver(kafka_bootstrap, unique, tmp_path, monke
         db = RocksDBDatabase(tmp_path / f"app-{unique}" / f"task-0_{p}")
         cp = db.read_checkpoint()
         assert cp[(inp, p)] == ends[p]
-        # ... beside the end offsets of the task's two changelogs (store + task store)
+        # ... beside the end offsets of the task's three changelogs (store, bookkeeping, task store)
         assert sorted(t for t, _ in cp) == sorted([inp, f"app-{unique}-__task-0-changelog",
+                                                    f"app-{unique}-_bookkeeping-0-changelog",
                                                     f"app-{unique}-{inp}-STATE-STORE-0000000000-changelog"])
         db.close()
