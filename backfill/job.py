@@ -43,7 +43,6 @@ emission times.
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 import os
 import pickle
@@ -470,22 +469,48 @@ def compaction_plan(topo) -> dict[str, str]:
     return out
 
 
-def _last_changes(rows):
+def _poison_filter(key_serde, value_serde):
+    """``is_poison(key, value)``: what the table source would not apply (no key, or bytes that do
+    not deserialize): such records are kept whatever follows them, so the task dead-letters them
+    (or fails, or skips them) exactly as a full replay does."""
+    good_keys: set = set()
+
+    def is_poison(k, v) -> bool:
+        if k is None:
+            return True
+        try:
+            if k not in good_keys:
+                key_serde.deserialize(k)
+                good_keys.add(k)
+            if v is not None and value_serde is not None:
+                value_serde.deserialize(v)
+        except Exception:
+            return True
+        return False
+    return is_poison
+
+
+def _last_changes(rows, is_poison=lambda k, v: False):
     """Rows of one table partition in offset order -> the last two real changes of each key, in
-    offset order. A real change is what the table source does not skip as a no-op (a value whose
-    bytes differ from the key's current ones; a tombstone of a present key). The last one gives
-    the store's value and its timestamp (of the last real change); the one before it lets a
-    foreign-key join unsubscribe the previous foreign key as a replay of every record does."""
+    offset order, and every poison record. A real change is what the table source does not skip
+    as a no-op (a value whose bytes differ from the key's current ones; a tombstone of a present
+    key). The last one gives the store's value and its timestamp (of the last real change); the
+    one before it lets a foreign-key join unsubscribe the previous foreign key as a replay of
+    every record does."""
     last: dict = {}
+    poison = []
     for r in rows:
         k, v = r[3], r[4]
+        if is_poison(k, v):
+            poison.append(r)
+            continue
         ent = last.get(k)
         if ent is None:
             if v is not None:
                 last[k] = (None, r)
         elif ent[1][4] != v:
             last[k] = (ent[1], r)
-    keep = [x for pair in last.values() for x in pair if x is not None]
+    keep = [x for pair in last.values() for x in pair if x is not None] + poison
     keep.sort(key=lambda r: r[8])
     return keep
 
@@ -654,20 +679,31 @@ class _TaskRun:
         for (topic, part), (start, end) in sorted(spec.external.items()):
             if part != partition:
                 continue
+            split = OffsetRange(topic, part, start, end)
+            if topic in ctx.compacted:
+                src = ctx.topo.source_node(topic).attrs
+                is_poison = _poison_filter(src.key_serde, src.value_serde)
+            if topic in ctx.compacted and topic not in spec.archives:
+                # the common case, streamed: keep only each key's last two real changes
+                n, got = _last_changes_of_messages(iter_range(ctx.bootstrap_servers, split, spec.consumer_config),
+                                                   is_poison)
+                read += n
+                replayed += len(got)
+                rows.extend(got)
+                continue
             got = []
             if topic in spec.archives:
                 arch = ds.dataset(spec.archives[topic], format="parquet")
                 flt = (pc.field("topic") == topic) & (pc.field("partition") == part) & (pc.field("offset") < start)
                 for b in arch.to_batches(filter=flt):
                     got.extend(_input_rows(b))
-            for msgs in iter_range(ctx.bootstrap_servers, OffsetRange(topic, part, start, end), spec.consumer_config):
+            for msgs in iter_range(ctx.bootstrap_servers, split, spec.consumer_config):
                 for m in msgs:
-                    got.append(("input", topic, part, m.key(), m.value(), m.timestamp()[1], m.headers() or None,
-                                "", m.offset(), 0))
+                    got.append(_message_row(m))
             got.sort(key=lambda r: r[8])
             read += len(got)
             if topic in ctx.compacted:
-                got = _last_changes(got)
+                got = _last_changes(got, is_poison)
             replayed += len(got)
             rows.extend(got)
         for run in spec.pending:
@@ -683,6 +719,37 @@ class _TaskRun:
                         rows.append((r[0], r[1], r[2], r[3], r[4], r[5],
                                      None if hs is None else [(h["key"], h["value"]) for h in hs], r[7], r[8], r[9]))
         return rows, read, replayed
+
+
+def _message_row(m):
+    return ("input", m.topic(), m.partition(), m.key(), m.value(), m.timestamp()[1], m.headers() or None,
+            "", m.offset(), 0)
+
+
+def _last_changes_of_messages(batches, is_poison) -> tuple[int, list]:
+    """``_last_changes`` over Kafka messages as they are read (offset order): (messages read, the
+    kept rows in offset order). Only kept messages become rows."""
+    last: dict = {}
+    poison = []
+    n = 0
+    for msgs in batches:
+        n += len(msgs)
+        for m in msgs:
+            k = m.key()
+            v = m.value()
+            if is_poison(k, v):
+                poison.append(m)
+                continue
+            ent = last.get(k)
+            if ent is None:
+                if v is not None:
+                    last[k] = (None, m, v)
+            elif ent[2] != v:
+                last[k] = (ent[1], m, v)
+    keep = [_message_row(x) for prev, m, _ in last.values() for x in (prev, m) if x is not None]
+    keep += [_message_row(m) for m in poison]
+    keep.sort(key=lambda r: r[8])
+    return n, keep
 
 
 def _input_rows(batch):

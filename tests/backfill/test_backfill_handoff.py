@@ -14,7 +14,6 @@ from processor import StreamsBuilder
 from processor.errors import ConfigError
 from processor.runtime import kafka
 from processor.runtime.worker import Worker
-from processor.serde import Serdes
 from processor.state.rocksdb import RocksDBDatabase
 from processor.testing import TopologyTestDriver
 from tests.conftest import TEST_CONSUMER_CONFIG
@@ -64,7 +63,6 @@ def _driver_stores(topology, topics, recs, t0):
         d.flush()
         out = {}
         for name in topology.stores:
-            spec = topology.stores[name]
             owners = [t for t in d.tasks if any(s.name == name for s in t.store_specs)]
             out[name] = dict(sorted((k, v) for t in owners for k, v in t.stores.store(name).items()))
         return out
