@@ -234,9 +234,10 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
     try:
         ctx = _JobContext(topo, Routing(choices, counts), counts, str(build_root), bootstrap_servers,
                           on_error, dlq, producer_config or {}, emit_outputs)
-        plan = compaction_plan(topo)
-        report.compaction = {t: plan.get(t, "every record replayed (a reader's state depends on the history)")
-                             for t in sources}
+        plan = {} if emit_outputs else compaction_plan(topo)
+        why = ("every record replayed (--emit-outputs: the sinks receive what every change produces)"
+               if emit_outputs else "every record replayed (a reader's state depends on the history)")
+        report.compaction = {t: plan.get(t, why) for t in sources}
         t1 = time.monotonic()
         _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_split, report)
         seconds["process"] = time.monotonic() - t1
@@ -270,7 +271,9 @@ class _JobContext:
     def __init__(self, topo, routing, counts, build_root, bootstrap_servers, on_error, dlq, producer_config,
                  emit_outputs=False):
         self.emit_outputs = emit_outputs
-        self.compacted = set(compaction_plan(topo))
+        # with outputs emitted, nothing is compacted: a key whose last changes fail a filter would
+        # lose the tombstone its earlier passing value needs at the sink
+        self.compacted = set() if emit_outputs else set(compaction_plan(topo))
         self.topo = topo
         self.routing = routing
         self.counts = counts
@@ -378,6 +381,7 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
         n_tasks = ctx.tasks_of(sub)
         with _StageProgress(spark, f"run {run_no}: sub-topology {sub}{' (flush)' if flush else ''}"):
             stats = spark.sparkContext.parallelize(range(n_tasks), n_tasks).map(_TaskRun(ctx, spec)).collect()
+        _raise_task_errors(stats)
         per_topic: dict[str, int] = {}
         n = 0
         for r in stats:
@@ -618,6 +622,14 @@ class _TaskRun:
         self.spec = spec
 
     def __call__(self, partition):
+        from processor.errors import ProcessorError
+
+        try:
+            return self._run(partition)
+        except ProcessorError as exc:   # back to the driver as data: Spark would wrap it
+            return {"error": _error_info(exc)}
+
+    def _run(self, partition):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -771,6 +783,30 @@ def _input_rows(batch):
     return [("input", topic, part, keys[i], values[i], ts[i], hs[i], "", offsets[i], 0) for i in range(n)]
 
 
+def _error_info(exc) -> dict:
+    return {"type": type(exc).__name__, "message": str(exc), "exit_code": exc.exit_code}
+
+
+def _raise_task_errors(results) -> None:
+    """A task that failed on purpose (a record under ``--on-error fail``, a user function that
+    raised, a partitioning error...) returned its error as data: raise it here, in the driver, as
+    the same class of error with the same message and exit code as the worker would."""
+    import processor.engine.routing as routing
+    import processor.errors as errors
+
+    for r in results:
+        info = r.get("error") if isinstance(r, dict) else None
+        if info is None:
+            continue
+        cls = getattr(errors, info["type"], None) or getattr(routing, info["type"], None)
+        if not (isinstance(cls, type) and issubclass(cls, errors.ProcessorError)):
+            cls = errors.ProcessorError
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, info["message"])
+        exc.exit_code = info["exit_code"]
+        raise exc
+
+
 def _merge(rows):
     """A task's rows of one run: each input stream (an input partition in offset order; an
     internal topic partition from one origin task in send order) as it came; across streams
@@ -803,9 +839,12 @@ def _finalize(spark, ctx, snapshot, internal_ends, changelog_ends) -> dict[str, 
     fin = _FinalizeTask(ctx, snapshot, internal_ends, changelog_ends)
     with _StageProgress(spark, f"writing {len(tasks)} task database(s) and changelogs"):
         results = spark.sparkContext.parallelize(tasks, max(1, min(len(tasks), 64))).map(fin).collect()
+    _raise_task_errors(results)
     total: dict[str, int] = {}
     for r in results:
         for store, n in r.items():
+            if store == "error":
+                continue
             total[store] = total.get(store, 0) + n
     return total
 
@@ -818,6 +857,14 @@ class _FinalizeTask:
         self.changelog_ends = changelog_ends
 
     def __call__(self, key):
+        from processor.errors import ProcessorError
+
+        try:
+            return self._run(key)
+        except ProcessorError as exc:
+            return {"error": _error_info(exc)}
+
+    def _run(self, key):
         from confluent_kafka import Producer
 
         from processor import provenance

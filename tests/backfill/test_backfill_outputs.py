@@ -1,0 +1,385 @@
+"""What a backfill writes besides stores (issue 13 items 8 and 9), on the real broker and a real
+local Spark, compared with ``TopologyTestDriver`` fed the same records in timestamp order (the
+order a backfill task merges its inputs) and with a live ``Worker``:
+
+- ``--emit-outputs`` (the command, as a subprocess): each sink receives the history's result
+  once. A table's sink (``table.filter(...).to_stream().to(t)``) and an aggregate's sink hold
+  exactly the driver's last record per key (a list in key order, keys whose last record is a
+  tombstone included); a stream sink (``stream.filter(...).to(t)``) exactly the driver's records,
+  in order per key. Nothing goes to the dead-letter topic. The stores equal the driver's.
+- Without it (``backfill.run``, the default) every sink stays empty.
+- Poison records (values that are not JSON, a value that is not UTF-8, a key that is not UTF-8,
+  a table record with a null key) under the default on-error policy: the backfill sends exactly
+  those records, once, to ``<application-id>-dlq`` with the original headers plus
+  ``dlq.source.topic/partition/offset/step/error``, the same records a live worker over the same
+  topics sends to its own dead-letter topic; the stores equal the driver's and the worker's.
+  Under ``skip`` nothing is dead-lettered; under ``fail`` the command stops as ``processor run``
+  does (exit 6, the record's error as one line) and leaves nothing behind."""
+
+import json
+import random
+import re
+import uuid
+
+import pytest
+
+import backfill
+import backfill.job
+from processor.engine.task import DLQ_HEADERS
+from processor.errors import ProcessorError
+from processor.runtime import kafka
+from processor.runtime.worker import Worker
+from processor.serde import Serdes
+from processor.testing import TopologyTestDriver
+from tests.backfill import apps
+from tests.backfill.helpers import backfill_argv, contract_column_families, produce, run_cli, without_application_id
+from tests.conftest import TEST_CONSUMER_CONFIG
+from tests.integration.helpers import committed_offsets, key_partition
+
+PARTS = 3
+T0 = 1_000_000
+
+
+def _js(v):
+    return json.dumps(v, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _produce_history(bootstrap, topics: dict, history) -> list[tuple]:
+    """Produce ``[(name, key, value, headers)]``, record ``i`` at ``T0 + i``, each to the
+    partition murmur2 (the default partitioner) gives its key (partition 1 for a null key).
+    Returns, in history order, ``(topic, partition, offset, key, value, ts, headers)``."""
+    recs = {name: [] for name in topics}
+    for i, (name, k, v, hs) in enumerate(history):
+        recs[name].append((i, (1 if k is None else key_partition(k, PARTS), k, v, T0 + i, hs)))
+    placed = {}
+    for name, rs in recs.items():
+        if not rs:
+            continue
+        rows = produce(bootstrap, topics[name], [r for _, r in rs], chunks=2)
+        # rows: (topic, partition, offset, key, value, ts µs, type, headers) in (partition, offset)
+        # order; match them back to history positions by (partition, timestamp)
+        by_pt = {(r[1], r[5] // 1000): r for r in rows}
+        for i, (p, k, v, ts, hs) in rs:
+            r = by_pt[(p, ts)]
+            placed[i] = (topics[name], p, r[2], k, v, ts, hs)
+    return [placed[i] for i in range(len(history))]
+
+
+def _driver(topology, topics, history, outputs=()):
+    """The driver over the history in timestamp order: ``(stores {name: sorted [(key, value)]},
+    {output topic: [(key, value, ts, headers)]}, dead-letter records)``, bytes throughout."""
+    with TopologyTestDriver(topology, application_id="drv") as d:
+        for i, (name, k, v, hs) in enumerate(history):
+            d.pipe_raw(topics[name], k, v, timestamp=T0 + i, headers=hs)
+        d.flush()
+        stores = {}
+        for t in d.tasks:
+            for spec in t.store_specs:
+                stores.setdefault(spec.name, {}).update(t.stores.store(spec.name).items())
+        raw = Serdes.bytes()
+        outs = {o: [(r.key, r.value, r.timestamp, tuple(r.headers)) for r in d.read_output(o, raw, raw)]
+                for o in outputs}
+        dlq = [(r.key, r.value, r.timestamp, tuple(r.headers)) for r in d.read_output(d.dlq_topic, raw, raw)]
+    return {n: sorted(v.items()) for n, v in stores.items()}, outs, dlq
+
+
+BOOKKEEPING = "_bookkeeping"
+
+
+def _merged(state_dir, app) -> dict[str, list]:
+    """Every contract column family of the application's task databases but the task's
+    ``_bookkeeping``, merged over tasks (for a comparison with the one-task-per-sub-topology
+    driver; the application id in keys and values replaced by a placeholder). Bookkeeping is
+    per task (high-water marks per source partition, an aggregate's stream time), so it cannot
+    equal the driver's on several partitions: it is compared task by task with a live worker."""
+    out: dict[str, dict] = {}
+    for cfs in without_application_id(contract_column_families(state_dir, app), app).values():
+        for cf, items in cfs.items():
+            if cf != BOOKKEEPING:
+                out.setdefault(cf, {}).update(items)
+    return {n: sorted(v.items()) for n, v in out.items()}
+
+
+def _messages(bootstrap, topic) -> list[tuple]:
+    """``(key, value, timestamp, headers)`` of every record of ``topic`` (partition, offset order)."""
+    return [(m.key(), m.value(), m.timestamp()[1], tuple(m.headers() or ()))
+            for m in kafka.read_topic(bootstrap, topic)]
+
+
+def _last_per_key(records) -> list[tuple]:
+    last = {}
+    for r in records:
+        last[r[0]] = r
+    return [last[k] for k in sorted(last)]
+
+
+def _per_key(records) -> dict:
+    out: dict = {}
+    for r in records:
+        out.setdefault(r[0], []).append(r)
+    return out
+
+
+# -- outputs -------------------------------------------------------------------------------------------
+def _sinks_history(seed):
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(3500):
+        if rnd.random() < 0.6:
+            k = f"i{rnd.randrange(150):03d}".encode()
+            v = None if rnd.random() < 0.1 else _js({"n": rnd.randrange(30), "g": f"g{rnd.randrange(5)}"})
+            out.append(("items", k, v, None))
+        else:
+            out.append(("events", f"u{rnd.randrange(40):02d}".encode(), _js({"x": rnd.randrange(50)}), None))
+    return out
+
+
+@pytest.fixture(scope="module")
+def sinks_input(kafka_bootstrap):
+    tag = uuid.uuid4().hex[:8]
+    topics = {"items": f"bfo-items-{tag}", "events": f"bfo-events-{tag}"}
+    kafka.create_topics(kafka_bootstrap, {t: PARTS for t in topics.values()})
+    history = _sinks_history(seed=21)
+    _produce_history(kafka_bootstrap, topics, history)
+    return topics, history
+
+
+def _sink_topics(bootstrap, topics, tag):
+    t = dict(topics, out_table=f"bfo-table-{tag}", out_stream=f"bfo-stream-{tag}", out_sum=f"bfo-sum-{tag}",
+             out_count=f"bfo-count-{tag}")
+    kafka.create_topics(bootstrap, {t[o]: PARTS for o in ("out_table", "out_stream", "out_sum", "out_count")})
+    return t
+
+
+@pytest.mark.integration
+def test_emit_outputs_writes_each_sinks_history_once(sinks_input, kafka_bootstrap, tmp_path, unique, report):
+    topics, history = sinks_input
+    t = _sink_topics(kafka_bootstrap, topics, unique)
+    topo = apps.sinks_for(t)
+    outs = [t["out_table"], t["out_stream"], t["out_sum"], t["out_count"]]
+    want_stores, want_out, want_dlq = _driver(topo, topics, history, outs)
+    assert want_dlq == []
+    app = f"bfo-emit-{unique}"
+    env = {apps.OUTPUT_ENVS[name]: topic for name, topic in t.items()}
+    res = run_cli(backfill_argv("tests.backfill.apps:sinks", kafka_bootstrap, app, tmp_path, "--emit-outputs"), env)
+    assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-4000:])
+
+    got = {o: _messages(kafka_bootstrap, o) for o in outs}
+    # table sinks: exactly the last record per key (tombstones included), once each
+    for o in (t["out_table"], t["out_sum"], t["out_count"]):
+        expected = _last_per_key(want_out[o])
+        assert sorted(got[o]) == expected, o
+    tombstoned = [r for r in _last_per_key(want_out[t["out_table"]]) if r[1] is None]
+    assert tombstoned, "the history must end some keys of the table sink with a tombstone"
+    # the stream sink: every record the driver produced, in order per key
+    assert len(got[t["out_stream"]]) == len(want_out[t["out_stream"]])
+    assert _per_key(got[t["out_stream"]]) == _per_key(want_out[t["out_stream"]])
+    assert _messages(kafka_bootstrap, f"{app}-dlq") == []
+    emitted = int(re.search(r"(\d+) output record\(s\) emitted", res.stdout).group(1))
+    assert emitted == sum(len(v) for v in got.values())
+    assert _merged(tmp_path, app) == want_stores
+    report(f"emitted {emitted}: table sink {len(got[t['out_table']])} keys ({len(tombstoned)} tombstones; driver "
+           f"sent {len(want_out[t['out_table']])}), stream sink {len(got[t['out_stream']])}, sum "
+           f"{len(got[t['out_sum']])} (driver {len(want_out[t['out_sum']])}), count {len(got[t['out_count']])} "
+           f"(driver {len(want_out[t['out_count']])})")
+
+
+@pytest.mark.integration
+def test_without_emit_outputs_the_sinks_stay_empty(sinks_input, kafka_bootstrap, spark, tmp_path, unique):
+    topics, history = sinks_input
+    t = _sink_topics(kafka_bootstrap, topics, unique)
+    topo = apps.sinks_for(t)
+    app = f"bfo-quiet-{unique}"
+    rep = backfill.run(topo, bootstrap_servers=kafka_bootstrap, application_id=app, state_dir=tmp_path, spark=spark)
+    assert rep.rows_read == len(history) and rep.outputs_emitted == 0 and rep.dead_lettered == 0
+    for o in ("out_table", "out_stream", "out_sum", "out_count"):
+        assert _messages(kafka_bootstrap, t[o]) == [], o
+    want_stores, _, _ = _driver(topo, topics, history)
+    assert _merged(tmp_path, app) == want_stores
+
+
+def _catalog_history(seed):
+    """Updates of 150 keys, values {"n"} with n % 3 == 0 failing the filter, 8 % tombstones: many
+    keys end with their last two real changes both failing the filter (or failing, then
+    deleted) after an earlier value that passed, so the driver's last record for them is a
+    tombstone sent at the transition."""
+    rnd = random.Random(seed)
+    return [("catalog", f"c{rnd.randrange(150):03d}".encode(),
+             None if rnd.random() < 0.08 else _js({"n": rnd.randrange(12)}), None) for _ in range(1500)]
+
+
+@pytest.mark.integration
+def test_emit_outputs_of_a_compactable_table_source(kafka_bootstrap, spark, tmp_path, unique, report):
+    """A table read only by a filter feeding a sink is compacted without outputs (last real
+    changes per key). With ``--emit-outputs`` it must not be: a key whose last changes fail the
+    filter still owes the sink the tombstone of an earlier passing value (found by this test:
+    22 of 63 tombstones were missing when it was compacted). Its sink holds exactly the driver's
+    last record per key, tombstones included."""
+    t = {"catalog": f"bfc-catalog-{unique}", "out_catalog": f"bfc-out-{unique}"}
+    kafka.create_topics(kafka_bootstrap, {v: PARTS for v in t.values()})
+    history = _catalog_history(seed=8)
+    _produce_history(kafka_bootstrap, {"catalog": t["catalog"]}, history)
+    topo = apps.compacted_sink_for(t)
+    want_stores, want_out, _ = _driver(topo, t, history, [t["out_catalog"]])
+    expected = _last_per_key(want_out[t["out_catalog"]])
+    app = f"bfc-{unique}"
+    rep = backfill.run(topo, bootstrap_servers=kafka_bootstrap, application_id=app, state_dir=tmp_path, spark=spark,
+                       emit_outputs=True)
+    got = sorted(_messages(kafka_bootstrap, t["out_catalog"]))
+    got_keys, want_keys = {r[0] for r in got}, {r[0] for r in expected}
+    report(f"compaction: {rep.compaction}; rows read {rep.rows_read}, replayed {rep.rows_replayed}; sink "
+           f"{len(got)} records vs driver's last per key {len(expected)} "
+           f"({sum(1 for r in expected if r[1] is None)} tombstones); keys only in the driver's: "
+           f"{sorted(want_keys - got_keys)[:8]}, only in the backfill's: {sorted(got_keys - want_keys)[:8]}")
+    assert backfill.job.compaction_plan(topo)[t["catalog"]] == "last real changes per key (table sink)"
+    assert rep.compaction[t["catalog"]].startswith("every record replayed (--emit-outputs"), rep.compaction
+    assert rep.rows_replayed == rep.rows_read == len(history)
+    assert sum(1 for r in expected if r[1] is None) > 20   # tombstones a compaction would have lost
+    assert _merged(tmp_path, app) == want_stores
+    assert [r for r in got if r[1] is not None] == [r for r in expected if r[1] is not None]
+    assert got == expected
+
+
+# -- poison records ------------------------------------------------------------------------------------
+poison_topology = apps.poison_for
+
+POISON = [   # (at history position, name, key, value, headers); "profiles" is a compacted source
+    (37, "accounts", b"a007", b"{not json", None),
+    (150, "accounts", None, _js({"bal": 5, "region": "eu"}), [("trace", b"t-1")]),
+    (260, "accounts", b"a013", b"\xff\xfe\x00", None),
+    (333, "accounts", b"\xff\x00k", _js({"bal": 7, "region": "us"}), [("trace", b"t-2"), ("n", None)]),
+    (401, "payments", b"a001", b"[1, 2", None),
+    (555, "accounts", b"a021", b"", None),
+    (90, "profiles", b"a030", b"{\"bal\": ", None),
+    (420, "profiles", None, _js({"bal": 50, "region": "eu"}), None),
+    (610, "profiles", b"a031", b"\xc3\x28", [("trace", b"t-3")]),
+]
+
+
+def _poison_history(seed):
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(900 - len(POISON)):
+        k = f"a{rnd.randrange(60):03d}".encode()
+        r = rnd.random()
+        if r < 0.75:
+            v = None if rnd.random() < 0.08 else _js({"bal": rnd.randrange(40),
+                                                      "region": rnd.choice(["eu", "us", "apac"])})
+            out.append(("accounts" if r < 0.5 else "profiles", k, v, None))
+        else:
+            out.append(("payments", k, _js({"amount": rnd.randrange(100)}), None))
+    for at, name, k, v, hs in sorted(POISON, key=lambda x: x[0]):   # ascending: each lands at its position
+        out.insert(at, (name, k, v, hs))
+    return out
+
+
+@pytest.mark.integration
+def test_poison_records_are_dead_lettered_once_as_the_worker_does(kafka_bootstrap, spark, tmp_path, unique, report):
+    t = {name: f"bfp-{name}-{unique}" for name in apps.POISON_ENVS}
+    kafka.create_topics(kafka_bootstrap, {v: PARTS for v in t.values()})
+    history = _poison_history(seed=3)
+    placed = _produce_history(kafka_bootstrap, {n: t[n] for n in ("accounts", "profiles", "payments")}, history)
+    topo = poison_topology(t)
+    want_stores, _, driver_dlq = _driver(topo, t, history)
+
+    # the dead-letter records to expect: each poison record as produced, its original headers, then
+    # its provenance as the broker placed it and the step and error the driver reported
+    assert len(driver_dlq) == len(POISON)
+    expected = []
+    for (at, *_), (k, v, ts, hs) in zip(sorted(POISON, key=lambda x: x[0]), driver_dlq):
+        topic, part, offset, pk, pv, pts, phs = placed[at]
+        assert (k, v, ts) == (pk, pv, pts)
+        own = hs[:len(hs) - len(DLQ_HEADERS)]
+        dlq_hs = dict(hs[len(hs) - len(DLQ_HEADERS):])
+        assert list(own) == list(phs or []) and sorted(dlq_hs) == sorted(DLQ_HEADERS)
+        expected.append((pk, pv, pts, (*own, ("dlq.source.topic", topic.encode()),
+                                       ("dlq.source.partition", str(part).encode()),
+                                       ("dlq.source.offset", str(offset).encode()),
+                                       ("dlq.step", dlq_hs["dlq.step"]), ("dlq.error", dlq_hs["dlq.error"]))))
+
+    def provenance(r):
+        h = dict(r[3])
+        return h["dlq.source.topic"], int(h["dlq.source.partition"]), int(h["dlq.source.offset"])
+
+    expected.sort(key=provenance)
+    app = f"bfp-bf-{unique}"
+    rep = backfill.run(topo, bootstrap_servers=kafka_bootstrap, application_id=app, state_dir=tmp_path / "bf",
+                       spark=spark)
+    assert rep.compaction[t["profiles"]].startswith("last real changes per key"), rep.compaction
+    assert rep.compaction[t["accounts"]].startswith("every record replayed"), rep.compaction
+    got = sorted(_messages(kafka_bootstrap, f"{app}-dlq"), key=provenance)
+    assert rep.dead_lettered == len(POISON)
+    assert got == expected
+
+    wapp = f"bfp-live-{unique}"
+    w = Worker(topo, kafka_bootstrap, wapp, tmp_path / "live", consumer_config=TEST_CONSUMER_CONFIG)
+    w.run(until_drained=True, install_signal_handlers=False)
+    live = sorted(_messages(kafka_bootstrap, f"{wapp}-dlq"), key=provenance)
+    assert live == expected
+    assert got == live
+
+    assert _merged(tmp_path / "bf", app) == want_stores
+    assert _merged(tmp_path / "live", wapp) == want_stores
+    # and task by task every contract column family, bookkeeping included, equals the live worker's
+    assert without_application_id(contract_column_families(tmp_path / "bf", app), app) == \
+        without_application_id(contract_column_families(tmp_path / "live", wapp), wapp)
+    report(f"{len(got)} dead-lettered by the backfill and by the worker, equal; steps "
+           f"{sorted({dict(r[3])['dlq.step'].decode() for r in got})}")
+
+
+@pytest.mark.integration
+def test_poison_records_under_skip_and_fail_follow_the_policy_as_the_worker_does(kafka_bootstrap, spark, tmp_path,
+                                                                                 unique, report):
+    """``on_error="skip"``: nothing dead-lettered (no dead-letter topic), stores as the driver's
+    under skip. ``on_error="fail"``: the worker stops with the record's error (exit code 6, naming
+    the record); ``processor backfill --on-error fail`` must stop the same way (exit 6, one
+    ``processor: error: record ...`` line) and leave nothing behind (no state, no build root, no
+    group offsets)."""
+    t = {name: f"bfq-{name}-{unique}" for name in apps.POISON_ENVS}
+    kafka.create_topics(kafka_bootstrap, {v: PARTS for v in t.values()})
+    history = _poison_history(seed=4)
+    placed = _produce_history(kafka_bootstrap, {n: t[n] for n in ("accounts", "profiles", "payments")}, history)
+    poison_at = {f"{placed[at][0]}[{placed[at][1]}]@{placed[at][2]}" for at, *_ in POISON}
+    topo = poison_topology(t)
+
+    with TopologyTestDriver(topo, application_id="drv", on_error="skip") as d:
+        for i, (name, k, v, hs) in enumerate(history):
+            d.pipe_raw(t[name], k, v, timestamp=T0 + i, headers=hs)
+        want = {}
+        for task in d.tasks:
+            for spec in task.store_specs:
+                want.setdefault(spec.name, {}).update(task.stores.store(spec.name).items())
+    want = {n: sorted(v.items()) for n, v in want.items()}
+    app = f"bfq-skip-{unique}"
+    rep = backfill.run(topo, bootstrap_servers=kafka_bootstrap, application_id=app, state_dir=tmp_path / "skip",
+                       spark=spark, on_error="skip")
+    assert rep.dead_lettered == 0
+    assert f"{app}-dlq" not in kafka.topic_partitions(kafka_bootstrap)
+    assert _merged(tmp_path / "skip", app) == want
+
+    w = Worker(topo, kafka_bootstrap, f"bfq-live-{unique}", tmp_path / "live", on_error="fail",
+               consumer_config=TEST_CONSUMER_CONFIG)
+    with pytest.raises(ProcessorError) as live:
+        w.run(until_drained=True, install_signal_handlers=False)
+    assert live.value.exit_code == 6
+    assert any(p in str(live.value) for p in poison_at), str(live.value)
+
+    # the command under --on-error fail: exit 6 and the record's error as one `processor: error:`
+    # line, like `processor run --on-error fail` (Spark's own log lines aside); nothing left behind
+    app = f"bfq-fail-{unique}"
+    env = {apps.POISON_ENVS[name]: topic for name, topic in t.items()}
+    res = run_cli(backfill_argv("tests.backfill.apps:poison", kafka_bootstrap, app, tmp_path / "fail",
+                                "--on-error", "fail"), env)
+    state_left = sorted(p.name for p in (tmp_path / "fail").iterdir()) if (tmp_path / "fail").exists() else []
+    last = (res.stderr.strip().splitlines() or [""])[-1]
+    report(f"worker: {type(live.value).__name__} (exit {live.value.exit_code}): {str(live.value)[:160]}")
+    telling = [ln[:240] for ln in res.stderr.splitlines()
+               if ln.startswith(("Traceback", "processor: error", "pyspark.", "processor.errors."))]
+    report(f"backfill --on-error fail: exit {res.returncode}, {len(res.stderr.splitlines())} stderr line(s), "
+           f"last: {last[:200]!r}; telling lines: {telling[:6]}")
+    assert state_left == []
+    assert all(off < 0 for off in committed_offsets(kafka_bootstrap, app, t["accounts"], PARTS).values())
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("processor: error: ")]
+    assert res.returncode == live.value.exit_code == 6, telling
+    assert len(errors) == 1 and errors[0].startswith("processor: error: record "), errors
+    assert any(p in errors[0] for p in poison_at), errors[0]
