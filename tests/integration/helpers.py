@@ -9,6 +9,7 @@ from collections import defaultdict
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from processor.engine.partitioners import MURMUR2
 from processor.runtime import kafka
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
@@ -132,37 +133,10 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -
 
 # -- foreign-key joins (partitioning, interleaved two-topic input, final tables) ---------------------
 
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 (``org.apache.kafka.common.utils.Utils.murmur2``) as an unsigned 32-bit int."""
-    m, r = 0x5BD1E995, 24
-    length = len(data)
-    h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    for i in range(0, length - length % 4, 4):
-        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    tail = length & ~3
-    rem = length % 4
-    if rem == 3:
-        h ^= data[tail + 2] << 16
-    if rem >= 2:
-        h ^= data[tail + 1] << 8
-    if rem >= 1:
-        h ^= data[tail]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h
-
-
 def key_partition(key: bytes, partitions: int) -> int:
     """The partition Java's default partitioner (and librdkafka's ``murmur2_random``) picks for a
-    non-null key: ``toPositive(murmur2(key)) % partitions``."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
+    non-null key: ``toPositive(murmur2(key)) % partitions`` (``processor.engine.partitioners``)."""
+    return MURMUR2.partition(key, partitions)
 
 
 def produce_interleaved(bootstrap: str, records, timestamp0: int = 1_000_000, chunk: int = 0,
