@@ -344,7 +344,7 @@ class _StageProgress:
 def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_split, report) -> None:
     """Runs of sub-topologies until nothing is pending. A run is one Spark job with one Spark task
     per task of the sub-topology: it reads the task's own input partitions' history (the offset
-    ranges of the snapshot, with the data source's reader, ``read_range``; Kafka partition i is
+    ranges of the snapshot, with the data source's reader, ``iter_range``; Kafka partition i is
     task i, so no shuffle is needed) and the internal rows earlier runs addressed to it."""
     topo = ctx.topo
     order = _run_order(topo)
@@ -362,7 +362,7 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
         sub, flush = None, False
         for i in order:
             has_external = i not in external_done and any(
-                e > s for (t, _), (s, e) in snapshot.items() if t in reads[i])
+                e > s or t in (archives or {}) for (t, _), (s, e) in snapshot.items() if t in reads[i])
             if has_external or pending_runs(i):
                 sub = i
                 break
@@ -374,7 +374,9 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
         t0 = time.monotonic()
         external = {}
         if sub not in external_done:
-            external = {tp: r for tp, r in snapshot.items() if tp[0] in reads[sub] and r[1] > r[0]}
+            # (a partition whose history is all in an archive, beyond Kafka's retention, counts too)
+            external = {tp: r for tp, r in snapshot.items()
+                        if tp[0] in reads[sub] and (r[1] > r[0] or tp[0] in (archives or {}))}
             external_done.add(sub)
         spec = _RunSpec(sub, run_no, flush, external, pending_runs(sub), sorted(reads[sub]),
                         {t: p for t, p in (archives or {}).items() if t in reads[sub]}, consumer_config)
