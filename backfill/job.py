@@ -503,22 +503,28 @@ def _last_changes(rows, is_poison=lambda k, v: False):
     key). The last one gives the store's value and its timestamp (of the last real change); the
     one before it lets a foreign-key join unsubscribe the previous foreign key as a replay of
     every record does."""
+    keep = _keep_last_changes(((r[3], r[4], r) for r in rows), is_poison)
+    keep.sort(key=lambda r: r[8])
+    return keep
+
+
+def _keep_last_changes(entries, is_poison) -> list:
+    """``(key, value, item)`` in offset order -> the items ``_last_changes`` keeps (unordered):
+    each key's last two real changes and every poison record."""
     last: dict = {}
-    poison = []
-    for r in rows:
-        k, v = r[3], r[4]
+    kept = []
+    for k, v, x in entries:
         if is_poison(k, v):
-            poison.append(r)
+            kept.append(x)
             continue
         ent = last.get(k)
         if ent is None:
             if v is not None:
-                last[k] = (None, r)
-        elif ent[1][4] != v:
-            last[k] = (ent[1], r)
-    keep = [x for pair in last.values() for x in pair if x is not None] + poison
-    keep.sort(key=lambda r: r[8])
-    return keep
+                last[k] = (None, x, v)
+        elif ent[2] != v:
+            last[k] = (ent[1], x, v)
+    kept += [x for prev, cur, _ in last.values() for x in (prev, cur) if x is not None]
+    return kept
 
 
 def _defers_emissions(topo, sub) -> bool:
@@ -743,27 +749,17 @@ def _message_row(m):
 def _last_changes_of_messages(batches, is_poison) -> tuple[int, list]:
     """``_last_changes`` over Kafka messages as they are read (offset order): (messages read, the
     kept rows in offset order). Only kept messages become rows."""
-    last: dict = {}
-    poison = []
-    n = 0
-    for msgs in batches:
-        n += len(msgs)
-        for m in msgs:
-            k = m.key()
-            v = m.value()
-            if is_poison(k, v):
-                poison.append(m)
-                continue
-            ent = last.get(k)
-            if ent is None:
-                if v is not None:
-                    last[k] = (None, m, v)
-            elif ent[2] != v:
-                last[k] = (ent[1], m, v)
-    keep = [_message_row(x) for prev, m, _ in last.values() for x in (prev, m) if x is not None]
-    keep += [_message_row(m) for m in poison]
+    count = [0]
+
+    def entries():
+        for msgs in batches:
+            count[0] += len(msgs)
+            for m in msgs:
+                yield m.key(), m.value(), m
+
+    keep = [_message_row(m) for m in _keep_last_changes(entries(), is_poison)]
     keep.sort(key=lambda r: r[8])
-    return n, keep
+    return count[0], keep
 
 
 def _input_rows(batch):
