@@ -49,6 +49,7 @@ import pickle
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,35 +204,48 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
     for stale in state_dir.glob(f"{application_id}.backfill-tmp-*"):   # a killed run's leftovers
         shutil.rmtree(stale, ignore_errors=True)
 
-    # 1. topics as the worker creates them; the snapshot; each source's partitioner
-    internal_counts = topo.internal_topic_partitions(counts)
-    kafka.create_topics(bootstrap_servers, {t: n for t, n in internal_counts.items() if t not in counts})
-    counts.update(internal_counts)
-    kafka.create_topics(bootstrap_servers, topo.changelog_topic_partitions(counts), config=kafka.CHANGELOG_TOPIC_CONFIG)
-    dlq = dlq_topic_for(application_id)
-    if on_error == "dlq" and dlq not in counts:
-        kafka.create_topics(bootstrap_servers, {dlq: 1})
-    changelog_topics = topo.changelog_topic_partitions(counts)
-    # one snapshot of every partition involved: the sources' history, and where the internal and
-    # changelog topics end (new topics: 0)
-    everything = snapshot_offsets(bootstrap_servers, sources + list(internal_counts) + list(changelog_topics),
-                                  consumer_config=consumer_config)
-    snapshot = {tp: r for tp, r in everything.items() if tp[0] in set(sources)}
-    internal_ends = {tp: e for tp, (_, e) in everything.items() if tp[0] in internal_counts}
-    changelog_ends = {tp: e for tp, (_, e) in everything.items() if tp[0] in changelog_topics}
-    if any(changelog_ends.values()):   # a killed backfill, or --force over an earlier run
-        log.info("changelog topics already hold records: keys the backfill does not write get tombstones")
-    choices = determine_partitioners(topo, bootstrap_servers, counts, consumer_config, application_id)
-    topo = topo.with_partitioning(choices)
-    seconds["snapshot"] = time.monotonic() - t0
-    for (t, p), (s, e) in sorted(snapshot.items()):
-        log.info("snapshot %s[%d]: offsets [%d, %d)", t, p, s, e)
-
     own_session = spark is None
-    spark = spark or _spark_session(master)
-    build_root = new_build_root(state_dir, application_id)
-    report = BackfillReport(application_id, snapshot, seconds=seconds)
+    if own_session:
+        t_session = time.monotonic()
+        spark = _spark_session(master)
+        seconds["spark session"] = time.monotonic() - t_session
+        t0 = time.monotonic()
+    # the executors' Python workers start and import the engine while the driver takes the snapshot
+    warm_up = _WarmUp(spark)
+    build_root = None
     try:
+        # 1. topics as the worker creates them; the snapshot; each source's partitioner
+        internal_counts = topo.internal_topic_partitions(counts)
+        kafka.create_topics(bootstrap_servers, {t: n for t, n in internal_counts.items() if t not in counts})
+        counts.update(internal_counts)
+        kafka.create_topics(bootstrap_servers, topo.changelog_topic_partitions(counts),
+                            config=kafka.CHANGELOG_TOPIC_CONFIG)
+        dlq = dlq_topic_for(application_id)
+        if on_error == "dlq" and dlq not in counts:
+            kafka.create_topics(bootstrap_servers, {dlq: 1})
+        changelog_topics = topo.changelog_topic_partitions(counts)
+        # one snapshot of every partition involved: the sources' history, and where the internal
+        # and changelog topics end (new topics: 0); the partitioners are sampled meanwhile (both
+        # wait on the broker, not the CPU)
+        with ThreadPoolExecutor(1) as pool:
+            sampling = pool.submit(determine_partitioners, topo, bootstrap_servers, dict(counts), consumer_config,
+                                   application_id)
+            everything = snapshot_offsets(bootstrap_servers,
+                                          sources + list(internal_counts) + list(changelog_topics),
+                                          consumer_config=consumer_config)
+            choices = sampling.result()
+        snapshot = {tp: r for tp, r in everything.items() if tp[0] in set(sources)}
+        internal_ends = {tp: e for tp, (_, e) in everything.items() if tp[0] in internal_counts}
+        changelog_ends = {tp: e for tp, (_, e) in everything.items() if tp[0] in changelog_topics}
+        if any(changelog_ends.values()):   # a killed backfill, or --force over an earlier run
+            log.info("changelog topics already hold records: keys the backfill does not write get tombstones")
+        topo = topo.with_partitioning(choices)
+        seconds["snapshot"] = time.monotonic() - t0
+        for (t, p), (s, e) in sorted(snapshot.items()):
+            log.info("snapshot %s[%d]: offsets [%d, %d)", t, p, s, e)
+        warm_up.join()
+        build_root = new_build_root(state_dir, application_id)
+        report = BackfillReport(application_id, snapshot, seconds=seconds)
         ctx = _JobContext(topo, Routing(choices, counts), counts, str(build_root), bootstrap_servers,
                           on_error, dlq, producer_config or {}, emit_outputs)
         plan = {} if emit_outputs else compaction_plan(topo)
@@ -256,13 +270,57 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
         _commit_group_offsets(bootstrap_servers, application_id, snapshot, internal_ends, consumer_config)
         seconds["install"] = time.monotonic() - t4
     finally:
-        if build_root.exists():
+        warm_up.join()
+        if build_root is not None and build_root.exists():
             shutil.rmtree(build_root, ignore_errors=True)
         if own_session:
             spark.stop()
     for line in report.lines():
         log.info("%s", line)
     return report
+
+
+def _warm_up_worker(_):
+    """In an executor: import what the tasks run (a reused Python worker keeps it)."""
+    import importlib
+
+    for name in _WARM_UP_MODULES:
+        importlib.import_module(name)
+    return os.getpid()
+
+
+_WARM_UP_MODULES = ["backfill.kafka_source", "backfill.sst", "processor.engine.task", "processor.state.memory",
+                    "pyarrow.parquet", "pyarrow.dataset"] + [f"processor.operators.{m}" for m in (
+                        "source", "sink", "filter", "map_values", "aggregate", "group_by", "table_join",
+                        "stream_join", "foreign_key_join")]
+
+
+class _WarmUp:
+    """A Spark job, in a thread, with one task per core that imports the engine in the
+    executors' Python workers (Spark reuses them), so that the first run does not pay for their
+    start; it overlaps the snapshot, which waits on the broker. A failure is only logged: the
+    runs that follow meet it again and report it."""
+
+    def __init__(self, spark):
+        import threading
+
+        self.error = None
+        n = max(1, spark.sparkContext.defaultParallelism)
+
+        def job():
+            try:
+                spark.sparkContext.parallelize(range(n), n).map(_warm_up_worker).collect()
+            except Exception as exc:   # noqa: BLE001 (reported by the runs)
+                self.error = exc
+
+        self._thread = threading.Thread(target=job, name="backfill-warm-up", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self.error is not None:
+            log.warning("backfill: warming up the executors failed: %s", str(self.error).splitlines()[0])
+            self.error = None
 
 
 class _JobContext:
@@ -295,13 +353,28 @@ class _JobContext:
 
 
 class _StageProgress:
-    """A progress bar (tqdm, on stderr) of the Spark tasks of the jobs started inside the block:
-    tasks done / total, elapsed and rate, from Spark's status tracker."""
+    """A progress bar (tqdm, on stderr) of the jobs started inside the block. With ``rows_dir``
+    (a run): rows read / ``total_rows``, rows/s, and the Spark tasks done as a postfix, from the
+    counters the run's tasks write there (``_RowCounter``); otherwise Spark tasks done / total
+    from Spark's status tracker."""
 
-    def __init__(self, spark, what: str):
+    def __init__(self, spark, what: str, rows_dir: Path | None = None, total_rows: int | None = None):
         self.spark = spark
         self.what = what
+        self.rows_dir = rows_dir
+        self.total_rows = total_rows
         self._stop = None
+
+    def _tasks(self, tracker, before) -> tuple[int, int]:
+        done = total = 0
+        for job in set(tracker.getJobIdsForGroup(None)) - before:
+            info = tracker.getJobInfo(job)
+            for sid in (info.stageIds if info else ()):
+                st = tracker.getStageInfo(sid)
+                if st:
+                    done += st.numCompletedTasks
+                    total += st.numTasks
+        return done, total
 
     def __enter__(self):
         import threading
@@ -311,21 +384,21 @@ class _StageProgress:
         tracker = self.spark.sparkContext.statusTracker()
         before = set(tracker.getJobIdsForGroup(None))
         self._stop = threading.Event()
-        bar = tqdm(desc=self.what, unit="task", leave=True, file=sys.stderr, disable=None)
+        by_rows = self.rows_dir is not None
+        bar = tqdm(desc=self.what, unit="row" if by_rows else "task", unit_scale=by_rows, leave=True,
+                   file=sys.stderr, disable=None, total=self.total_rows if by_rows else None)
 
         def poll():
             while True:
-                done = total = 0
-                for job in set(tracker.getJobIdsForGroup(None)) - before:
-                    info = tracker.getJobInfo(job)
-                    for sid in (info.stageIds if info else ()):
-                        st = tracker.getStageInfo(sid)
-                        if st:
-                            done += st.numCompletedTasks
-                            total += st.numTasks
-                if total:
-                    bar.total = total
-                bar.n = done
+                done, total = self._tasks(tracker, before)
+                if by_rows:
+                    bar.n = _RowCounter.total(self.rows_dir)
+                    if total:
+                        bar.set_postfix_str(f"tasks {done}/{total}", refresh=False)
+                else:
+                    if total:
+                        bar.total = total
+                    bar.n = done
                 bar.refresh()
                 if self._stop.wait(0.5):
                     bar.close()
@@ -338,6 +411,38 @@ class _StageProgress:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(5)
+
+
+class _RowCounter:
+    """Rows a task has read so far, in ``<rows dir>/progress/task-<id>`` (rewritten at most every
+    0.25 s, and at the end), for the driver's progress bar."""
+
+    def __init__(self, rows_dir: Path, task_id: str):
+        self.path = rows_dir / "progress" / f"task-{task_id}"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.n = 0
+        self._written = 0.0
+
+    def add(self, n: int) -> None:
+        self.n += n
+        if time.monotonic() - self._written > 0.25:
+            self.write()
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(str(self.n))
+        os.replace(tmp, self.path)
+        self._written = time.monotonic()
+
+    @staticmethod
+    def total(rows_dir: Path) -> int:
+        n = 0
+        for f in (rows_dir / "progress").glob("task-*"):
+            try:
+                n += int(f.read_text() or 0)
+            except (OSError, ValueError):   # being replaced
+                pass
+        return n
 
 
 # -- processing: runs of sub-topologies until nothing is pending ------------------------------------
@@ -381,7 +486,10 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
         spec = _RunSpec(sub, run_no, flush, external, pending_runs(sub), sorted(reads[sub]),
                         {t: p for t, p in (archives or {}).items() if t in reads[sub]}, consumer_config)
         n_tasks = ctx.tasks_of(sub)
-        with _StageProgress(spark, f"run {run_no}: sub-topology {sub}{' (flush)' if flush else ''}"):
+        total_rows = None if spec.archives else sum(e - s for (s, e) in external.values()) + sum(
+            c for r, per_topic in produced if r in spec.pending for t, c in per_topic.items() if t in reads[sub])
+        with _StageProgress(spark, f"run {run_no}: sub-topology {sub}{' (flush)' if flush else ''}",
+                            ctx.rows_dir(run_no), total_rows):
             stats = spark.sparkContext.parallelize(range(n_tasks), n_tasks).map(_TaskRun(ctx, spec)).collect()
         _raise_task_errors(stats)
         per_topic: dict[str, int] = {}
@@ -399,8 +507,11 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
         report.records_processed += n
         secs = time.monotonic() - t0
         report.runs.append((sub, flush, n, secs))
-        log.info("backfill run %d: sub-topology %d%s: %d records processed in %d task(s), %.1f s, %s",
-                 run_no, sub, " (flush)" if flush else "", n, n_tasks, secs,
+        task_secs = {k: sum(r["seconds"][k] for r in stats) for k in ("read", "process", "write")}
+        log.info("backfill run %d: sub-topology %d%s: %d records processed in %d task(s), %.1f s (in the "
+                 "tasks: reading %.1f s, processing %.1f s, writing %.1f s), %s",
+                 run_no, sub, " (flush)" if flush else "", n, n_tasks, secs, task_secs["read"],
+                 task_secs["process"], task_secs["write"],
                  ", ".join(f"{c} rows to {t}" for t, c in sorted(per_topic.items())) or "no internal rows")
         run_no += 1
 
@@ -547,21 +658,28 @@ class _RowCollector:
         self.internal_partitioner = INTERNAL
         self.origin = task_id
         self.run_no = run_no
-        self.rows = {k: [] for k in _SAVED_FIELDS}
+        self.internal: dict[tuple[str, int], list] = {}   # (topic, partition) -> rows, in send order
+        self.outputs = {k: [] for k in _SAVED_FIELDS}     # columns of the output rows
         self.seq = 0
         self.phase = 0
         self.internal_counts: dict[str, int] = {}
 
     def send(self, topic, key, value, timestamp, headers, partition=None):
-        internal = topic in self.ctx.internal
-        if not internal and topic != self.ctx.dlq and not self.ctx.emit_outputs:
-            return   # a sink record: written only with --emit-outputs
-        if internal:
+        if topic in self.ctx.internal:
             if partition is None:
                 partition = 0 if key is None else self.internal_partitioner.partition(key, self.ctx.counts[topic])
             self.internal_counts[topic] = self.internal_counts.get(topic, 0) + 1
-        r = self.rows
-        r["kind"].append("internal" if internal else "output")
+            rows = self.internal.get((topic, partition))
+            if rows is None:
+                rows = self.internal[(topic, partition)] = []
+            rows.append(("internal", topic, partition, key, value, timestamp, list(headers) if headers else None,
+                         self.origin, self.seq, self.phase))
+            self.seq += 1
+            return
+        if topic != self.ctx.dlq and not self.ctx.emit_outputs:
+            return   # a sink record: written only with --emit-outputs
+        r = self.outputs
+        r["kind"].append("output")
         r["topic"].append(topic)
         r["partition"].append(partition)
         r["key"].append(key)
@@ -573,6 +691,24 @@ class _RowCollector:
         r["phase"].append(self.phase)
         r["run"].append(self.run_no)
         self.seq += 1
+
+    def write(self, rows_dir: Path) -> None:
+        """Internal rows as one pickle per destination partition
+        (``internal/<topic>/<partition>/task-<origin>.pkl``: only this job's tasks read them);
+        output rows as Parquet (``output/``: read by Spark at the end)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for (topic, part), rows in self.internal.items():
+            d = rows_dir / "internal" / topic / str(part)
+            d.mkdir(parents=True, exist_ok=True)
+            with open(d / f"task-{self.origin}.pkl", "wb") as f:
+                pickle.dump(rows, f, protocol=pickle.HIGHEST_PROTOCOL)
+        if self.outputs["kind"]:
+            d = rows_dir / "output"
+            d.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.Table.from_pydict(self.outputs, schema=_rows_schema()),
+                           str(d / f"task-{self.origin}.parquet"))
 
     def flush(self):
         pass
@@ -638,14 +774,13 @@ class _TaskRun:
             return {"error": _error_info(exc)}
 
     def _run(self, partition):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         from processor.engine.task import Task
 
         ctx, spec = self.ctx, self.spec
         task_id = f"{spec.sub}_{partition}"
+        started = time.monotonic()
         rows, read, replayed = self._input(partition)
+        t_read = time.monotonic()
         stores, offsets = _load_stores(ctx, task_id)
         collector = _RowCollector(ctx, task_id, spec.run_no)
         task = Task(ctx.topo, spec.sub, partition, stores, collector, lambda: int(time.time() * 1000),
@@ -668,21 +803,14 @@ class _TaskRun:
         task.finish_commit(pos, outbox)
         pos, _ = task.prepare_commit()
         task.finish_commit(pos, [])
+        t_process = time.monotonic()
         _save_stores(ctx, task_id, stores, offsets)
-        if collector.seq:
-            r = collector.rows
-            by_dest: dict = {}
-            for i, kind in enumerate(r["kind"]):
-                dest = ("internal", r["topic"][i], r["partition"][i]) if kind == "internal" else ("output",)
-                by_dest.setdefault(dest, []).append(i)
-            for dest, idx in by_dest.items():
-                d = ctx.rows_dir(spec.run_no) / (f"internal/{dest[1]}/{dest[2]}" if dest[0] == "internal" else "output")
-                d.mkdir(parents=True, exist_ok=True)
-                cols = {k: [r[k][i] for i in idx] for k in r}
-                pq.write_table(pa.Table.from_pydict(cols, schema=_rows_schema()), str(d / f"task-{task_id}.parquet"))
+        collector.write(ctx.rows_dir(spec.run_no))
         task.close()
         return {"task": task_id, "records": n, "read": read, "replayed": replayed,
-                "internal": collector.internal_counts, "dead_lettered": task.dead_lettered}
+                "internal": collector.internal_counts, "dead_lettered": task.dead_lettered,
+                "seconds": {"read": t_read - started, "process": t_process - t_read,
+                            "write": time.monotonic() - t_process}}
 
     def _input(self, partition):
         """``(rows, rows read, rows replayed)``: the task's history (archived rows below each
@@ -690,12 +818,18 @@ class _TaskRun:
         internal rows of the pending runs."""
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
-        import pyarrow.parquet as pq
 
         from backfill.kafka_source import OffsetRange, iter_range
 
         ctx, spec = self.ctx, self.spec
         rows, read, replayed = [], 0, 0
+        counter = _RowCounter(ctx.rows_dir(spec.run_no), f"{spec.sub}_{partition}")
+
+        def counted(batches):
+            for msgs in batches:
+                counter.add(len(msgs))
+                yield msgs
+
         for (topic, part), (start, end) in sorted(spec.external.items()):
             if part != partition:
                 continue
@@ -705,8 +839,8 @@ class _TaskRun:
                 is_poison = _poison_filter(src.key_serde, src.value_serde)
             if topic in ctx.compacted and topic not in spec.archives:
                 # the common case, streamed: keep only each key's last two real changes
-                n, got = _last_changes_of_messages(iter_range(ctx.bootstrap_servers, split, spec.consumer_config),
-                                                   is_poison)
+                n, got = _last_changes_of_messages(
+                    counted(iter_range(ctx.bootstrap_servers, split, spec.consumer_config)), is_poison)
                 read += n
                 replayed += len(got)
                 rows.extend(got)
@@ -717,7 +851,8 @@ class _TaskRun:
                 flt = (pc.field("topic") == topic) & (pc.field("partition") == part) & (pc.field("offset") < start)
                 for b in arch.to_batches(filter=flt):
                     got.extend(_input_rows(b))
-            for msgs in iter_range(ctx.bootstrap_servers, split, spec.consumer_config):
+                    counter.add(b.num_rows)
+            for msgs in counted(iter_range(ctx.bootstrap_servers, split, spec.consumer_config)):
                 for m in msgs:
                     got.append(_message_row(m))
             got.sort(key=lambda r: r[8])
@@ -731,13 +866,12 @@ class _TaskRun:
                 d = ctx.rows_dir(run) / "internal" / topic / str(partition)
                 if not d.exists():
                     continue
-                for f in sorted(d.glob("*.parquet")):
-                    t = pq.read_table(str(f))
-                    cols = [t.column(c).to_pylist() for c in _ROW_FIELDS]
-                    for r in zip(*cols):
-                        hs = r[6]
-                        rows.append((r[0], r[1], r[2], r[3], r[4], r[5],
-                                     None if hs is None else [(h["key"], h["value"]) for h in hs], r[7], r[8], r[9]))
+                for f in sorted(d.glob("*.pkl")):
+                    with open(f, "rb") as fh:
+                        got = pickle.load(fh)
+                    rows.extend(got)
+                    counter.add(len(got))
+        counter.write()
         return rows, read, replayed
 
 
@@ -840,10 +974,11 @@ def _finalize(spark, ctx, snapshot, internal_ends, changelog_ends) -> dict[str, 
     _raise_task_errors(results)
     total: dict[str, int] = {}
     for r in results:
-        for store, n in r.items():
-            if store == "error":
-                continue
+        for store, n in r["entries"].items():
             total[store] = total.get(store, 0) + n
+    secs = {k: sum(r["seconds"][k] for r in results) for k in ("load", "changelogs", "database")}
+    log.info("backfill: %d task database(s) and changelogs written (in the tasks: loading %.1f s, changelogs "
+             "%.1f s, databases %.1f s)", len(results), secs["load"], secs["changelogs"], secs["database"])
     return total
 
 
@@ -874,6 +1009,7 @@ class _FinalizeTask:
 
         sub, partition = key
         ctx = self.ctx
+        t0 = time.monotonic()
         stores, _ = _load_stores(ctx, f"{sub}_{partition}")
         inputs = ctx.topo.source_topics(sub)
         positions = {}
@@ -893,7 +1029,11 @@ class _FinalizeTask:
             if src is None or src not in ctx.internal:
                 kept.append((k, v))
         contents[BOOKKEEPING_STORE] = kept
-        producer = Producer({**kafka.producer_defaults(ctx.bootstrap_servers), **ctx.producer_config})
+        # Not idempotent: every key goes to its changelog once (the commit record after a flush),
+        # so a retry's duplicate or reordering cannot change what a restore builds, and an
+        # idempotent producer's start costs a fixed ~0.5 s per task on the local broker.
+        producer = Producer({**kafka.producer_defaults(ctx.bootstrap_servers), "enable.idempotence": False,
+                             **ctx.producer_config})
         writes = {}
         for name, topic in changelogs.items():
             if name == TASK_STORE:
@@ -905,6 +1045,7 @@ class _FinalizeTask:
                 entries = entries + [(k, None) for k in _existing_keys(ctx.bootstrap_servers, topic, partition,
                                                                         before) if k not in ours]
             writes[(topic, partition)] = (entries, before)
+        t1 = time.monotonic()
         ends = _produce_all(producer, writes)          # every store changelog, one flush
         task_topic = changelogs[TASK_STORE]
         record = commit_record.encode(commit_record.CommitRecord(1, positions, ends))
@@ -912,8 +1053,10 @@ class _FinalizeTask:
             contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)], 0)})[(task_topic, partition)]
         contents[TASK_STORE] = sorted(dict(contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)]).items())
         checkpoint = {**positions, **ends, (task_topic, partition): task_end}
+        t2 = time.monotonic()
         build_task_database(Path(ctx.build_root) / task_dir_name(sub, partition), contents, checkpoint)
-        return {name: len(v) for name, v in contents.items() if not name.startswith("__")}
+        return {"entries": {name: len(v) for name, v in contents.items() if not name.startswith("__")},
+                "seconds": {"load": t1 - t0, "changelogs": t2 - t1, "database": time.monotonic() - t2}}
 
 
 def _existing_keys(bootstrap_servers, topic, partition, end) -> list[bytes]:

@@ -129,7 +129,8 @@ def record_decisions(bootstrap_servers: str, application_id: str, choices: dict[
     if topic not in existing:
         kafka.create_topics(bootstrap_servers, {topic: 1}, config=kafka.CHANGELOG_TOPIC_CONFIG)
         existing[topic] = 1
-    p = Producer(kafka.producer_defaults(bootstrap_servers))
+    # one record per topic, so no order to keep: not idempotent (its start costs ~0.5 s on Tansu)
+    p = Producer({**kafka.producer_defaults(bootstrap_servers), "enable.idempotence": False})
     for t, c in sorted(new.items()):
         p.produce(topic, json.dumps({"version": RECORD_VERSION, "partitioner": c.partitioner.name,
                                      "how": c.how}).encode(), t.encode())

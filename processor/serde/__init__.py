@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
 
 import fastavro
+import orjson
 
 __all__ = ["Serde", "Serdes", "StringSerde", "JsonSerde", "BytesSerde", "AvroSerde"]
 
@@ -76,6 +78,10 @@ class BytesSerde(Serde):
 _json_encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                                  allow_nan=False)
 _json_decoder = json.JSONDecoder()
+# orjson decodes to the same Python values as the standard library wherever it accepts the text,
+# except integers beyond 64 bits (it returns floats): text with a run of 19 or more digits, and
+# whatever orjson refuses (NaN, 1e400, lone surrogates...), is decided by the standard library
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 
 class JsonSerde(Serde):
@@ -91,7 +97,12 @@ class JsonSerde(Serde):
     def deserialize(self, data):
         if data is None:
             return None
-        return _json_decoder.decode(data.decode("utf-8"))
+        if not _LONG_DIGITS.search(data):
+            try:
+                return orjson.loads(data)
+            except orjson.JSONDecodeError:
+                pass
+        return _json_decoder.decode(bytes(data).decode("utf-8"))
 
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent.parent / "schemas"

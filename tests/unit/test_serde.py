@@ -1,6 +1,11 @@
 """Serdes: canonical JSON, Avro (with Confluent framing), errors with provenance."""
 
+import json
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from processor import StreamsBuilder
 from processor.errors import DeserializationError
@@ -14,6 +19,71 @@ def test_json_is_canonical():
     assert j.serialize(None) is None and j.deserialize(None) is None
     with pytest.raises(ValueError):
         j.serialize({"x": float("nan")})
+
+
+def _same(a, b) -> bool:
+    """Equal values of equal types all the way down (1 == 1.0 == True in Python; NaN != NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a == b and math.copysign(1, a) == math.copysign(1, b) or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _stdlib(data: bytes):
+    try:
+        return ("ok", json.JSONDecoder().decode(data.decode("utf-8")))
+    except (ValueError, RecursionError) as exc:   # JSONDecodeError, UnicodeDecodeError, deep nesting
+        return ("refused", type(exc).__name__)
+
+
+def _ours(data: bytes):
+    try:
+        return ("ok", Serdes.json().deserialize(data))
+    except (ValueError, RecursionError) as exc:
+        return ("refused", type(exc).__name__)
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(10 ** 30), max_value=10 ** 30)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=600, deadline=None)
+@given(_json_values)
+def test_json_decodes_what_the_standard_library_encodes_to_the_same_values(value):
+    text = json.dumps(value, ensure_ascii=False).encode("utf-8")
+    got, want = _ours(text), _stdlib(text)
+    assert got[0] == want[0] and _same(got[1], want[1]), (text, got, want)
+
+
+@pytest.mark.parametrize("text", [
+    b"123456789012345678901234567890", b"-9223372036854775809", b"9223372036854775807",
+    b'{"big": 18446744073709551616, "x": 1.5}', b"1e400", b"-1e400", b"NaN", b"Infinity",
+    b"-0", b"-0.0", b"1E5", b"0.1000000000000000055511151231257827", b'"\\ud800"',
+    b'{"a":1,"a":2}', b"\xef\xbb\xbf{}", b"\xff", b"[1,]", b"{}x", b"", b"  7 ", b'"\t"',
+    b'"tab\there"', b"[" * 2000 + b"]" * 2000])
+def test_json_decodes_edge_cases_as_the_standard_library(text):
+    got, want = _ours(text), _stdlib(text)
+    if want[0] == "refused":
+        assert got[0] == "refused", (text, got)
+    else:
+        assert got[0] == "ok" and _same(got[1], want[1]), (text, got, want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40))
+def test_json_refuses_exactly_what_the_standard_library_refuses(data):
+    got, want = _ours(data), _stdlib(data)
+    assert got[0] == want[0], (data, got, want)
+    if got[0] == "ok":
+        assert _same(got[1], want[1]), (data, got, want)
 
 
 def test_string_and_bytes():
