@@ -900,7 +900,6 @@ def _input_rows(batch):
     """Arrow rows of the Spark kafka schema -> task rows (kind, topic, partition, key, value,
     timestamp ms, headers, origin, seq = offset, phase)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     n = batch.num_rows
     keys = batch.column("key").to_pylist()
@@ -908,7 +907,10 @@ def _input_rows(batch):
     topic = batch.column("topic")[0].as_py() if n else None
     part = batch.column("partition")[0].as_py() if n else None
     offsets = batch.column("offset").to_pylist()
-    ts = pc.divide(batch.column("timestamp").cast(pa.int64()), 1000).to_pylist()
+    # epoch milliseconds whatever unit the Parquet file holds (Spark writes INT96 by default,
+    # which Arrow reads as nanoseconds; TIMESTAMP_MICROS as microseconds)
+    col = batch.column("timestamp")
+    ts = col.cast(pa.timestamp("ms", tz=col.type.tz), safe=False).cast(pa.int64()).to_pylist()
     headers = batch.column("headers")
     hs = [None] * n if headers.null_count == n else [
         None if h is None else [(x["key"], x["value"]) for x in h] for h in headers.to_pylist()]
