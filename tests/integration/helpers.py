@@ -365,18 +365,33 @@ def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_pat
         cwd=root, env=e, stdout=subprocess.DEVNULL, stderr=open(log_path, "a"))
 
 
-def task_store_bytes(task_dirs, stores) -> dict[str, dict[bytes, bytes]]:
-    """``{store: {key: value bytes}}`` over the given task databases (RocksDB, read-only use)."""
+def task_store_bytes(task_dirs, stores, by_task: bool = False) -> dict[str, dict]:
+    """``{store: {key: value bytes}}`` over the given task databases (RocksDB, read-only use).
+    Stores whose keys repeat across tasks (``_bookkeeping``: every task keeps marks for the same
+    source partitions) cannot be merged: ``by_task`` keys them ``(task directory name, key)``,
+    and merging a key found in two tasks fails (it would hide one task's value)."""
+    from pathlib import Path
+
     from processor.state.rocksdb import RocksDBDatabase
 
     out = {s: {} for s in stores}
+    seen: dict[tuple[str, bytes], str] = {}
     for d in task_dirs:
+        name = Path(d).name
         db = RocksDBDatabase(d)
         try:
             have = set(db.column_families())
             for s in stores:
-                if s in have:
-                    out[s].update(db.store(s).items())
+                if s not in have:
+                    continue
+                for k, v in db.store(s).items():
+                    if by_task:
+                        out[s][(name, k)] = v
+                        continue
+                    other = seen.setdefault((s, k), name)
+                    assert other == name, (f"store {s}: key {k!r} is in tasks {other} and {name}; "
+                                           f"compare it by_task")
+                    out[s][k] = v
         finally:
             db.close()
     return out
