@@ -307,7 +307,9 @@ class _Reader:
         t0 = last_log = last_progress = time.monotonic()
         try:
             while len(done) < len(starts):
-                msgs = c.consume(2000, 0.5)
+                # a short timeout: consume() waits all of it unless the batch fills, and the
+                # end of a partition (often an empty one) comes as a single event
+                msgs = c.consume(2000, 0.05)
                 now = time.monotonic()
                 for m in msgs:
                     tp = (m.topic(), m.partition())
@@ -363,7 +365,7 @@ def _end_offset(conf: dict, tp) -> int:
         deadline = time.monotonic() + STALL_S
         end = 0
         while time.monotonic() < deadline:
-            for m in c.consume(5000, 0.5):
+            for m in c.consume(5000, 0.05):
                 err = m.error()
                 if err is None:
                     end = m.offset() + 1

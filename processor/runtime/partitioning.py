@@ -42,7 +42,7 @@ def sample_keys(bootstrap_servers: str, topics: dict[str, int], per_partition: i
                 raise ConfigError(f"sampling keys of {sorted(topics)} for their partitioner did not "
                                   f"reach the end of {sorted(set((tp.topic, tp.partition) for tp in tps) - done)} "
                                   f"within {timeout_s:.0f} s")
-            for m in c.consume(1000, 0.2):
+            for m in c.consume(1000, 0.05):   # waits all of it unless the batch fills
                 tp = (m.topic(), m.partition())
                 err = m.error()
                 if err is not None:
