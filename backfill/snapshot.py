@@ -111,7 +111,7 @@ def _first_events(c: Consumer, positions: dict[TopicPartitionKey, int], deadline
         if time.monotonic() > deadline:
             raise ConfigError("snapshot: no record or end of partition seen within the timeout on "
                               + ", ".join(_where(k) for k in sorted(set(positions) - set(out))))
-        for m in c.consume(1000, 0.1):
+        for m in c.consume(1000, 0.02):   # (consume() waits its whole timeout unless the batch fills)
             key = (m.topic(), m.partition())
             if key in out:
                 continue
@@ -143,7 +143,7 @@ def _eof_offsets(c: Consumer, positions: dict[TopicPartitionKey, int], deadline:
             raise ConfigError("snapshot: did not reach the end of "
                               + ", ".join(_where(k) for k in sorted(set(positions) - set(out)))
                               + " within the timeout")
-        for m in c.consume(10000, 0.1):
+        for m in c.consume(10000, 0.02):
             err = m.error()
             if err is None:
                 continue
