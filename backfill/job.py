@@ -42,6 +42,7 @@ emission times.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import logging
 import os
@@ -75,8 +76,10 @@ class BackfillReport:
     runs: list = field(default_factory=list)     # (sub-topology, flush, records, seconds)
     outputs_emitted: int = 0
     dead_lettered: int = 0
+    subscriptions_superseded: int = 0            # foreign-key subscription records not sent (_RowCollector)
     seconds: dict = field(default_factory=dict)  # stage -> seconds
     installed: list = field(default_factory=list)
+    finalized: set = field(default_factory=set)  # sub-topologies whose tasks were written by their last run
 
     def lines(self) -> list[str]:
         out = [f"backfill of {self.application_id}: {self.rows_read} input rows read, {self.records_processed} "
@@ -87,6 +90,9 @@ class BackfillReport:
         for t, mode in sorted(self.compaction.items()):
             out.append(f"  source {t}: {mode}")
         out.append(f"  rows read {self.rows_read}, replayed after compaction {self.rows_replayed}")
+        if self.subscriptions_superseded:
+            out.append(f"  foreign-key subscription records superseded within a run (not sent): "
+                       f"{self.subscriptions_superseded}")
         for sub, flush, n, secs in self.runs:
             out.append(f"  run: sub-topology {sub}{' (flush)' if flush else ''}: {n} records, {secs:.1f} s")
         for store, n in sorted(self.rows_per_store.items()):
@@ -248,6 +254,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
         report = BackfillReport(application_id, snapshot, seconds=seconds)
         ctx = _JobContext(topo, Routing(choices, counts), counts, str(build_root), bootstrap_servers,
                           on_error, dlq, producer_config or {}, emit_outputs)
+        ctx.snapshot, ctx.internal_ends, ctx.changelog_ends = snapshot, internal_ends, changelog_ends
         plan = {} if emit_outputs else compaction_plan(topo)
         why = ("every record replayed (--emit-outputs: the sinks receive what every change produces)"
                if emit_outputs else "every record replayed (a reader's state depends on the history)")
@@ -256,9 +263,9 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
         _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_split, report)
         seconds["process"] = time.monotonic() - t1
         t2 = time.monotonic()
-        stats = _finalize(spark, ctx, snapshot, internal_ends, changelog_ends)
+        stats = _finalize(spark, ctx, report.finalized)
         for store, n in stats.items():
-            report.rows_per_store[store] = n
+            report.rows_per_store[store] = report.rows_per_store.get(store, 0) + n
         report.tasks = sum(1 for p in build_root.iterdir() if p.name.startswith("task-"))
         seconds["write stores"] = time.monotonic() - t2
         t3 = time.monotonic()
@@ -329,6 +336,10 @@ class _JobContext:
     def __init__(self, topo, routing, counts, build_root, bootstrap_servers, on_error, dlq, producer_config,
                  emit_outputs=False):
         self.emit_outputs = emit_outputs
+        # set once the snapshot is taken (what the checkpoints and commit records say)
+        self.snapshot: dict = {}          # (source topic, partition) -> (start, end)
+        self.internal_ends: dict = {}     # (internal topic, partition) -> end
+        self.changelog_ends: dict = {}    # (changelog topic, partition) -> end before the backfill
         # with outputs emitted, nothing is compacted: a key whose last changes fail a filter would
         # lose the tombstone its earlier passing value needs at the sink
         self.compacted = set() if emit_outputs else set(compaction_plan(topo))
@@ -341,6 +352,9 @@ class _JobContext:
         self.dlq = dlq
         self.producer_config = producer_config
         self.internal = set(topo.internal_topics())
+        # foreign-key subscription topics (their sinks route like the right table)
+        self.subscription_topics = {n.sink_topic for n in topo.nodes
+                                    if n.sink_topic and getattr(n.attrs, "route_like", None)}
 
     def tasks_of(self, sub: int) -> int:
         return max(self.counts[t] for t in self.topo.source_topics(sub))
@@ -464,6 +478,9 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
         return [r for r, per_topic in produced if r > last_run[sub] and any(per_topic.get(t) for t in reads[sub])]
 
     while True:
+        late = sorted(i for i in report.finalized if pending_runs(i))
+        if late:   # the sanity check of _receivers: a written task can take no more records
+            raise RuntimeError(f"backfill: internal error: rows for sub-topology {late[0]} after its last run")
         sub, flush = None, False
         for i in order:
             has_external = i not in external_done and any(
@@ -483,8 +500,26 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
             external = {tp: r for tp, r in snapshot.items()
                         if tp[0] in reads[sub] and (r[1] > r[0] or tp[0] in (archives or {}))}
             external_done.add(sub)
+        # the run is the sub-topology's last if nothing that may still run can send it a row (no
+        # flush to come either): its tasks then write their databases and changelogs at its end
+        final = False
+        if not flush and not _defers_emissions(topo, sub):
+            run_topics = {t for t, _ in external} | {
+                t for r, per_topic in produced if r in pending_runs(sub) for t, c in per_topic.items()
+                if c and t in reads[sub]}
+            later = [(sub, run_topics)]
+            for i in order:
+                if i == sub:
+                    continue
+                topics = {t for r, per_topic in produced if r > last_run[i]
+                          for t, c in per_topic.items() if c and t in reads[i]}
+                if i not in external_done or (_defers_emissions(topo, i) and i not in flushed):
+                    topics = set(reads[i])
+                if topics:
+                    later.append((i, topics))
+            final = sub not in _receivers(topo, later)
         spec = _RunSpec(sub, run_no, flush, external, pending_runs(sub), sorted(reads[sub]),
-                        {t: p for t, p in (archives or {}).items() if t in reads[sub]}, consumer_config)
+                        {t: p for t, p in (archives or {}).items() if t in reads[sub]}, consumer_config, final)
         n_tasks = ctx.tasks_of(sub)
         total_rows = None if spec.archives else sum(e - s for (s, e) in external.values()) + sum(
             c for r, per_topic in produced if r in spec.pending for t, c in per_topic.items() if t in reads[sub])
@@ -504,15 +539,24 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
         last_run[sub] = run_no
         if flush:
             flushed.add(sub)
+        if final:
+            report.finalized.add(sub)
+            for r in stats:
+                for store, c in r["entries"].items():
+                    report.rows_per_store[store] = report.rows_per_store.get(store, 0) + c
         report.records_processed += n
         secs = time.monotonic() - t0
         report.runs.append((sub, flush, n, secs))
-        task_secs = {k: sum(r["seconds"][k] for r in stats) for k in ("read", "process", "write")}
+        task_secs = {k: sum(r["seconds"].get(k, 0) for r in stats) for k in ("read", "process", "write")}
+        superseded = sum(r["superseded"] for r in stats)
+        report.subscriptions_superseded += superseded
         log.info("backfill run %d: sub-topology %d%s: %d records processed in %d task(s), %.1f s (in the "
-                 "tasks: reading %.1f s, processing %.1f s, writing %.1f s), %s",
+                 "tasks: reading %.1f s, processing %.1f s, writing %.1f s%s), %s%s",
                  run_no, sub, " (flush)" if flush else "", n, n_tasks, secs, task_secs["read"],
                  task_secs["process"], task_secs["write"],
-                 ", ".join(f"{c} rows to {t}" for t, c in sorted(per_topic.items())) or "no internal rows")
+                 "; its last run: task databases and changelogs written" if final else "",
+                 ", ".join(f"{c} rows to {t}" for t, c in sorted(per_topic.items())) or "no internal rows",
+                 f" ({superseded} superseded subscription records not sent)" if superseded else "")
         run_no += 1
 
 
@@ -526,6 +570,40 @@ class _RunSpec:
     reads: list             # topics the sub-topology reads
     archives: dict          # topic -> Parquet path
     consumer_config: dict | None
+    final: bool = False     # the sub-topology's last run: its tasks write their databases (_write_task)
+
+
+def _sinks_reached(topo, sub: int, topics) -> set[str]:
+    """Internal topics that records read from ``topics`` in sub-topology ``sub`` can cause
+    records on (records flow along the graph's edges only)."""
+    stack = [n for n in topo.subtopologies[sub] if n.source_topic in topics]
+    seen, out = set(), set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.sink_topic and n.attrs.internal:
+            out.add(n.sink_topic)
+        stack.extend(n.children)
+    return out
+
+
+def _receivers(topo, starts) -> set[int]:
+    """Sub-topologies that can receive an internal row, directly or through others, when the
+    ``(sub-topology, topics)`` of ``starts`` process records of those topics."""
+    readers = topo.subtopology_of_topic()
+    seen, out = set(), set()
+    work = [(sub, frozenset(topics)) for sub, topics in starts]
+    while work:
+        sub, topics = work.pop()
+        for t in _sinks_reached(topo, sub, topics):
+            r = readers[t]
+            out.add(r)
+            if (r, t) not in seen:
+                seen.add((r, t))
+                work.append((r, {t}))
+    return out
 
 
 # -- which table sources are reduced to their last real changes ------------------------------------
@@ -586,54 +664,60 @@ def compaction_plan(topo) -> dict[str, str]:
     return out
 
 
-def _poison_filter(key_serde, value_serde):
-    """``is_poison(key, value)``: what the table source would not apply (no key, or bytes that do
-    not deserialize): such records are kept whatever follows them, so the task dead-letters them
-    (or fails, or skips them) exactly as a full replay does."""
-    good_keys: set = set()
-
-    def is_poison(k, v) -> bool:
-        if k is None:
-            return True
-        try:
-            if k not in good_keys:
-                key_serde.deserialize(k)
-                good_keys.add(k)
-            if v is not None and value_serde is not None:
-                value_serde.deserialize(v)
-        except Exception:
-            return True
-        return False
-    return is_poison
-
-
-def _last_changes(rows, is_poison=lambda k, v: False):
+def _last_changes(rows, key_serde=None, value_serde=None):
     """Rows of one table partition in offset order -> the last two real changes of each key, in
     offset order, and every poison record. A real change is what the table source does not skip
     as a no-op (a value whose bytes differ from the key's current ones; a tombstone of a present
     key). The last one gives the store's value and its timestamp (of the last real change); the
     one before it lets a foreign-key join unsubscribe the previous foreign key as a replay of
-    every record does."""
-    keep = _keep_last_changes(((r[3], r[4], r) for r in rows), is_poison)
+    every record does. Poison (what the table source would not apply: no key, or bytes that do
+    not deserialize with the given serdes) is kept whatever follows it, so the task
+    dead-letters it (or fails, or skips it) exactly as a full replay does."""
+    keep = _keep_last_changes((([r[3] for r in rows], [r[4] for r in rows], rows),), key_serde, value_serde)
     keep.sort(key=lambda r: r[8])
     return keep
 
 
-def _keep_last_changes(entries, is_poison) -> list:
-    """``(key, value, item)`` in offset order -> the items ``_last_changes`` keeps (unordered):
-    each key's last two real changes and every poison record."""
-    last: dict = {}
+def _keep_last_changes(batches, key_serde, value_serde) -> list:
+    """``(keys, values, items)`` batches in offset order -> the items ``_last_changes`` keeps
+    (unordered): each key's last two real changes and every poison record. (The backfill's
+    hottest loop: every input row of a compacted table passes here once.)"""
+    kcheck = key_serde.check if key_serde is not None else None
+    vcheck = value_serde.check if value_serde is not None else None
+    last: dict = {}           # key -> (item of the change before, item of the last change, its value)
+    good_keys: set = set()
     kept = []
-    for k, v, x in entries:
-        if is_poison(k, v):
-            kept.append(x)
-            continue
-        ent = last.get(k)
-        if ent is None:
-            if v is not None:
-                last[k] = (None, x, v)
-        elif ent[2] != v:
-            last[k] = (ent[1], x, v)
+    for keys, values, items in batches:
+        for k, v, x in zip(keys, values, items):
+            ent = last.get(k)
+            if ent is None and k not in good_keys:
+                if k is None:
+                    kept.append(x)
+                    continue
+                if kcheck is not None:
+                    try:
+                        kcheck(k)
+                    except Exception:
+                        kept.append(x)
+                        continue
+                good_keys.add(k)
+            if ent is None:
+                if v is not None:
+                    if vcheck is not None:
+                        try:
+                            vcheck(v)
+                        except Exception:
+                            kept.append(x)
+                            continue
+                    last[k] = (None, x, v)
+            elif ent[2] != v:   # (bytes equal to the current value's passed the check already)
+                if v is not None and vcheck is not None:
+                    try:
+                        vcheck(v)
+                    except Exception:
+                        kept.append(x)
+                        continue
+                last[k] = (ent[1], x, v)
     kept += [x for prev, cur, _ in last.values() for x in (prev, cur) if x is not None]
     return kept
 
@@ -653,6 +737,7 @@ class _RowCollector:
 
     def __init__(self, ctx, task_id, run_no):
         from processor.engine.partitioners import INTERNAL
+        from processor.serde import subscription as wire
 
         self.ctx = ctx
         self.internal_partitioner = INTERNAL
@@ -663,15 +748,22 @@ class _RowCollector:
         self.seq = 0
         self.phase = 0
         self.internal_counts: dict[str, int] = {}
+        # (topic, partition, foreign key, primary key) -> (rows, index) of this run's latest
+        # subscription record for that pair (see ``_supersede``)
+        self._subscriptions: dict[tuple, tuple[list, int]] = {}
+        self.superseded = 0
+        self._decode_subscription = wire.decode_subscription
 
     def send(self, topic, key, value, timestamp, headers, partition=None):
         if topic in self.ctx.internal:
             if partition is None:
                 partition = 0 if key is None else self.internal_partitioner.partition(key, self.ctx.counts[topic])
-            self.internal_counts[topic] = self.internal_counts.get(topic, 0) + 1
             rows = self.internal.get((topic, partition))
             if rows is None:
                 rows = self.internal[(topic, partition)] = []
+            if topic in self.ctx.subscription_topics:
+                self._supersede(topic, partition, key, value, rows)
+            self.internal_counts[topic] = self.internal_counts.get(topic, 0) + 1
             rows.append(("internal", topic, partition, key, value, timestamp, list(headers) if headers else None,
                          self.origin, self.seq, self.phase))
             self.seq += 1
@@ -692,6 +784,29 @@ class _RowCollector:
         r["run"].append(self.run_no)
         self.seq += 1
 
+    def _supersede(self, topic, partition, fkb, value, rows) -> None:
+        """A foreign-key subscription record supersedes this run's earlier one for the same
+        (foreign key, primary key), which is then not sent: the right side's subscription store
+        ends the same without it (a later subscribe overwrites the entry, a later unsubscribe
+        deletes it, whatever the earlier record did), and the response it would cause answers a
+        left row that is no longer current (a later left change of that primary key caused the
+        later record and holds the version store, so the resolver drops the response as stale).
+        Subscription records touch no other state (their sources are not deduplicated, so no
+        high-water mark). With each table reduced to its last two changes per key, this halves
+        the foreign-key round trips of a backfill."""
+        try:
+            pk = self._decode_subscription(value).pk
+        except ValueError:
+            return   # not ours to judge: the receiver stops on it
+        pair = (topic, partition, fkb, pk)
+        prev = self._subscriptions.get(pair)
+        if prev is not None:
+            prev_rows, i = prev
+            prev_rows[i] = None
+            self.internal_counts[topic] -= 1
+            self.superseded += 1
+        self._subscriptions[pair] = (rows, len(rows))
+
     def write(self, rows_dir: Path) -> None:
         """Internal rows as one pickle per destination partition
         (``internal/<topic>/<partition>/task-<origin>.pkl``: only this job's tasks read them);
@@ -700,6 +815,10 @@ class _RowCollector:
         import pyarrow.parquet as pq
 
         for (topic, part), rows in self.internal.items():
+            if self.superseded:
+                rows = [r for r in rows if r is not None]
+            if not rows:
+                continue
             d = rows_dir / "internal" / topic / str(part)
             d.mkdir(parents=True, exist_ok=True)
             with open(d / f"task-{self.origin}.pkl", "wb") as f:
@@ -774,6 +893,17 @@ class _TaskRun:
             return {"error": _error_info(exc)}
 
     def _run(self, partition):
+        # No cyclic garbage collection during a run: the task's rows and stores are hundreds of
+        # thousands of live objects that every full collection would walk again (measured: the
+        # runs of benchmarks/backfill.py took 15 % longer with it); what a run leaves is
+        # collected once it is over.
+        gc.disable()
+        try:
+            return self._run_task(partition)
+        finally:
+            gc.enable()
+
+    def _run_task(self, partition):
         from processor.engine.task import Task
 
         ctx, spec = self.ctx, self.spec
@@ -804,13 +934,19 @@ class _TaskRun:
         pos, _ = task.prepare_commit()
         task.finish_commit(pos, [])
         t_process = time.monotonic()
-        _save_stores(ctx, task_id, stores, offsets)
         collector.write(ctx.rows_dir(spec.run_no))
         task.close()
-        return {"task": task_id, "records": n, "read": read, "replayed": replayed,
-                "internal": collector.internal_counts, "dead_lettered": task.dead_lettered,
-                "seconds": {"read": t_read - started, "process": t_process - t_read,
-                            "write": time.monotonic() - t_process}}
+        out = {"task": task_id, "records": n, "read": read, "replayed": replayed,
+               "internal": collector.internal_counts, "superseded": collector.superseded,
+               "dead_lettered": task.dead_lettered, "entries": {}}
+        if spec.final:
+            written = _write_task(ctx, spec.sub, partition, stores, time.monotonic())
+            out["entries"] = written["entries"]
+        else:
+            _save_stores(ctx, task_id, stores, offsets)
+        out["seconds"] = {"read": t_read - started, "process": t_process - t_read,
+                          "write": time.monotonic() - t_process}
+        return out
 
     def _input(self, partition):
         """``(rows, rows read, rows replayed)``: the task's history (archived rows below each
@@ -836,11 +972,11 @@ class _TaskRun:
             split = OffsetRange(topic, part, start, end)
             if topic in ctx.compacted:
                 src = ctx.topo.source_node(topic).attrs
-                is_poison = _poison_filter(src.key_serde, src.value_serde)
             if topic in ctx.compacted and topic not in spec.archives:
                 # the common case, streamed: keep only each key's last two real changes
                 n, got = _last_changes_of_messages(
-                    counted(iter_range(ctx.bootstrap_servers, split, spec.consumer_config)), is_poison)
+                    counted(iter_range(ctx.bootstrap_servers, split, spec.consumer_config)),
+                    src.key_serde, src.value_serde)
                 read += n
                 replayed += len(got)
                 rows.extend(got)
@@ -858,7 +994,7 @@ class _TaskRun:
             got.sort(key=lambda r: r[8])
             read += len(got)
             if topic in ctx.compacted:
-                got = _last_changes(got, is_poison)
+                got = _last_changes(got, src.key_serde, src.value_serde)
             replayed += len(got)
             rows.extend(got)
         for run in spec.pending:
@@ -880,18 +1016,17 @@ def _message_row(m):
             "", m.offset(), 0)
 
 
-def _last_changes_of_messages(batches, is_poison) -> tuple[int, list]:
+def _last_changes_of_messages(batches, key_serde, value_serde) -> tuple[int, list]:
     """``_last_changes`` over Kafka messages as they are read (offset order): (messages read, the
     kept rows in offset order). Only kept messages become rows."""
     count = [0]
 
-    def entries():
+    def columns():
         for msgs in batches:
             count[0] += len(msgs)
-            for m in msgs:
-                yield m.key(), m.value(), m
+            yield [m.key() for m in msgs], [m.value() for m in msgs], msgs
 
-    keep = [_message_row(m) for m in _keep_last_changes(entries(), is_poison)]
+    keep = [_message_row(m) for m in _keep_last_changes(columns(), key_serde, value_serde)]
     keep.sort(key=lambda r: r[8])
     return count[0], keep
 
@@ -966,13 +1101,17 @@ def _merge(rows):
 
 
 # -- writing: every task's database and changelogs -------------------------------------------------
-def _finalize(spark, ctx, snapshot, internal_ends, changelog_ends) -> dict[str, int]:
-    """Every task (of every sub-topology, with or without records): positions, changelogs, commit
-    record, database under the build root. Returns entries per store."""
-    tasks = [(sub, p) for sub in range(len(ctx.topo.subtopologies)) for p in range(ctx.tasks_of(sub))]
-    fin = _FinalizeTask(ctx, snapshot, internal_ends, changelog_ends)
+def _finalize(spark, ctx, finalized: set) -> dict[str, int]:
+    """Every task of every sub-topology not in ``finalized`` (with or without records; those
+    of ``finalized`` were written by their last run): positions, changelogs, commit record,
+    database under the build root. Returns entries per store."""
+    tasks = [(sub, p) for sub in range(len(ctx.topo.subtopologies)) if sub not in finalized
+             for p in range(ctx.tasks_of(sub))]
+    if not tasks:
+        return {}
     with _StageProgress(spark, f"writing {len(tasks)} task database(s) and changelogs"):
-        results = spark.sparkContext.parallelize(tasks, max(1, min(len(tasks), 64))).map(fin).collect()
+        results = spark.sparkContext.parallelize(tasks, max(1, min(len(tasks), 64))).map(
+            _FinalizeTask(ctx)).collect()
     _raise_task_errors(results)
     total: dict[str, int] = {}
     for r in results:
@@ -985,80 +1124,83 @@ def _finalize(spark, ctx, snapshot, internal_ends, changelog_ends) -> dict[str, 
 
 
 class _FinalizeTask:
-    def __init__(self, ctx, snapshot, internal_ends, changelog_ends):
+    """A task that no run wrote (``parallelize(...).map``): its saved stores (none: empty) ->
+    ``_write_task``."""
+
+    def __init__(self, ctx):
         self.ctx = ctx
-        self.snapshot = snapshot
-        self.internal_ends = internal_ends
-        self.changelog_ends = changelog_ends
 
     def __call__(self, key):
         from processor.errors import ProcessorError
 
         try:
-            return self._run(key)
+            sub, partition = key
+            t0 = time.monotonic()
+            stores, _ = _load_stores(self.ctx, f"{sub}_{partition}")
+            return _write_task(self.ctx, sub, partition, stores, t0)
         except ProcessorError as exc:
             return {"error": _error_info(exc)}
 
-    def _run(self, key):
-        from confluent_kafka import Producer
 
-        from processor import provenance
-        from processor.runtime import kafka
-        from processor.state import commit_record
-        from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
+def _write_task(ctx, sub, partition, stores, t0) -> dict:
+    """A task's final stores -> its changelogs, commit record and database under the build root
+    (positions: the snapshot for sources, the end now for internal topics). Returns entries per
+    contract store and seconds (``load``: from ``t0`` to the changelogs)."""
+    from confluent_kafka import Producer
 
-        from backfill.sst import build_task_database, task_dir_name
+    from processor import provenance
+    from processor.runtime import kafka
+    from processor.state import commit_record
+    from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
 
-        sub, partition = key
-        ctx = self.ctx
-        t0 = time.monotonic()
-        stores, _ = _load_stores(ctx, f"{sub}_{partition}")
-        inputs = ctx.topo.source_topics(sub)
-        positions = {}
-        for t in inputs:
-            if t in ctx.internal:
-                positions[(t, partition)] = self.internal_ends.get((t, partition), 0)
-            else:
-                positions[(t, partition)] = self.snapshot[(t, partition)][1]
-        changelogs = ctx.topo.changelogs_of(sub)
-        contents = {name: list(stores.store(name).items()) for name in changelogs}
-        # high-water marks of records whose source is an internal topic: those records were rows
-        # of a shuffle, never in Kafka, so no replay of them can come; their (virtual) offsets must
-        # not hold back the records the worker sends to those topics from their real end on
-        kept = []
-        for k, v in contents[BOOKKEEPING_STORE]:
-            src = provenance.mark_source(k)
-            if src is None or src not in ctx.internal:
-                kept.append((k, v))
-        contents[BOOKKEEPING_STORE] = kept
-        # Not idempotent: every key goes to its changelog once (the commit record after a flush),
-        # so a retry's duplicate or reordering cannot change what a restore builds, and an
-        # idempotent producer's start costs a fixed ~0.5 s per task on the local broker.
-        producer = Producer({**kafka.producer_defaults(ctx.bootstrap_servers), "enable.idempotence": False,
-                             **ctx.producer_config})
-        writes = {}
-        for name, topic in changelogs.items():
-            if name == TASK_STORE:
-                continue
-            before = self.changelog_ends.get((topic, partition), 0)
-            entries = contents[name]
-            if before:   # records of an earlier (killed or replaced) run: tombstone what we do not write
-                ours = {k for k, _ in entries}
-                entries = entries + [(k, None) for k in _existing_keys(ctx.bootstrap_servers, topic, partition,
-                                                                        before) if k not in ours]
-            writes[(topic, partition)] = (entries, before)
-        t1 = time.monotonic()
-        ends = _produce_all(producer, writes)          # every store changelog, one flush
-        task_topic = changelogs[TASK_STORE]
-        record = commit_record.encode(commit_record.CommitRecord(1, positions, ends))
-        task_end = _produce_all(producer, {(task_topic, partition): (
-            contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)], 0)})[(task_topic, partition)]
-        contents[TASK_STORE] = sorted(dict(contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)]).items())
-        checkpoint = {**positions, **ends, (task_topic, partition): task_end}
-        t2 = time.monotonic()
-        build_task_database(Path(ctx.build_root) / task_dir_name(sub, partition), contents, checkpoint)
-        return {"entries": {name: len(v) for name, v in contents.items() if not name.startswith("__")},
-                "seconds": {"load": t1 - t0, "changelogs": t2 - t1, "database": time.monotonic() - t2}}
+    from backfill.sst import build_task_database, task_dir_name
+
+    inputs = ctx.topo.source_topics(sub)
+    positions = {}
+    for t in inputs:
+        if t in ctx.internal:
+            positions[(t, partition)] = ctx.internal_ends.get((t, partition), 0)
+        else:
+            positions[(t, partition)] = ctx.snapshot[(t, partition)][1]
+    changelogs = ctx.topo.changelogs_of(sub)
+    contents = {name: list(stores.store(name).items()) for name in changelogs}
+    # high-water marks of records whose source is an internal topic: those records were rows
+    # of a shuffle, never in Kafka, so no replay of them can come; their (virtual) offsets must
+    # not hold back the records the worker sends to those topics from their real end on
+    kept = []
+    for k, v in contents[BOOKKEEPING_STORE]:
+        src = provenance.mark_source(k)
+        if src is None or src not in ctx.internal:
+            kept.append((k, v))
+    contents[BOOKKEEPING_STORE] = kept
+    # Not idempotent: every key goes to its changelog once (the commit record after a flush),
+    # so a retry's duplicate or reordering cannot change what a restore builds, and an
+    # idempotent producer's start costs a fixed ~0.5 s per task on the local broker.
+    producer = Producer({**kafka.producer_defaults(ctx.bootstrap_servers), "enable.idempotence": False,
+                         **ctx.producer_config})
+    writes = {}
+    for name, topic in changelogs.items():
+        if name == TASK_STORE:
+            continue
+        before = ctx.changelog_ends.get((topic, partition), 0)
+        entries = contents[name]
+        if before:   # records of an earlier (killed or replaced) run: tombstone what we do not write
+            ours = {k for k, _ in entries}
+            entries = entries + [(k, None) for k in _existing_keys(ctx.bootstrap_servers, topic, partition,
+                                                                    before) if k not in ours]
+        writes[(topic, partition)] = (entries, before)
+    t1 = time.monotonic()
+    ends = _produce_all(producer, writes)          # every store changelog, one flush
+    task_topic = changelogs[TASK_STORE]
+    record = commit_record.encode(commit_record.CommitRecord(1, positions, ends))
+    task_end = _produce_all(producer, {(task_topic, partition): (
+        contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)], 0)})[(task_topic, partition)]
+    contents[TASK_STORE] = sorted(dict(contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)]).items())
+    checkpoint = {**positions, **ends, (task_topic, partition): task_end}
+    t2 = time.monotonic()
+    build_task_database(Path(ctx.build_root) / task_dir_name(sub, partition), contents, checkpoint)
+    return {"entries": {name: len(v) for name, v in contents.items() if not name.startswith("__")},
+            "seconds": {"load": t1 - t0, "changelogs": t2 - t1, "database": time.monotonic() - t2}}
 
 
 def _existing_keys(bootstrap_servers, topic, partition, end) -> list[bytes]:
@@ -1072,7 +1214,7 @@ def _existing_keys(bootstrap_servers, topic, partition, end) -> list[bytes]:
     c = Consumer(conf)
     keys: dict[bytes, None] = {}
     try:
-        c.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        kafka.assign(c, [TopicPartition(topic, partition, OFFSET_BEGINNING)])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             for m in c.consume(1000, 0.2):

@@ -31,7 +31,7 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from processor.errors import ConfigError
-from processor.runtime.kafka import consumer_defaults, topic_partitions
+from processor.runtime.kafka import assign, consumer_defaults, topic_partitions
 
 TopicPartitionKey = tuple[str, int]
 
@@ -55,7 +55,7 @@ def snapshot_offsets(bootstrap_servers: str, topics, timeout_s: float = 30.0,
     if not keys:
         return {}
     conf = consumer_defaults(bootstrap_servers)
-    conf.update({"isolation.level": "read_uncommitted", "fetch.wait.max.ms": 50})
+    conf.update({"isolation.level": "read_uncommitted", "fetch.wait.max.ms": 10})
     conf.update(consumer_config or {})
     conf.update({"group.id": f"backfill-snapshot-{time.time_ns()}", "enable.partition.eof": True,
                  "enable.auto.commit": False, "auto.offset.reset": "error"})
@@ -105,7 +105,7 @@ def _where(key: TopicPartitionKey) -> str:
 def _first_events(c: Consumer, positions: dict[TopicPartitionKey, int], deadline: float) -> dict:
     """``{key: ("msg", offset, cached high watermark) | ("eof", offset, None)}``: the first event
     of each partition read from ``positions``."""
-    c.assign([TopicPartition(t, p, off) for (t, p), off in positions.items()])
+    assign(c, [TopicPartition(t, p, off) for (t, p), off in positions.items()])
     out: dict = {}
     while len(out) < len(positions):
         if time.monotonic() > deadline:

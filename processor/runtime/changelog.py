@@ -45,6 +45,7 @@ from processor import provenance
 from processor.errors import ChangelogMismatch, ConfigError
 from processor.state import commit_record
 from processor.state.store import TASK_STORE
+from processor.runtime import kafka
 
 log = logging.getLogger("processor.restore")
 
@@ -300,7 +301,7 @@ class _Reader:
         if not starts:
             return
         c = self.consumer
-        c.assign([TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in starts.items()])
+        kafka.assign(c, [TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in starts.items()])
         done: set = set()
         n = 0
         checked = False
@@ -361,7 +362,7 @@ def _end_offset(conf: dict, tp) -> int:
     """The end of a partition, read from its beginning to partition EOF (no latest-offset query)."""
     c = Consumer({**conf, "auto.offset.reset": "earliest"})
     try:
-        c.assign([TopicPartition(tp[0], tp[1], OFFSET_BEGINNING)])
+        kafka.assign(c, [TopicPartition(tp[0], tp[1], OFFSET_BEGINNING)])
         deadline = time.monotonic() + STALL_S
         end = 0
         while time.monotonic() < deadline:

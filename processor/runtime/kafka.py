@@ -22,6 +22,18 @@ CHANGELOG_TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1", "cleanu
 KAFKA_LOGGER = logging.getLogger("processor.kafka")
 
 
+def assign(consumer: Consumer, partitions: list, timeout_s: float = 10.0) -> None:
+    """``consumer.assign(partitions)``, with the metadata of their topics fetched first where
+    a partition starts at a logical offset (BEGINNING, END): librdkafka queries such an offset
+    at once only if it knows the partition's leader, and otherwise on a 500 ms retry timer
+    (measured on the local broker: first record 0.52 s after assign, 0.08 s with the metadata
+    known). Explicit offsets need no query."""
+    if any(tp.offset < 0 for tp in partitions):
+        for topic in dict.fromkeys(tp.topic for tp in partitions if tp.offset < 0):
+            consumer.list_topics(topic, timeout=timeout_s)
+    consumer.assign(partitions)
+
+
 def consumer_defaults(bootstrap_servers: str) -> dict:
     return {
         "bootstrap.servers": bootstrap_servers,
@@ -103,7 +115,7 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0,
     c = Consumer(conf)
     by_part: dict[int, list] = {p: [] for p in range(parts)}
     try:
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(parts)])
+        assign(c, [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(parts)])
         done: set[int] = set()
         deadline = time.monotonic() + timeout_s
         while len(done) < parts:
@@ -138,7 +150,7 @@ def partitions_with_records_from(bootstrap_servers: str, positions: dict[tuple[s
     c = Consumer(conf)
     more: set[tuple[str, int]] = set()
     try:
-        c.assign([TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in positions.items()])
+        assign(c, [TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in positions.items()])
         done: set[tuple[str, int]] = set()
         deadline = time.monotonic() + timeout_s
         while len(done) < len(positions):

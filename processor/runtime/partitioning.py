@@ -35,7 +35,7 @@ def sample_keys(bootstrap_servers: str, topics: dict[str, int], per_partition: i
     tps = [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in topics.items() for p in range(n)]
     done: set[tuple[str, int]] = set()
     try:
-        c.assign(tps)
+        kafka.assign(c, tps)
         deadline = time.monotonic() + timeout_s
         while len(done) < len(tps):
             if time.monotonic() > deadline:

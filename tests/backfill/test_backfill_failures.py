@@ -150,8 +150,8 @@ def _wait_for_built_task(proc, state, app, log_path, timeout_s: float = 300.0) -
 def test_killed_backfill_leaves_nothing_and_a_rerun_succeeds(kill_at, history, kafka_bootstrap, tmp_path,
                                                              unique, report):
     """SIGKILL the command when its log shows the first run done (history still being
-    processed), or when the first task database appears in its build root (the runs are done;
-    changelogs are being written, task databases built); then no ``task-*`` directory, no
+    processed), or when the first task database appears in its build root (a sub-topology's
+    last run, or the final stage, is writing changelogs and building task databases); then no ``task-*`` directory, no
     committed group offsets; the same command again exits 0, removes the killed run's build
     root, and leaves stores equal to the uninterrupted backfill's; a worker on an empty state
     directory restores the same bytes from the changelogs (for the late kill: the killed run's
@@ -187,7 +187,9 @@ def test_killed_backfill_leaves_nothing_and_a_rerun_succeeds(kill_at, history, k
     if kill_at == "first-run":
         assert runs_logged < len(history["report"].runs) and changelog_records == 0
     else:
-        assert runs_logged == len(history["report"].runs) and changelog_records > 0
+        # a sub-topology's last run writes its tasks' changelogs and databases: the kill came
+        # during or after the first such run
+        assert runs_logged >= 1 and changelog_records > 0
 
     t1 = time.monotonic()
     rerun = run_cli(argv, history["env"])

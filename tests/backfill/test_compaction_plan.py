@@ -95,12 +95,11 @@ def test_replaying_the_last_two_changes_leaves_the_stores_of_a_full_replay():
 
 
 def test_poison_records_are_kept_whatever_follows_them():
-    from backfill.job import _poison_filter
     from processor.serde import Serdes
 
     rows = [row(0, b"a", b'{"x":1}'), row(1, None, b'{"x":2}'), row(2, b"a", b"not json"),
             row(3, b"a", b'{"x":3}'), row(4, b"a", b'{"x":4}')]
-    kept = _last_changes(rows, _poison_filter(Serdes.string(), Serdes.json()))
+    kept = _last_changes(rows, Serdes.string(), Serdes.json())
     # the keyless record and the undeserializable one stay (the task dead-letters them, as a full
     # replay does); of the real changes, the last two
     assert [r[8] for r in kept] == [1, 2, 3, 4]

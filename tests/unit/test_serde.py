@@ -86,6 +86,33 @@ def test_json_refuses_exactly_what_the_standard_library_refuses(data):
         assert _same(got[1], want[1]), (data, got, want)
 
 
+_EDGE_TEXTS = [
+    b"123456789012345678901234567890", b"1e400", b"NaN", b"Infinity", b'"\\ud800"', b"\xff", b"[1,]",
+    b"{}x", b"", b"  7 ", b'"\t"', b'{"a":1,"a":2}', b"\xef\xbb\xbf{}", b"[" * 200 + b"]" * 200,
+    b"[" * 255 + b"]" * 255, b"[" * 2000 + b"]" * 2000, b"[" * 2000, b'{"customer":"c-1","amount":5}']
+
+
+def _check_outcome(serde, data):
+    try:
+        serde.check(data)
+        return "ok"
+    except Exception:
+        return "refused"
+
+
+@pytest.mark.parametrize("text", _EDGE_TEXTS)
+def test_json_check_refuses_exactly_what_deserialize_refuses(text):
+    serde = Serdes.json()
+    assert _check_outcome(serde, text) == _ours(text)[0], text
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=40), _json_values.map(lambda v: json.dumps(v).encode())))
+def test_json_check_agrees_with_deserialize_on_any_bytes(data):
+    serde = Serdes.json()
+    assert _check_outcome(serde, data) == _ours(data)[0], data
+
+
 def test_string_and_bytes():
     assert Serdes.string().serialize("héllo") == "héllo".encode()
     assert Serdes.string().deserialize(b"abc") == "abc"
