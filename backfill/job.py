@@ -296,8 +296,9 @@ def _warm_up_worker(_):
     return os.getpid()
 
 
-_WARM_UP_MODULES = ["backfill.kafka_source", "backfill.sst", "processor.engine.task", "processor.state.memory",
-                    "pyarrow.parquet", "pyarrow.dataset"] + [f"processor.operators.{m}" for m in (
+# (Arrow, for archives and outputs only, is imported where those are)
+_WARM_UP_MODULES = ["backfill.range_reader", "backfill.sst", "processor.engine.task", "processor.state.memory",
+                    "confluent_kafka"] + [f"processor.operators.{m}" for m in (
                         "source", "sink", "filter", "map_values", "aggregate", "group_by", "table_join",
                         "stream_join", "foreign_key_join")]
 
@@ -753,11 +754,20 @@ class _RowCollector:
         self._subscriptions: dict[tuple, tuple[list, int]] = {}
         self.superseded = 0
         self._decode_subscription = wire.decode_subscription
+        self._partitions: dict[tuple[str, bytes], int] = {}   # (internal topic, key) -> partition
 
     def send(self, topic, key, value, timestamp, headers, partition=None):
         if topic in self.ctx.internal:
             if partition is None:
-                partition = 0 if key is None else self.internal_partitioner.partition(key, self.ctx.counts[topic])
+                if key is None:
+                    partition = 0
+                else:   # (keys repeat: group-by keys above all)
+                    partition = self._partitions.get((topic, key))
+                    if partition is None:
+                        if len(self._partitions) >= 1 << 16:
+                            self._partitions.clear()
+                        partition = self._partitions[(topic, key)] = self.internal_partitioner.partition(
+                            key, self.ctx.counts[topic])
             rows = self.internal.get((topic, partition))
             if rows is None:
                 rows = self.internal[(topic, partition)] = []
@@ -952,10 +962,7 @@ class _TaskRun:
         """``(rows, rows read, rows replayed)``: the task's history (archived rows below each
         range, then Kafka's, each partition in offset order; compactable tables reduced) and the
         internal rows of the pending runs."""
-        import pyarrow.compute as pc
-        import pyarrow.dataset as ds
-
-        from backfill.kafka_source import OffsetRange, iter_range
+        from backfill.range_reader import Range, iter_range
 
         ctx, spec = self.ctx, self.spec
         rows, read, replayed = [], 0, 0
@@ -969,7 +976,7 @@ class _TaskRun:
         for (topic, part), (start, end) in sorted(spec.external.items()):
             if part != partition:
                 continue
-            split = OffsetRange(topic, part, start, end)
+            split = Range(topic, part, start, end)
             if topic in ctx.compacted:
                 src = ctx.topo.source_node(topic).attrs
             if topic in ctx.compacted and topic not in spec.archives:
@@ -983,6 +990,9 @@ class _TaskRun:
                 continue
             got = []
             if topic in spec.archives:
+                import pyarrow.compute as pc
+                import pyarrow.dataset as ds
+
                 arch = ds.dataset(spec.archives[topic], format="parquet")
                 flt = (pc.field("topic") == topic) & (pc.field("partition") == part) & (pc.field("offset") < start)
                 for b in arch.to_batches(filter=flt):

@@ -31,7 +31,6 @@ Readers run in the executors and yield Arrow record batches of ``ARROW_SCHEMA``,
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from functools import reduce
 from typing import Iterator
@@ -45,12 +44,11 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField,
                                StructType, TimestampType)
 
+from backfill.range_reader import BATCH_ROWS, iter_range
 from processor.errors import ConfigError
 
 FORMAT = "processor-kafka"
 DEFAULT_MAX_RECORDS_PER_SPLIT = 200_000
-BATCH_ROWS = 10_000          # rows per Arrow record batch a reader yields
-STALL_TIMEOUT_S = 60.0       # a split that sees no record and no EOF this long fails
 
 SCHEMA = StructType([
     StructField("key", BinaryType()),
@@ -142,67 +140,6 @@ def read_range(bootstrap_servers: str, split: OffsetRange, consumer_config: dict
             yield cols.batch(split.topic, split.partition)
     if len(cols):
         yield cols.batch(split.topic, split.partition)
-
-
-def iter_range(bootstrap_servers: str, split: OffsetRange, consumer_config: dict | None = None,
-               batch_rows: int = BATCH_ROWS) -> Iterator[list]:
-    """The records of ``split`` as lists of confluent-kafka Messages, in offset order: exactly the
-    offsets ``start <= offset < end`` (see the module invariants; the backfill's tasks read their
-    partitions with it directly)."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    from processor.runtime.kafka import consumer_defaults
-
-    where = f"{split.topic}[{split.partition}] offsets [{split.start}, {split.end})"
-    if split.end <= split.start:
-        return
-    conf = consumer_defaults(bootstrap_servers)
-    conf.update({"isolation.level": "read_uncommitted", "fetch.wait.max.ms": 50,
-                 "max.partition.fetch.bytes": 8 << 20})
-    conf.update(consumer_config or {})
-    conf.update({"group.id": f"backfill-reader-{time.time_ns()}", "enable.partition.eof": True,
-                 "enable.auto.commit": False, "auto.offset.reset": "error"})
-    c = Consumer(conf)
-    try:
-        tp = TopicPartition(split.topic, split.partition, split.start)
-        c.assign([tp])
-        quiet_since = time.monotonic()
-        while True:
-            msgs = c.consume(batch_rows, 0.1)
-            if not msgs:
-                # Tansu answers a fetch above the high watermark with nothing, not OFFSET_OUT_OF_RANGE.
-                high = c.get_watermark_offsets(tp, cached=True)[1]
-                if 0 <= high < split.start:
-                    raise ConfigError(f"reading {where}: the partition ends at {high}, below the range "
-                                      "(topic truncated or recreated)")
-                if time.monotonic() - quiet_since > STALL_TIMEOUT_S:
-                    raise ConfigError(f"reading {where}: no record and no end of partition "
-                                      f"within {STALL_TIMEOUT_S:.0f} s")
-                continue
-            quiet_since = time.monotonic()
-            out = []
-            done = False
-            for m in msgs:
-                err = m.error()
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        raise ConfigError(f"reading {where}: {err.str()}")
-                    if m.offset() < split.end:
-                        raise ConfigError(f"reading {where}: the partition ends at {m.offset()}, below "
-                                          "the snapshot (topic truncated or recreated, or the snapshot "
-                                          "was taken with another isolation.level)")
-                    done = True
-                    break
-                if m.offset() >= split.end:
-                    done = True
-                    break
-                out.append(m)
-            if out:
-                yield out
-            if done:
-                return
-    finally:
-        c.close()
 
 
 class _Columns:

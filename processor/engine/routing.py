@@ -45,11 +45,17 @@ class PartitionerChoice:
         return f"{self.partitioner.name} ({self.how}{'; checked as consumed' if self.checked else ''})"
 
 
+ROUTE_CACHE_ENTRIES = 1 << 16
+
+
 class Routing:
     def __init__(self, choices: dict[str, PartitionerChoice] | None = None,
                  partition_counts: dict[str, int] | None = None):
         self.choices = dict(choices or {})
         self.partition_counts = dict(partition_counts or {})
+        # (like topic, sink topic, key) -> partition: foreign keys repeat (many left rows per
+        # right key), and the partitioners are pure Python
+        self._routes: dict[tuple[str, str, bytes], int] = {}
 
     def partitioner_of(self, topic: str) -> Partitioner:
         choice = self.choices.get(topic)
@@ -58,10 +64,17 @@ class Routing:
     def route(self, like_topic: str, sink_topic: str, key: bytes) -> int | None:
         """The partition of ``sink_topic`` that ``key`` goes to under ``like_topic``'s partitioner
         (None where the host has no partition count: a one-partition host such as the driver)."""
-        n = self.partition_counts.get(sink_topic)
-        if n is None:
-            return None
-        return self.partitioner_of(like_topic).partition(key, n)
+        ck = (like_topic, sink_topic, key)
+        p = self._routes.get(ck)
+        if p is None:
+            n = self.partition_counts.get(sink_topic)
+            if n is None:
+                return None
+            p = self.partitioner_of(like_topic).partition(key, n)
+            if len(self._routes) >= ROUTE_CACHE_ENTRIES:
+                self._routes.clear()
+            self._routes[ck] = p
+        return p
 
     def checks(self, topics) -> dict[str, tuple[Partitioner, int, PartitionerChoice]]:
         """``{topic: (partitioner, partition count, choice)}`` for the checked topics among ``topics``."""
