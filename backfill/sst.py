@@ -137,7 +137,9 @@ def build_task_database(tmp_dir: str | os.PathLike, column_families: Mapping[str
         ssts = {}
         for i, (name, entries) in enumerate(column_families.items()):
             ssts[name] = write_sst(staging / f"{i}.sst", entries)
-        db = RocksDBDatabase(partial)      # options, __meta format_version: as the worker opens it
+        # options, __meta format_version: as the worker opens it; every column family at once
+        db = RocksDBDatabase(partial, column_families=[TASK_STORE, *column_families,
+                                                       *RESERVED_COLUMN_FAMILIES])
         try:
             ingest = rocksdict.IngestExternalFileOptions()
             ingest.set_move_files(True)

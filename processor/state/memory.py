@@ -1,36 +1,52 @@
-"""In-memory key-value store (test driver, backfill replay). Keys kept sorted (sortedcontainers)."""
+"""In-memory key-value store (test driver, backfill replay).
+
+Invariant: ordered reads (`range`, `prefix`, `items`) see keys in bytewise order, exactly as
+RocksDB's default comparator would. Point reads and writes go to a plain dict; the sorted key
+index (sortedcontainers) is built on the first ordered read and kept up to date from then on,
+so a store that is only ever read by key (most aggregate and table stores) never pays for
+ordering until its contents are written out.
+"""
 
 from __future__ import annotations
 
-from sortedcontainers import SortedDict
+from sortedcontainers import SortedList
 
 from processor.state.store import prefix_upper_bound
+
+_MISSING = object()
 
 
 class MemoryStore:
     def __init__(self, name: str):
         self.name = name
-        self._data = SortedDict()
+        self._data: dict = {}
+        self._sorted: SortedList | None = None  # built on the first ordered read
 
     def get(self, key):
         return self._data.get(key)
 
     def put(self, key, value):
+        if self._sorted is not None and key not in self._data:
+            self._sorted.add(key)
         self._data[key] = value
 
     def delete(self, key):
-        self._data.pop(key, None)
+        if self._data.pop(key, _MISSING) is not _MISSING and self._sorted is not None:
+            self._sorted.remove(key)
 
     def put_all(self, entries):
         for k, v in entries:
             if v is None:
-                self._data.pop(k, None)
+                self.delete(k)
             else:
-                self._data[k] = v
+                self.put(k, v)
 
     def range(self, lo=None, hi=None):
-        for k in list(self._data.irange(lo, hi, inclusive=(True, False))):
-            yield k, self._data[k]
+        if self._sorted is None:
+            self._sorted = SortedList(self._data)
+        data = self._data
+        for k in list(self._sorted.irange(lo, hi, inclusive=(True, False))):
+            yield k, data[k]
 
     def prefix(self, prefix):
         return self.range(prefix, prefix_upper_bound(prefix))

@@ -20,6 +20,7 @@ their existing column families.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 
 import rocksdict
@@ -121,13 +122,16 @@ class RocksDBStore:
 class RocksDBDatabase:
     """The database of one task. Use ``store(name)``, ``commit(offsets)``, ``close()``."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, column_families: Iterable[str] = ()):
+        """Open (or create) the database at ``path``; ``column_families`` names column families
+        to create at open when missing (one manifest write for all of them instead of one each:
+        the backfill knows every store of a task up front)."""
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._opts = _options()
         try:
             existing = rocksdict.Rdict.list_cf(str(self.path)) if (self.path / "CURRENT").exists() else []
-            cfs = {name: self._opts for name in existing if name != "default"}
+            cfs = {name: self._opts for name in [*existing, *column_families] if name != "default"}
             self._db = rocksdict.Rdict(str(self.path), self._opts, column_families=cfs)
         except Exception as exc:
             raise StateError(f"cannot open state database {self.path}: {exc}") from exc
