@@ -19,6 +19,9 @@ from processor.errors import ConfigError
 
 BATCH_ROWS = 10_000          # records per batch a reader yields
 STALL_TIMEOUT_S = 60.0       # a split that sees no record and no EOF this long fails
+# consume() waits its whole timeout unless the batch fills, so the last (short) batch of every
+# split costs this much idle time: keep it short (librdkafka prefetches in the background anyway)
+CONSUME_WAIT_S = 0.01
 
 
 class Range(NamedTuple):
@@ -55,7 +58,7 @@ def iter_range(bootstrap_servers: str, split, consumer_config: dict | None = Non
         c.assign([tp])
         quiet_since = time.monotonic()
         while True:
-            msgs = c.consume(batch_rows, 0.1)
+            msgs = c.consume(batch_rows, CONSUME_WAIT_S)
             if not msgs:
                 # Tansu answers a fetch above the high watermark with nothing, not OFFSET_OUT_OF_RANGE.
                 high = c.get_watermark_offsets(tp, cached=True)[1]

@@ -88,6 +88,15 @@ _json_decoder = json.JSONDecoder()
 # except integers beyond 64 bits (it returns floats): text with a run of 19 or more digits, and
 # whatever orjson refuses (NaN, 1e400, lone surrogates...), is decided by the standard library
 _LONG_DIGITS = re.compile(rb"[0-9]{19}")
+_DIGITS = b"0123456789"
+
+
+def _may_hold_long_integer(data) -> bool:
+    """Whether ``data`` has a run of 19 or more digits. Counting digits (one C pass) rules most
+    text out faster than the regular expression scans it."""
+    if type(data) is bytes and len(data) - len(data.translate(None, _DIGITS)) < 19:
+        return False
+    return _LONG_DIGITS.search(data) is not None
 
 
 class JsonSerde(Serde):
@@ -103,7 +112,7 @@ class JsonSerde(Serde):
     def deserialize(self, data):
         if data is None:
             return None
-        if not _LONG_DIGITS.search(data):
+        if not _may_hold_long_integer(data):
             try:
                 return orjson.loads(data)
             except orjson.JSONDecodeError:

@@ -68,7 +68,8 @@ def test_json_decodes_what_the_standard_library_encodes_to_the_same_values(value
     b'{"big": 18446744073709551616, "x": 1.5}', b"1e400", b"-1e400", b"NaN", b"Infinity",
     b"-0", b"-0.0", b"1E5", b"0.1000000000000000055511151231257827", b'"\\ud800"',
     b'{"a":1,"a":2}', b"\xef\xbb\xbf{}", b"\xff", b"[1,]", b"{}x", b"", b"  7 ", b'"\t"',
-    b'"tab\there"', b"[" * 2000 + b"]" * 2000])
+    b'"tab\there"', b"[" * 2000 + b"]" * 2000,
+    b"[1234567890,123456789,1]", b'{"t":12345678901234567890}', b"[1.5e-7,12345678901234567890]"])
 def test_json_decodes_edge_cases_as_the_standard_library(text):
     got, want = _ours(text), _stdlib(text)
     if want[0] == "refused":
