@@ -119,7 +119,7 @@ def _spark_session(master: str | None):
 
 
 def _refuse_existing(bootstrap_servers, application_id, state_dir: Path, topics, counts, consumer_config) -> None:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     from processor.runtime import kafka
 
@@ -132,7 +132,7 @@ def _refuse_existing(bootstrap_servers, application_id, state_dir: Path, topics,
     conf = kafka.consumer_defaults(bootstrap_servers)
     conf.update(consumer_config or {})
     conf["group.id"] = application_id
-    c = Consumer(conf)
+    c = kafka.new_consumer(conf, "checking the group's committed offsets")
     try:
         committed = c.committed([TopicPartition(t, p) for t in topics for p in range(counts[t])], timeout=30)
     finally:
@@ -171,17 +171,27 @@ def _run_order(topo) -> list[int]:
 def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=None,
         emit_outputs: bool = False, archives: dict | None = None, force: bool = False,
         master: str | None = None, on_error: str = "dlq", consumer_config: dict | None = None,
-        producer_config: dict | None = None, max_records_per_split: int | None = None) -> BackfillReport:
+        producer_config: dict | None = None, max_records_per_split: int | None = None,
+        client_config=None) -> BackfillReport:
     """Rebuild every task's stores of ``topology`` for ``application_id`` from topic history into
-    ``state_dir`` and hand over to the worker (see the module docstring)."""
+    ``state_dir`` and hand over to the worker (see the module docstring). ``client_config``
+    (``processor.runtime.client_config.ClientConfig``) reaches every client the driver and the
+    executors open; ``consumer_config`` / ``producer_config`` are layered over its kinds."""
     from processor.engine.routing import Routing
     from processor.engine.task import dlq_topic_for
     from processor.runtime import kafka
+    from processor.runtime.client_config import ClientConfig
     from processor.runtime.partitioning import determine_partitioners
 
     from backfill.snapshot import snapshot_offsets
     from backfill.sst import install_task_databases, new_build_root
 
+    config = ((client_config or ClientConfig()).with_kind("consumer", consumer_config)
+              .with_kind("producer", producer_config))
+    # every client below, in the driver and (through the job context) the executors, gets them
+    bootstrap_servers = kafka.cluster_of(bootstrap_servers, config)
+    consumer_config = config.for_kind("consumer") or None
+    producer_config = config.for_kind("producer") or None
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
     topo = topology.for_application(application_id)
@@ -352,6 +362,8 @@ class _JobContext:
         self.on_error = on_error
         self.dlq = dlq
         self.producer_config = producer_config
+        # executors log as the driver does (in local mode their stderr is the driver's console)
+        self.log_level = logging.getLogger().getEffectiveLevel()
         self.internal = set(topo.internal_topics())
         # foreign-key subscription topics (their sinks route like the right table)
         self.subscription_topics = {n.sink_topic for n in topo.nodes
@@ -885,6 +897,14 @@ def _save_stores(ctx, task_id, stores, offsets) -> None:
     os.replace(tmp, path)
 
 
+def _executor_logging(level: int) -> None:
+    """In an executor's Python worker: log to stderr at the driver's level, once per process."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=level, stream=sys.stderr,
+                            format=f"%(asctime)s %(levelname)s %(name)s [executor {os.getpid()}]: %(message)s")
+
+
 class _TaskRun:
     """One run of one sub-topology, for one task (``parallelize(...).map``): its history and the
     internal rows addressed to it -> that task, resumed from its saved stores -> its rows
@@ -897,6 +917,7 @@ class _TaskRun:
     def __call__(self, partition):
         from processor.errors import ProcessorError
 
+        _executor_logging(self.ctx.log_level)
         try:
             return self._run(partition)
         except ProcessorError as exc:   # back to the driver as data: Spark would wrap it
@@ -1156,8 +1177,6 @@ def _write_task(ctx, sub, partition, stores, t0) -> dict:
     """A task's final stores -> its changelogs, commit record and database under the build root
     (positions: the snapshot for sources, the end now for internal topics). Returns entries per
     contract store and seconds (``load``: from ``t0`` to the changelogs)."""
-    from confluent_kafka import Producer
-
     from processor import provenance
     from processor.runtime import kafka
     from processor.state import commit_record
@@ -1186,8 +1205,8 @@ def _write_task(ctx, sub, partition, stores, t0) -> dict:
     # Not idempotent: every key goes to its changelog once (the commit record after a flush),
     # so a retry's duplicate or reordering cannot change what a restore builds, and an
     # idempotent producer's start costs a fixed ~0.5 s per task on the local broker.
-    producer = Producer({**kafka.producer_defaults(ctx.bootstrap_servers), "enable.idempotence": False,
-                         **ctx.producer_config})
+    producer = kafka.new_producer({**kafka.producer_defaults(ctx.bootstrap_servers), "enable.idempotence": False,
+                                   **ctx.producer_config}, f"changelogs of task {sub}_{partition}")
     writes = {}
     for name, topic in changelogs.items():
         if name == TASK_STORE:
@@ -1215,13 +1234,13 @@ def _write_task(ctx, sub, partition, stores, t0) -> dict:
 
 def _existing_keys(bootstrap_servers, topic, partition, end) -> list[bytes]:
     """The keys of ``topic[partition]`` below ``end`` (a changelog an earlier run wrote)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
     from processor.runtime import kafka
 
     conf = kafka.consumer_defaults(bootstrap_servers)
     conf.update({"group.id": f"backfill-keys-{time.time_ns()}", "fetch.wait.max.ms": 50})
-    c = Consumer(conf)
+    c = kafka.new_consumer(conf, f"reading the keys of changelog {topic}[{partition}]")
     keys: dict[bytes, None] = {}
     try:
         kafka.assign(c, [TopicPartition(topic, partition, OFFSET_BEGINNING)])
@@ -1285,7 +1304,6 @@ def _table_sinks(topo) -> set[str]:
 def _emit(spark, ctx, emit_outputs: bool) -> tuple[int, int]:
     """Produce the output rows: dead-letter records always (the on-error policy), sink records
     with ``emit_outputs`` (table sinks: last record per key). Returns (outputs, dead-lettered)."""
-    from confluent_kafka import Producer
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
@@ -1307,7 +1325,8 @@ def _emit(spark, ctx, emit_outputs: bool) -> tuple[int, int]:
         selected = selected.unionByName(streams)
         if table_rows is not None:
             selected = selected.unionByName(table_rows)
-    producer = Producer({**kafka.producer_defaults(ctx.bootstrap_servers), **ctx.producer_config})
+    producer = kafka.new_producer({**kafka.producer_defaults(ctx.bootstrap_servers), **ctx.producer_config},
+                                  "backfill outputs")
     outputs = dead = 0
     errors = []
     for r in selected.orderBy("run", "origin", "seq").toLocalIterator():
@@ -1334,14 +1353,14 @@ def _emit(spark, ctx, emit_outputs: bool) -> tuple[int, int]:
 
 
 def _commit_group_offsets(bootstrap_servers, application_id, snapshot, internal_ends, consumer_config) -> None:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     from processor.runtime import kafka
 
     conf = kafka.consumer_defaults(bootstrap_servers)
     conf.update(consumer_config or {})
     conf["group.id"] = application_id
-    c = Consumer(conf)
+    c = kafka.new_consumer(conf, "committing the group's offsets at the snapshot")
     try:
         offsets = [TopicPartition(t, p, e) for (t, p), (_, e) in sorted(snapshot.items())]
         offsets += [TopicPartition(t, p, e) for (t, p), e in sorted(internal_ends.items()) if e > 0]

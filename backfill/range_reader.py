@@ -39,9 +39,9 @@ def iter_range(bootstrap_servers: str, split, consumer_config: dict | None = Non
     """The records of ``split`` as lists of confluent-kafka Messages, in offset order: exactly the
     offsets ``start <= offset < end`` (see the module invariants; the backfill's tasks read their
     partitions with it directly)."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
 
-    from processor.runtime.kafka import consumer_defaults
+    from processor.runtime.kafka import consumer_defaults, new_consumer
 
     where = f"{split.topic}[{split.partition}] offsets [{split.start}, {split.end})"
     if split.end <= split.start:
@@ -52,7 +52,7 @@ def iter_range(bootstrap_servers: str, split, consumer_config: dict | None = Non
     conf.update(consumer_config or {})
     conf.update({"group.id": f"backfill-reader-{time.time_ns()}", "enable.partition.eof": True,
                  "enable.auto.commit": False, "auto.offset.reset": "error"})
-    c = Consumer(conf)
+    c = new_consumer(conf, f"reading {where}")
     try:
         tp = TopicPartition(split.topic, split.partition, split.start)
         c.assign([tp])

@@ -31,7 +31,7 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from processor.errors import ConfigError
-from processor.runtime.kafka import assign, consumer_defaults, topic_partitions
+from processor.runtime.kafka import assign, consumer_defaults, new_consumer, topic_partitions
 
 TopicPartitionKey = tuple[str, int]
 
@@ -60,7 +60,7 @@ def snapshot_offsets(bootstrap_servers: str, topics, timeout_s: float = 30.0,
     conf.update({"group.id": f"backfill-snapshot-{time.time_ns()}", "enable.partition.eof": True,
                  "enable.auto.commit": False, "auto.offset.reset": "error"})
     deadline = time.monotonic() + timeout_s
-    c = Consumer(conf)
+    c = new_consumer(conf, "the snapshot of source partitions")
     try:
         # 1. start: the first event of each partition read from the beginning.
         first = _first_events(c, {k: OFFSET_BEGINNING for k in keys}, deadline)

@@ -3,6 +3,13 @@
     processor demo [--bootstrap-servers B] [--records N]
     processor run MODULE:ATTR --bootstrap-servers B --application-id ID --state-dir DIR
                   [--processing-guarantee at_least_once|exactly_once] [--startup-timeout-s S]
+                  [--config KEY=VALUE ...] [--config-file client.properties]
+                  [--consumer-config | --producer-config | --admin-config KEY=VALUE ...]
+    processor backfill MODULE:ATTR ... (see ``add_backfill_arguments``)
+
+Every flag can come from the environment instead: ``PROCESSOR_<FLAG_NAME>``
+(``PROCESSOR_BOOTSTRAP_SERVERS``, ``PROCESSOR_CONFIG`` with one KEY=VALUE per line,
+``PROCESSOR_TOPOLOGY`` for MODULE:ATTR); the command line wins.
     processor describe MODULE:ATTR
     processor broker [--port P]
 
@@ -91,14 +98,13 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a topology as a consumer-group worker")
     r.add_argument("topology", metavar="MODULE:ATTR")
-    r.add_argument("--bootstrap-servers", required=True)
+    r.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (or bootstrap.servers in --config-file)")
     r.add_argument("--application-id", required=True)
     r.add_argument("--state-dir", required=True)
     r.add_argument("--commit-interval-ms", type=int, default=1000)
     r.add_argument("--on-error", choices=["dlq", "skip", "fail"], default="dlq",
                    help="what to do with a record that does not deserialize (default: dlq)")
-    r.add_argument("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra librdkafka consumer setting (repeatable)")
+    add_client_arguments(r)
     r.add_argument("--processing-guarantee", choices=["at_least_once", "exactly_once"],
                    default="at_least_once",
                    help="exactly_once: outputs, changelogs and input offsets of each commit in one "
@@ -123,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
 def add_backfill_arguments(bf: argparse.ArgumentParser) -> None:
     """The arguments of ``processor backfill`` (also ``python -m backfill``, for spark-submit)."""
     bf.add_argument("topology", metavar="MODULE:ATTR")
-    bf.add_argument("--bootstrap-servers", required=True)
+    bf.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (or bootstrap.servers in --config-file)")
     bf.add_argument("--application-id", required=True)
     bf.add_argument("--state-dir", required=True)
     bf.add_argument("--master", default=None, help="Spark master (default local[*]; ignored under spark-submit)")
@@ -133,18 +139,55 @@ def add_backfill_arguments(bf: argparse.ArgumentParser) -> None:
                     help="Parquet archive (Spark kafka schema) of records older than the topic's earliest offset")
     bf.add_argument("--force", action="store_true", help="replace existing state / ignore committed group offsets")
     bf.add_argument("--on-error", choices=["dlq", "skip", "fail"], default="dlq")
-    bf.add_argument("--consumer-config", action="append", default=[], metavar="KEY=VALUE")
+    add_client_arguments(bf)
+
+
+def add_client_arguments(p: argparse.ArgumentParser) -> None:
+    """Kafka client settings for every client a command opens (processor/runtime/client_config.py)."""
+    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="librdkafka setting for every Kafka client (repeatable; security settings go here)")
+    p.add_argument("--config-file", action="append", default=[], metavar="PATH",
+                   help="Java .properties client settings (client.properties) for every Kafka client; "
+                        "--config entries override it")
+    for kind in ("consumer", "producer", "admin"):
+        p.add_argument(f"--{kind}-config", action="append", default=[], metavar="KEY=VALUE",
+                       help=f"librdkafka setting for {kind} clients only, over --config (repeatable)")
+
+
+def client_config_from_args(args):
+    """The ClientConfig of the parsed arguments; fills ``args.bootstrap_servers`` from a config
+    file's ``bootstrap.servers`` when the flag is absent (and refuses two different ones)."""
+    from processor.runtime.client_config import build_client_config
+
+    config = build_client_config(args.config_file, args.config, args.consumer_config,
+                                 args.producer_config, args.admin_config)
+    given = config.common.pop("bootstrap.servers", None)
+    if given is not None:
+        if not args.bootstrap_servers:
+            args.bootstrap_servers = given
+        elif given != args.bootstrap_servers:
+            raise ConfigError(f"bootstrap.servers {given!r} in --config/--config-file differs from "
+                              f"--bootstrap-servers {args.bootstrap_servers!r}")
+    for kind in ("consumer", "producer", "admin"):
+        if getattr(config, kind).pop("bootstrap.servers", None) is not None:
+            raise ConfigError(f"--{kind}-config: set bootstrap.servers with --bootstrap-servers")
+    if not args.bootstrap_servers:
+        raise ConfigError("--bootstrap-servers is required (or bootstrap.servers in --config-file, "
+                          "or PROCESSOR_BOOTSTRAP_SERVERS)")
+    return config
 
 
 def run_backfill_command(args) -> int:
     import backfill
 
+    config = client_config_from_args(args)
     topology = resolve_topology(args.topology)
+    if not config.is_empty():
+        logging.getLogger("processor.backfill").info("Kafka client settings: %s", config.describe())
     report = backfill.run(topology, bootstrap_servers=args.bootstrap_servers,
                           application_id=args.application_id, state_dir=args.state_dir,
                           emit_outputs=args.emit_outputs, archives=_kv(args.archive), force=args.force,
-                          master=args.master, on_error=args.on_error,
-                          consumer_config=_kv(args.consumer_config) or None)
+                          master=args.master, on_error=args.on_error, client_config=config)
     for line in report.lines():
         print(line, flush=True)
     return 0
@@ -160,11 +203,61 @@ def _kv(pairs: list[str]) -> dict:
     return out
 
 
+ENV_PREFIX = "PROCESSOR_"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def environment_variable(action: argparse.Action) -> str:
+    """``--bootstrap-servers`` -> ``PROCESSOR_BOOTSTRAP_SERVERS``; a positional by its name."""
+    longs = [o for o in action.option_strings if o.startswith("--")]
+    name = longs[0][2:] if longs else action.dest
+    return ENV_PREFIX + name.upper().replace("-", "_")
+
+
+def apply_environment(parser: argparse.ArgumentParser, environ) -> None:
+    """Every flag of every command (and each command's MODULE:ATTR, ``PROCESSOR_TOPOLOGY``) takes
+    its default from ``PROCESSOR_<FLAG_NAME>`` when set (containers, Kubernetes); a flag given
+    on the command line wins, and a repeatable flag's entries (one per line of the variable)
+    come before the command line's."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                apply_environment(sub, environ)
+            continue
+        if isinstance(action, argparse._HelpAction):
+            continue
+        name = environment_variable(action)
+        if name not in environ:
+            continue
+        raw = environ[name]
+        if isinstance(action, argparse._StoreTrueAction):
+            if raw.strip().lower() not in _TRUE + _FALSE:
+                raise ConfigError(f"{name}={raw!r}: expected true or false")
+            action.default = raw.strip().lower() in _TRUE
+        elif isinstance(action, argparse._AppendAction):
+            action.default = [line for line in raw.splitlines() if line.strip()]
+        else:
+            if action.choices is not None and raw not in action.choices:
+                raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(map(str, action.choices))}")
+            action.default = raw            # argparse converts a string default with ``type``
+            action.required = False
+            if not action.option_strings:   # a positional: optional once the environment names it
+                action.nargs = "?"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    try:
+        apply_environment(parser, os.environ)
+    except ConfigError as exc:
+        print(f"processor: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    args = parser.parse_args(argv)
     level = args.log_level or ("INFO" if args.command in ("run", "backfill") else "WARNING")
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(max(logging.getLevelName(level), logging.WARNING))  # Spark's RPC chatter
     # librdkafka chatter (connection retries) is noise next to our own one-line errors
     logging.getLogger("processor.kafka").setLevel(max(logging.getLevelName(level), logging.ERROR)
                                                   if args.command != "run" else level)
@@ -182,10 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             from processor.runtime.worker import Worker
 
+            config = client_config_from_args(args)
             topology = resolve_topology(args.topology)
+            if not config.is_empty():
+                logging.getLogger("processor.worker").info("Kafka client settings: %s", config.describe())
             worker = Worker(topology, args.bootstrap_servers, args.application_id, args.state_dir,
                             commit_interval_ms=args.commit_interval_ms, on_error=args.on_error,
-                            consumer_config=_kv(args.consumer_config),
+                            client_config=config,
                             startup_timeout_s=args.startup_timeout_s,
                             processing_guarantee=args.processing_guarantee)
             worker.run()

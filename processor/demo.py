@@ -15,7 +15,6 @@ import random
 import tempfile
 import time
 
-from confluent_kafka import Producer
 
 from processor import Emit, StreamsBuilder, TimeWindows
 from processor.graph import AggregateAttrs
@@ -161,7 +160,7 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
         kafka.create_topics(bootstrap_servers, {t: 4 for t in names})
         data = demo_input(records)
         customers = demo_customers()
-        p = Producer(kafka.producer_defaults(bootstrap_servers))
+        p = kafka.new_producer(kafka.producer_defaults(bootstrap_servers), "the demo's input")
         for k, v, ts in customers[:45]:
             p.produce(t_customers, v, k, timestamp=ts)
         for i, (k, v, ts) in enumerate(data):

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from processor import provenance
 from processor.errors import ChangelogMismatch, ConfigError
@@ -172,7 +172,7 @@ def restore_tasks(targets: list[RestoreTarget], consumer_config: dict, stop=None
     conf["auto.offset.reset"] = "error"      # an offset past the end is a mismatch, not "earliest"
     conf["enable.partition.eof"] = True
     conf["fetch.wait.max.ms"] = 50
-    consumer = Consumer(conf)
+    consumer = kafka.new_consumer(conf, "restoring task stores")
     try:
         names = {}
         for t in targets:
@@ -360,7 +360,7 @@ class _Reader:
 
 def _end_offset(conf: dict, tp) -> int:
     """The end of a partition, read from its beginning to partition EOF (no latest-offset query)."""
-    c = Consumer({**conf, "auto.offset.reset": "earliest"})
+    c = kafka.new_consumer({**conf, "auto.offset.reset": "earliest"}, "finding a changelog's end")
     try:
         kafka.assign(c, [TopicPartition(tp[0], tp[1], OFFSET_BEGINNING)])
         deadline = time.monotonic() + STALL_S

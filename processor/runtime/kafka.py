@@ -1,14 +1,22 @@
-"""Kafka client settings and admin helpers shared by the worker, the demo, the benchmark and tests."""
+"""Kafka client settings and admin helpers shared by the worker, the demo, the benchmark and tests.
+
+Every client the processor opens is built here: ``consumer_defaults`` / ``producer_defaults``
+give a role's settings with the user's (``client_config.KafkaCluster``) layered over them, and
+``new_consumer`` / ``new_producer`` / ``admin`` open it, logging which role opened which
+settings (secrets redacted) and translating librdkafka's refusal of a setting into a
+ConfigError. Each helper's ``bootstrap_servers`` is a bootstrap string or a ``KafkaCluster``.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from processor.errors import BrokerUnreachable, ConfigError
+from processor.runtime.client_config import ClientConfig, KafkaCluster, describe_settings, is_secret
 
 # Explicit retention on every topic we create: some brokers (Tansu) report back only the
 # settings given at creation, and tools break on a missing retention key.
@@ -20,6 +28,38 @@ CHANGELOG_TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1", "cleanu
 
 # librdkafka's own log lines go to Python logging instead of raw stderr.
 KAFKA_LOGGER = logging.getLogger("processor.kafka")
+# one DEBUG line per client opened: its role and settings (secrets redacted)
+CLIENTS_LOGGER = logging.getLogger("processor.clients")
+
+
+def cluster_of(bootstrap_servers, config: ClientConfig | None = None) -> KafkaCluster:
+    """A ``KafkaCluster`` for a bootstrap string (no user settings unless ``config``) or the
+    cluster itself; ``config`` replaces a given cluster's settings."""
+    if isinstance(bootstrap_servers, KafkaCluster):
+        return bootstrap_servers if config is None else KafkaCluster(bootstrap_servers.bootstrap_servers, config)
+    return KafkaCluster(str(bootstrap_servers), config or ClientConfig())
+
+
+def new_consumer(conf: dict, role: str) -> Consumer:
+    return _open(Consumer, "consumer", conf, role)
+
+
+def new_producer(conf: dict, role: str) -> Producer:
+    return _open(Producer, "producer", conf, role)
+
+
+def _open(cls, kind: str, conf: dict, role: str):
+    shown = {k: v for k, v in conf.items() if k not in ("logger", "on_delivery", "error_cb")}
+    if CLIENTS_LOGGER.isEnabledFor(logging.DEBUG):
+        CLIENTS_LOGGER.debug("opening %s for %s: %s", kind, role, describe_settings(shown))
+    try:
+        return cls(conf)
+    except (KafkaException, ValueError, TypeError) as exc:
+        text = str(exc.args[0].str() if isinstance(exc, KafkaException) and exc.args else exc)
+        for k, v in conf.items():
+            if is_secret(k) and isinstance(v, str) and v:
+                text = text.replace(v, "*****")
+        raise ConfigError(f"Kafka client settings of the {kind} for {role} refused: {text}") from None
 
 
 def assign(consumer: Consumer, partitions: list, timeout_s: float = 10.0) -> None:
@@ -34,9 +74,11 @@ def assign(consumer: Consumer, partitions: list, timeout_s: float = 10.0) -> Non
     consumer.assign(partitions)
 
 
-def consumer_defaults(bootstrap_servers: str) -> dict:
-    return {
-        "bootstrap.servers": bootstrap_servers,
+def consumer_defaults(bootstrap_servers: str | KafkaCluster) -> dict:
+    """A consumer's settings: the defaults below, then the cluster's common and consumer settings."""
+    cluster = cluster_of(bootstrap_servers)
+    return {**{
+        "bootstrap.servers": cluster.bootstrap_servers,
         "logger": KAFKA_LOGGER,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -47,12 +89,14 @@ def consumer_defaults(bootstrap_servers: str) -> dict:
         "queued.min.messages": 100000,
         "enable.partition.eof": True,
         "allow.auto.create.topics": False,
-    }
+    }, **cluster.config.for_kind("consumer")}
 
 
-def producer_defaults(bootstrap_servers: str) -> dict:
-    return {
-        "bootstrap.servers": bootstrap_servers,
+def producer_defaults(bootstrap_servers: str | KafkaCluster) -> dict:
+    """A producer's settings: the defaults below, then the cluster's common and producer settings."""
+    cluster = cluster_of(bootstrap_servers)
+    return {**{
+        "bootstrap.servers": cluster.bootstrap_servers,
         "logger": KAFKA_LOGGER,
         "linger.ms": 5,
         "batch.num.messages": 10000,
@@ -63,11 +107,14 @@ def producer_defaults(bootstrap_servers: str) -> dict:
         "enable.idempotence": True,
         # Java's partitioner: the same key lands on the same partition as with Kafka Streams.
         "partitioner": "murmur2_random",
-    }
+    }, **cluster.config.for_kind("producer")}
 
 
-def admin(bootstrap_servers: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap_servers, "logger": KAFKA_LOGGER})
+def admin(bootstrap_servers: str | KafkaCluster, role: str = "topic administration") -> AdminClient:
+    cluster = cluster_of(bootstrap_servers)
+    return _open(AdminClient, "admin client", {"bootstrap.servers": cluster.bootstrap_servers,
+                                               "logger": KAFKA_LOGGER, **cluster.config.for_kind("admin")},
+                 role)
 
 
 def topic_partitions(bootstrap_servers: str, timeout_s: float = 10.0) -> dict[str, int]:
@@ -112,7 +159,7 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0,
     conf["group.id"] = f"reader-{topic}-{time.time_ns()}"
     conf["isolation.level"] = isolation_level
     conf["fetch.wait.max.ms"] = 50   # a one-off reader: reach partition EOF quickly
-    c = Consumer(conf)
+    c = new_consumer(conf, f"reading {topic}")
     by_part: dict[int, list] = {p: [] for p in range(parts)}
     try:
         assign(c, [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(parts)])
@@ -147,7 +194,7 @@ def partitions_with_records_from(bootstrap_servers: str, positions: dict[tuple[s
     conf["group.id"] = f"probe-{time.time_ns()}"
     conf["isolation.level"] = isolation_level
     conf["fetch.wait.max.ms"] = 50
-    c = Consumer(conf)
+    c = new_consumer(conf, "probing partition ends")
     more: set[tuple[str, int]] = set()
     try:
         assign(c, [TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in positions.items()])

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from processor.engine.routing import PartitionerChoice, decide_partitioners
 from processor.errors import ConfigError
@@ -29,7 +29,7 @@ def sample_keys(bootstrap_servers: str, topics: dict[str, int], per_partition: i
                  "isolation.level": "read_uncommitted"})
     conf.update({k: v for k, v in (consumer_config or {}).items() if k not in ("group.id",)})
     conf["enable.partition.eof"] = True
-    c = Consumer(conf)
+    c = kafka.new_consumer(conf, "sampling source keys (partitioner detection)")
     out: dict[str, list] = {t: [] for t in topics}
     counts: dict[tuple[str, int], int] = {}
     tps = [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in topics.items() for p in range(n)]
@@ -130,7 +130,8 @@ def record_decisions(bootstrap_servers: str, application_id: str, choices: dict[
         kafka.create_topics(bootstrap_servers, {topic: 1}, config=kafka.CHANGELOG_TOPIC_CONFIG)
         existing[topic] = 1
     # one record per topic, so no order to keep: not idempotent (its start costs ~0.5 s on Tansu)
-    p = Producer({**kafka.producer_defaults(bootstrap_servers), "enable.idempotence": False})
+    p = kafka.new_producer({**kafka.producer_defaults(bootstrap_servers), "enable.idempotence": False},
+                           "recording partitioner decisions")
     for t, c in sorted(new.items()):
         p.produce(topic, json.dumps({"version": RECORD_VERSION, "partitioner": c.partitioner.name,
                                      "how": c.how}).encode(), t.encode())

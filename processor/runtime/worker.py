@@ -43,12 +43,13 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from processor.engine.routing import Routing
 from processor.errors import ChangelogMismatch, ConfigError, ProcessorError
 from processor.graph import AggregateAttrs
 from processor.runtime import kafka
+from processor.runtime.client_config import ClientConfig
 from processor.runtime.partitioning import determine_partitioners
 from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, RestoreTarget, restore_tasks
 from processor.runtime.state_lock import StateDirLock
@@ -82,14 +83,16 @@ class KafkaCollector:
         self.errors: list[str] = []
         self.transactional = transactional_id is not None
         if self.transactional:
-            self.producer = Producer({**producer_config, "transactional.id": transactional_id,
-                                      "delivery.report.only.error": False})
+            self.producer = kafka.new_producer({**producer_config, "transactional.id": transactional_id,
+                                                "delivery.report.only.error": False},
+                                               "outputs, changelogs and offsets (transactional)")
             self.changelog_producer = self.producer
         else:
-            self.producer = Producer({**producer_config, "delivery.report.only.error": True,
-                                      "on_delivery": self.on_delivery_error})
-            self.changelog_producer = Producer({**producer_config, "delivery.report.only.error": False,
-                                                "on_delivery": self.on_delivery_error})
+            self.producer = kafka.new_producer({**producer_config, "delivery.report.only.error": True,
+                                                "on_delivery": self.on_delivery_error}, "outputs")
+            self.changelog_producer = kafka.new_producer({**producer_config, "delivery.report.only.error": False,
+                                                          "on_delivery": self.on_delivery_error},
+                                                         "changelogs")
         self.in_transaction = False
 
     def send(self, topic, key, value, timestamp, headers, partition=None):
@@ -163,13 +166,17 @@ class Worker:
                  *, commit_interval_ms: int = 1000, on_error: str = "dlq",
                  consumer_config: dict | None = None, producer_config: dict | None = None,
                  batch_size: int = 1000, startup_timeout_s: float = 10.0,
-                 processing_guarantee: str = "at_least_once"):
+                 processing_guarantee: str = "at_least_once", client_config: ClientConfig | None = None):
         if processing_guarantee not in GUARANTEES:
             raise ConfigError(f"processing_guarantee must be one of {GUARANTEES}, not {processing_guarantee!r}")
         self.processing_guarantee = processing_guarantee
         topology = topology.for_application(application_id)
         self.topology = topology
-        self.bootstrap_servers = bootstrap_servers
+        # every client below is opened with the user's settings: common (client_config), then
+        # per kind (consumer_config / producer_config layered over client_config's)
+        config = ((client_config or ClientConfig()).with_kind("consumer", consumer_config)
+                  .with_kind("producer", producer_config))
+        self.bootstrap_servers = kafka.cluster_of(bootstrap_servers, config)   # str(): the servers
         self.application_id = application_id
         self.state_dir = Path(state_dir) / application_id
         self.commit_interval_s = commit_interval_ms / 1000.0
@@ -177,7 +184,7 @@ class Worker:
         self.dlq_topic = dlq_topic_for(application_id)
         self.batch_size = batch_size
         self.startup_timeout_s = startup_timeout_s
-        self._consumer_config = consumer_config or {}
+        self._consumer_config = config.for_kind("consumer")
         # As in Kafka Streams: read_committed under exactly_once, read_uncommitted otherwise;
         # a consumer-config ``isolation.level`` overrides it for every consumer the worker opens
         # (group, restore, end-of-partition probes). On a broker whose read_committed hides no
@@ -185,7 +192,7 @@ class Worker:
         # completes (Tansu: README "Reliability"), read_uncommitted loses nothing and cannot block.
         self.isolation_level = self._consumer_config.get(
             "isolation.level", "read_committed" if processing_guarantee == "exactly_once" else "read_uncommitted")
-        self._producer_config = producer_config or {}
+        self._producer_config = config.for_kind("producer")
         from processor.engine.partitioners import INTERNAL, PARTITIONERS
 
         chosen = self._producer_config.get("partitioner")
@@ -545,7 +552,7 @@ class Worker:
         cconf.update({"group.id": self.application_id, "session.timeout.ms": 10000,
                       "heartbeat.interval.ms": 1000, "isolation.level": self.isolation_level})
         cconf.update(self._consumer_config)
-        self.consumer = Consumer(cconf)
+        self.consumer = kafka.new_consumer(cconf, "the consumer group")
         previous = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
