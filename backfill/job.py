@@ -934,18 +934,19 @@ class _TaskRun:
         finally:
             gc.enable()
 
-    def _run_task(self, partition):
-        from processor.engine.task import Task
+    def _run_task(self, partition, compact=True, journal=False):
+        from processor.engine.task import Task, max_record_bytes_of
 
         ctx, spec = self.ctx, self.spec
         task_id = f"{spec.sub}_{partition}"
         started = time.monotonic()
-        rows, read, replayed = self._input(partition)
+        rows, read, replayed = self._input(partition, compact)
         t_read = time.monotonic()
         stores, offsets = _load_stores(ctx, task_id)
         collector = _RowCollector(ctx, task_id, spec.run_no)
         task = Task(ctx.topo, spec.sub, partition, stores, collector, lambda: int(time.time() * 1000),
-                    on_error=ctx.on_error, dlq_topic=ctx.dlq, routing=ctx.routing)
+                    on_error=ctx.on_error, dlq_topic=ctx.dlq, routing=ctx.routing,
+                    max_record_bytes=max_record_bytes_of(ctx.producer_config), journal=journal)
         n = 0
         for kind, topic, part, key, value, ts, headers, origin, seq, phase in _merge(rows):
             if kind == "input":
@@ -955,6 +956,20 @@ class _TaskRun:
                 offsets[(topic, part)] = offset + 1
             task.process(topic, part, offset, ts, key, value, headers)
             n += 1
+        failed = task.failed_in_processing
+        if failed and not journal:
+            # A record failed in a user function or an output (under fail, the task raised). The
+            # first run keeps no journal to undo a failed record's writes (a cost on every write):
+            # run the task again with it. And where such a record belongs to a reduced table, the
+            # worker would have kept that key's previous value and dead-lettered (or skipped)
+            # every failing record of the whole history, superseded ones included: the reduction
+            # no longer gives the same stores, so that run replays the history record by record.
+            reduced = sorted(t for t in failed if t in ctx.compacted)
+            log.warning("task %s: %d record(s) failed in processing (%s): running it again%s", task_id,
+                        sum(failed.values()), ", ".join(f"{t}: {c}" for t, c in sorted(failed.items())),
+                        " record by record" if compact and reduced else "")
+            task.close()
+            return self._run_task(partition, compact=compact and not reduced, journal=True)
         if spec.flush:
             task.flush()
         # settle the outbox (records sent outside an input record) as a commit would: its records
@@ -979,7 +994,7 @@ class _TaskRun:
                           "write": time.monotonic() - t_process}
         return out
 
-    def _input(self, partition):
+    def _input(self, partition, compact=True):
         """``(rows, rows read, rows replayed)``: the task's history (archived rows below each
         range, then Kafka's, each partition in offset order; compactable tables reduced) and the
         internal rows of the pending runs."""
@@ -994,13 +1009,14 @@ class _TaskRun:
                 counter.add(len(msgs))
                 yield msgs
 
+        compacted = ctx.compacted if compact else ()
         for (topic, part), (start, end) in sorted(spec.external.items()):
             if part != partition:
                 continue
             split = Range(topic, part, start, end)
-            if topic in ctx.compacted:
+            if topic in compacted:
                 src = ctx.topo.source_node(topic).attrs
-            if topic in ctx.compacted and topic not in spec.archives:
+            if topic in compacted and topic not in spec.archives:
                 # the common case, streamed: keep only each key's last two real changes
                 n, got = _last_changes_of_messages(
                     counted(iter_range(ctx.bootstrap_servers, split, spec.consumer_config)),
@@ -1024,7 +1040,7 @@ class _TaskRun:
                     got.append(_message_row(m))
             got.sort(key=lambda r: r[8])
             read += len(got)
-            if topic in ctx.compacted:
+            if topic in compacted:
                 got = _last_changes(got, src.key_serde, src.value_serde)
             replayed += len(got)
             rows.extend(got)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -85,6 +86,10 @@ def main():
     ap.add_argument("--keys", type=int, default=50_000)
     ap.add_argument("--bootstrap-servers")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--on-error", default="dlq",
+                    help="on-error policy, or several comma-separated: one worker run each over the same "
+                         "input (dlq and skip journal every store write so a failed record can be undone; "
+                         "fail does not), e.g. dlq,fail")
     args = ap.parse_args()
     broker = None
     if not args.bootstrap_servers:
@@ -99,22 +104,33 @@ def main():
         t0 = time.monotonic()
         load(bootstrap, inp, args.records, args.keys)
         print(f"loaded {args.records:,} records into {inp} (4 partitions) in {time.monotonic() - t0:.1f} s")
-        with tempfile.TemporaryDirectory() as state:
-            w = Worker(topology(inp, out), bootstrap, f"bench-{run_id}", state,
-                       consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
-            t0 = time.monotonic()
-            w.run(until_drained=True, install_signal_handlers=False)
-            dt = w.last_record_at - w.first_record_at
-            rate = w.records_processed / dt
-            m = w.metrics()
-        print(f"worker: {w.records_processed:,} records in {dt:.2f} s (group join and startup "
-              f"{w.first_record_at - t0:.1f} s excluded)")
-        src = next(v for k, v in m.items() if k.startswith("KTABLE-SOURCE"))
-        flt = next(v for k, v in m.items() if k.startswith("KTABLE-FILTER"))
-        sink = next(v for k, v in m.items() if k.startswith("KSTREAM-SINK"))
-        print(f"  no-op updates skipped: {src['noop_updates_skipped']:,}; filtered on both sides: "
-              f"{flt['skipped_both_fail']:,}; records out: {sink['records_out']:,}")
-        print(f"table filter through the worker: {rate:,.0f} records/s")
+        rates = {}
+        for i, policy in enumerate(args.on_error.split(",")):
+            sink_topic = out if i == 0 else f"{out}-{policy}-{i}"
+            if i:
+                kafka.create_topics(bootstrap, {sink_topic: 4})
+            with tempfile.TemporaryDirectory() as state:
+                w = Worker(topology(inp, sink_topic), bootstrap, f"bench-{run_id}-{i}", state, on_error=policy,
+                           consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+                t0 = time.monotonic()
+                w.run(until_drained=True, install_signal_handlers=False)
+                dt = w.last_record_at - w.first_record_at
+                rate = w.records_processed / dt
+                rates.setdefault(policy, []).append(rate)
+                m = w.metrics()
+            print(f"worker (--on-error {policy}): {w.records_processed:,} records in {dt:.2f} s (group join "
+                  f"and startup {w.first_record_at - t0:.1f} s excluded)")
+            src = next(v for k, v in m.items() if k.startswith("KTABLE-SOURCE"))
+            flt = next(v for k, v in m.items() if k.startswith("KTABLE-FILTER"))
+            sink = next(v for k, v in m.items() if k.startswith("KSTREAM-SINK"))
+            print(f"  no-op updates skipped: {src['noop_updates_skipped']:,}; filtered on both sides: "
+                  f"{flt['skipped_both_fail']:,}; records out: {sink['records_out']:,}")
+            print(f"table filter through the worker (--on-error {policy}): {rate:,.0f} records/s")
+        if len(rates) > 1:
+            med = {p: statistics.median(r) for p, r in rates.items()}
+            first = next(iter(med))
+            print("  medians in this run: " + ", ".join(f"{p} {r:,.0f} records/s ({r / med[first]:.2f}x {first})"
+                                                     for p, r in med.items()))
         if not args.no_baseline:
             raw = raw_loop(bootstrap, inp, raw_out, args.records)
             print(f"bare consume-filter-produce loop (no state, no serdes): {raw:,.0f} records/s; "

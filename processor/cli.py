@@ -17,15 +17,16 @@ Errors the user can fix print one line on stderr, ``processor: error: <message>`
 and exit with the code of their class (``ProcessorError.exit_code``, see ``processor.errors``):
 
     0    stopped cleanly (SIGTERM/SIGINT)
-    1    anything unexpected (a bug: with its traceback), a store that cannot be opened, output
-         that cannot be delivered
+    1    anything unexpected (a bug: with its traceback), a store that cannot be opened
     2    configuration or usage: bad arguments, unresolvable MODULE:ATTR, missing topic,
          co-partitioned topics with different partition counts          (ConfigError, TopologyError)
     3    the broker did not answer within --startup-timeout-s            (BrokerUnreachable)
     4    the state directory is locked by another worker process         (StateDirLocked)
     5    local state does not match its changelog                        (ChangelogMismatch)
-    6    a record failed processing: a user function raised, or a record
-         did not deserialize under ``--on-error fail``                   (RecordError)
+    6    a record failed under ``--on-error fail`` (did not deserialize,
+         a user function raised, an output did not serialize or is too
+         large), or an internal record this build cannot read           (RecordError)
+    7    a Kafka read or write failed at run time (delivery, restore)    (KafkaIOError)
     130  interrupted before the worker took over SIGINT
 """
 
@@ -103,7 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--state-dir", required=True)
     r.add_argument("--commit-interval-ms", type=int, default=1000)
     r.add_argument("--on-error", choices=["dlq", "skip", "fail"], default="dlq",
-                   help="what to do with a record that does not deserialize (default: dlq)")
+                   help="what to do with a record that fails: it does not deserialize, a user function "
+                        "raises, an output does not serialize or is too large (default: dlq: to "
+                        "<application-id>-dlq; skip: count and log; fail: stop, exit 6)")
     add_client_arguments(r)
     r.add_argument("--processing-guarantee", choices=["at_least_once", "exactly_once"],
                    default="at_least_once",
@@ -138,7 +141,8 @@ def add_backfill_arguments(bf: argparse.ArgumentParser) -> None:
     bf.add_argument("--archive", action="append", default=[], metavar="TOPIC=PATH",
                     help="Parquet archive (Spark kafka schema) of records older than the topic's earliest offset")
     bf.add_argument("--force", action="store_true", help="replace existing state / ignore committed group offsets")
-    bf.add_argument("--on-error", choices=["dlq", "skip", "fail"], default="dlq")
+    bf.add_argument("--on-error", choices=["dlq", "skip", "fail"], default="dlq",
+                    help="the worker's policy for a record that fails (see processor run --help)")
     add_client_arguments(bf)
 
 

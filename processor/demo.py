@@ -227,7 +227,9 @@ def run_demo(bootstrap_servers: str | None = None, records: int = 2000, show: in
                 else:
                     key = m.key().decode("utf-8", "replace") if m.key() else None
                 if serde is None:
-                    hdrs = {h: v.decode() for h, v in (m.headers() or []) if h.startswith("dlq.source")}
+                    hdrs = {h.rpartition(".")[2]: v.decode() for h, v in (m.headers() or [])
+                            if h in ("__streams.errors.topic", "__streams.errors.partition",
+                                     "__streams.errors.offset")}
                     val = f"{_fmt(m.value(), 30)} headers={hdrs}"
                 else:
                     try:

@@ -11,15 +11,18 @@ code  meaning                                                         raised as
 ====  ==============================================================  =============================
 0     stopped cleanly (SIGTERM/SIGINT)
 1     anything else: an unexpected exception (with its traceback), a  ProcessorError, StateError,
-      store that cannot be opened, output that cannot be delivered    (any other subclass)
+      store that cannot be opened                                     (any other subclass)
 2     configuration or usage: bad arguments, unresolvable             ConfigError, TopologyError
       MODULE:ATTR, missing topic, partition-count mismatch, a
       topology that cannot run
 3     the broker did not answer within the startup timeout            BrokerUnreachable
 4     the state directory is locked by another worker process         StateDirLocked
 5     local state does not match its changelog                        ChangelogMismatch
-6     a record failed processing: a user function raised, or a        RecordError (ProcessingError,
-      record did not deserialize under ``--on-error fail``            SerializationError, ...)
+6     a record failed under ``--on-error fail``: it did not            RecordError (UserFunctionError,
+      deserialize, a user function raised, an output did not          DeserializationError,
+      serialize or is too large; or an internal record is unreadable  OutputError, ProcessingError)
+7     a Kafka read or write failed at run time: outputs or changelogs  KafkaIOError (DeliveryFailed)
+      not delivered, a restore or a read that failed or stalled
 130   interrupted (SIGINT before the worker took over the signal)
 ====  ==============================================================  =============================
 """
@@ -90,6 +93,34 @@ class DeserializationError(SerializationError):
 
 class ProcessingError(RecordError):
     """A user function or operator failed on a record."""
+
+
+class UserFunctionError(ProcessingError):
+    """A user function (predicate, mapper, key selector, aggregator, joiner, FK extractor, ...)
+    raised on a record. ``function`` names it; ``cause`` is what it raised. Follows the
+    ``on_error`` policy (dead-lettered, skipped or fatal)."""
+
+    def __init__(self, message: str, *, function: str | None = None, **where):
+        super().__init__(message, **where)
+        self.function = function
+
+    def with_provenance(self, topic, partition, offset) -> "RecordError":
+        err = super().with_provenance(topic, partition, offset)
+        err.function = self.function
+        return err
+
+
+class OutputError(SerializationError):
+    """An output of a record cannot be produced: its value does not serialize, or the record is
+    larger than the producer's ``message.max.bytes``. Follows the ``on_error`` policy: the input
+    record that caused it is dead-lettered, skipped or fatal."""
+
+
+class KafkaIOError(ProcessorError):
+    """A Kafka read or write failed while running (not a configuration problem): records not
+    delivered, a changelog restore or a read that failed or made no progress."""
+
+    exit_code = 7
 
 
 class StateError(ProcessorError):

@@ -17,6 +17,11 @@ class StoreProvider(Protocol):
     """One task's stores (one column family each in the worker) and its local checkpoint."""
 
     writer: object  # provenance (topic, partition, offset) of the record in hand, for changelog headers
+    stores: dict    # name -> the stores opened so far
+    # None, or the task's journal: every store (opened so far and from now on) appends
+    # ``(store, key, previous entry, previous writer)`` to it before a write, and ``store.undo(key,
+    # previous, writer)`` puts the entry back (a failed record leaves no write behind)
+    journal: list | None
 
     def store(self, name: str) -> KeyValueStore: ...
 

@@ -19,20 +19,30 @@ Invariants:
   persisted with the state at commit, sent after it, resent if the task reopens before the
   next commit confirmed them (``processor/state/outbox.py``). They carry the provenance
   ``("__punctuation:<sub-topology>", partition, <commit counter>, <index>)``.
-- Poison input (a key/value that does not deserialize) on a user topic follows the ``on_error`` policy
-  (on an internal topic it is always fatal: those bytes are ours, never user input):
-  ``dlq`` (default) sends the original bytes to the dead-letter topic with provenance headers,
-  ``skip`` counts and logs it, ``fail`` raises. Errors in user functions always fail loudly,
-  naming the record and the step.
+- A record that fails follows the ``on_error`` policy: its key or value does not deserialize (on
+  a user topic; an internal record this build cannot read is always fatal: those bytes are ours),
+  a user function raises (``UserFunctionError``), a value does not serialize for a store or an
+  output (``SerializationError``), or an output is larger than ``max_record_bytes``
+  (``OutputError``). ``dlq`` (default) sends the input record's original
+  bytes to the dead-letter topic with KIP-1034's headers (``DLQ_HEADERS``), ``skip`` counts and
+  logs it, ``fail`` raises (the worker exits 6 naming the step, function and record).
+- Under ``dlq`` and ``skip`` a record is all or nothing: its store writes are journaled and its
+  records buffered until it has been processed, so a record that fails leaves no store write
+  and no output behind (the journal is undone, the buffer dropped, the operators rebuilt from
+  the stores, which hold all of their state). Every input record ends processed or
+  dead-lettered/skipped, never half applied. A failure outside an input record (punctuation,
+  flush) has no record to dead-letter and is fatal.
 """
 
 from __future__ import annotations
 
 import logging
+import traceback
 
 from processor import provenance
 from processor.engine.routing import Routing, misplaced_key
-from processor.errors import DeserializationError, ProcessingError, ProcessorError, RecordError
+from processor.errors import (DeserializationError, OutputError, ProcessingError, ProcessorError, RecordError,
+                              SerializationError, UserFunctionError)
 from processor.operators.base import Processor, ProcessorContext
 from processor.state import outbox as outbox_codec
 from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
@@ -41,8 +51,23 @@ log = logging.getLogger("processor.task")
 
 ERROR_POLICIES = ("dlq", "skip", "fail")
 
-# Dead-letter record headers (values UTF-8).
-DLQ_HEADERS = ("dlq.source.topic", "dlq.source.partition", "dlq.source.offset", "dlq.step", "dlq.error")
+# Dead-letter record headers (values UTF-8), after them the input record's own headers first:
+# KIP-1034's names, then the step that failed (a processor node's name).
+DLQ_HEADERS = ("__streams.errors.exception", "__streams.errors.message", "__streams.errors.stacktrace",
+               "__streams.errors.topic", "__streams.errors.partition", "__streams.errors.offset",
+               "processor.errors.step")
+STACKTRACE_LIMIT = 8192   # bytes of the stack trace header kept (its tail: the innermost frames)
+
+# librdkafka's default ``message.max.bytes``: the largest record a producer sends
+DEFAULT_MAX_RECORD_BYTES = 1_000_000
+_RECORD_OVERHEAD = 36     # librdkafka's most a v2 record adds to key + value + headers
+_OWN_HEADERS_BOUND = 4096  # more than the headers this product adds to an output ever take
+
+
+def max_record_bytes_of(producer_config: dict) -> int:
+    """The largest record the host's producer sends (its ``message.max.bytes``)."""
+    value = (producer_config or {}).get("message.max.bytes")
+    return DEFAULT_MAX_RECORD_BYTES if value is None else int(value)
 
 
 _PLACEMENT_CACHE = 100_000   # keys per checked topic whose placement is remembered
@@ -57,7 +82,8 @@ def dlq_topic_for(application_id: str) -> str:
 
 class Task:
     def __init__(self, topology, sub_id: int, partition: int, stores, collector, wall_clock,
-                 on_error: str = "dlq", dlq_topic: str | None = None, routing: Routing | None = None):
+                 on_error: str = "dlq", dlq_topic: str | None = None, routing: Routing | None = None,
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, journal: bool | None = None):
         if on_error not in ERROR_POLICIES:
             raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {on_error!r}")
         if on_error == "dlq" and not dlq_topic:
@@ -75,30 +101,37 @@ class Task:
         self.task_store = stores.store(TASK_STORE)            # host-local: the outbox
         # contract: the high-water marks (the outbox counter is host-local: it counts commits)
         self.bookkeeping = stores.store(BOOKKEEPING_STORE)
-        self.ops = topology.instantiate(sub_id, self.context)
-        self.sources: dict[str, list] = {}   # topic -> its source operators, in graph order
+        self.max_record_bytes = max_record_bytes
+        self._room = max_record_bytes - _RECORD_OVERHEAD - _OWN_HEADERS_BOUND   # see _check_sizes
+        # each record's outputs are buffered until it is processed (and checked against
+        # max_record_bytes); under dlq and skip its store writes are journaled too. A host that
+        # throws the task's state away when a record fails (``failed_in_processing``) and runs it
+        # again with the journal may start without it (``journal=False``: the backfill).
+        self._atomic = on_error != "fail" if journal is None else journal
+        self._journal: list = []
+        self._record_sends = self.context.sends
+        self._retired_metrics: dict[str, dict[str, int]] = {}
         self.internal_topics = set()          # deduplicated by provenance
         self._internal_sources = set()        # every internal topic: never dead-lettered
         for n in topology.subtopologies[sub_id]:
             if n.source_topic:
-                self.sources.setdefault(n.source_topic, []).append(self.ops[n.name])
                 # Internal topics are deduplicated by provenance, except where applying a record
                 # twice is harmless and a replay must be applied again (FK subscriptions).
                 if n.attrs.internal and n.attrs.dedup:
                     self.internal_topics.add(n.source_topic)
                 if n.attrs.internal:
                     self._internal_sources.add(n.source_topic)
+        self._build_operators()
         # topics whose every key is checked against its partitioner (README "Partitioning")
         self._placement_checks = {t: (*c, {}) for t, c in self.routing.checks(self.sources).items()}
-        ops = list(self.ops.values())
-        self._wall_punctuators = [op for op in ops if op.punctuates_wall]
-        self._flushers = [op for op in ops if type(op).flush is not Processor.flush]
         self.store_specs = topology.stores_of(sub_id)
         # the local checkpoint also holds changelog end offsets: keep the input partitions only
         self.positions: dict[tuple[str, int], int] = {
             tp: off for tp, off in stores.read_checkpoint().items() if tp[0] in self.sources}
         self.dead_lettered = 0
         self.skipped_poison = 0
+        # per input topic: records that deserialized but failed later (a user function, an output)
+        self.failed_in_processing: dict[str, int] = {}
         self.processed = 0
         self.duplicates_dropped = 0
         raw = self.task_store.get(_OUTBOX_COUNTER)
@@ -108,6 +141,28 @@ class Task:
         raw = self.task_store.get(_OUTBOX)
         if raw is not None:  # sent before a crash, maybe not delivered: send again
             self._send_outbox(outbox_codec.decode(raw))
+
+    def _build_operators(self) -> None:
+        """Instantiate the sub-topology's operators over the task's stores (at open, and after a
+        failed record's writes were undone: operators keep no state the stores do not hold)."""
+        if getattr(self, "ops", None):
+            for name, op in self.ops.items():
+                if m := op.metrics():
+                    kept = self._retired_metrics.setdefault(name, {})
+                    for k, v in m.items():
+                        kept[k] = kept.get(k, 0) + v
+        self.ops = self.topology.instantiate(self.sub_id, self.context)
+        self.sources: dict[str, list] = {}   # topic -> its source operators, in graph order
+        for n in self.topology.subtopologies[self.sub_id]:
+            if n.source_topic:
+                self.sources.setdefault(n.source_topic, []).append(self.ops[n.name])
+        ops = list(self.ops.values())
+        self._wall_punctuators = [op for op in ops if op.punctuates_wall]
+        self._flushers = [op for op in ops if type(op).flush is not Processor.flush]
+        if self._atomic:
+            self.stores.journal = self._journal     # stores opened from now on
+            for store in self.stores.stores.values():
+                store.journal = self._journal
 
     # -- processing ---------------------------------------------------------------------------
     def process(self, topic, partition, offset, timestamp, key, value, headers=None) -> None:
@@ -122,6 +177,13 @@ class Task:
         mark = None
         if self._placement_checks and key is not None and topic in self._placement_checks:
             self._check_placement(topic, partition, offset, key)
+        sends = self._record_sends
+        if sends:                    # left by a record that failed under on_error=fail
+            sends.clear()
+        atomic = self._atomic
+        if atomic:
+            self._journal.clear()
+            outbox_len = len(ctx.outbox)
         try:
             if topic in self.internal_topics:
                 mark = self._check_provenance(topic, headers)
@@ -133,6 +195,15 @@ class Task:
                 source.process_bytes(key, value, timestamp)
             if mark is not None:
                 self.bookkeeping.put(*mark)
+            if sends:   # (the hot path of _check_sizes, inline)
+                room = self._room
+                if headers:
+                    room = self._room_beside(headers)
+                for r in sends:
+                    k, v = r[1], r[2]
+                    if (len(v) if v else 0) + (len(k) if k else 0) > room:
+                        self._check_sizes(headers)
+                        break
         except DeserializationError as exc:
             if topic in self._internal_sources:
                 # our own records: a newer build's format or corruption, not user input
@@ -140,6 +211,17 @@ class Task:
                                       f"stopping (internal topics are never dead-lettered)",
                                       topic=topic, partition=partition, offset=offset,
                                       step=exc.step) from exc
+            if atomic:
+                self._undo_record(outbox_len)
+            else:
+                self._record_sends.clear()
+            self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
+        except (UserFunctionError, SerializationError) as exc:   # incl. OutputError
+            self.failed_in_processing[topic] = self.failed_in_processing.get(topic, 0) + 1
+            if atomic:
+                self._undo_record(outbox_len)
+            else:
+                self._record_sends.clear()
             self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
         except RecordError as exc:
             raise exc.with_provenance(topic, partition, offset) from exc.__cause__
@@ -148,8 +230,58 @@ class Task:
         except Exception as exc:
             raise ProcessingError(f"{type(exc).__name__}: {exc}", topic=topic, partition=partition,
                                   offset=offset, step=f"task {self.id}") from exc
+        if sends:
+            send = self.collector.send
+            for r in sends:
+                send(*r)
+            sends.clear()
         self.positions[(topic, partition)] = offset + 1
         self.processed += 1
+
+    def _send_record_outputs(self) -> None:
+        send = self.collector.send
+        for r in self._record_sends:
+            send(*r)
+        self._record_sends.clear()
+
+    def _check_sizes(self, headers) -> None:
+        """Every record this input record produces must fit the producer's ``message.max.bytes``
+        (counted as librdkafka counts it), or none is sent (``OutputError``)."""
+        # An output's headers are the input record's (``headers``) plus this product's own (a
+        # provenance header, a foreign-key join's offset headers: far below _OWN_HEADERS_BOUND),
+        # so key + value against one bound per input record settles almost every output; the
+        # exact count runs only near the limit.
+        limit = self.max_record_bytes
+        room = self._room_beside(headers) if headers else self._room
+        for r in self._record_sends:
+            k, v = r[1], r[2]
+            if (len(v) if v else 0) + (len(k) if k else 0) > room:
+                size = _wire_size(k, v, r[4])
+                if size > limit:
+                    raise OutputError(f"an output record to {r[0]!r} is {size} bytes, more than the producer's "
+                                      f"message.max.bytes ({limit})", step=f"sink to {r[0]}")
+
+    def _room_beside(self, headers) -> int:
+        """The most key + value bytes an output may take without an exact count, next to
+        ``headers`` (at most 10 bytes of varints per header)."""
+        room = self._room
+        for name, hv in headers:
+            room -= len(name) + (len(hv) if hv else 0) + 10
+        return room
+
+    def _undo_record(self, outbox_len: int) -> None:
+        """Leave no trace of the record in hand: undo its store writes (newest first), drop its
+        buffered records and outbox entries, and rebuild the operators from the stores when
+        anything had changed (their in-memory state follows the stores)."""
+        journal = self._journal
+        changed = bool(journal or self._record_sends or len(self.context.outbox) > outbox_len)
+        for store, key, previous, writer in reversed(journal):
+            store.undo(key, previous, writer)
+        journal.clear()
+        self._record_sends.clear()
+        del self.context.outbox[outbox_len:]
+        if changed:
+            self._build_operators()
 
     def _check_placement(self, topic, partition, offset, key) -> None:
         """The key must be where its topic's partitioner puts it (one hash per new key: table
@@ -196,13 +328,18 @@ class Task:
         ctx.headers = None
         ctx.source_value = ctx.source_value_bytes = ctx.source_value_serde = None
         self.stores.writer = (ctx.topic, ctx.partition, ctx.offset)
+        self._journal.clear()
         try:
             fn()
+            if self._record_sends:
+                self._check_sizes(None)
+                self._send_record_outputs()
         except ProcessorError:
             raise
         except Exception as exc:
             raise ProcessingError(f"{type(exc).__name__}: {exc}", step=f"task {self.id} {what}") from exc
         finally:
+            self._journal.clear()
             self._punctuation_sequence = ctx.sequence
 
     def punctuate_wall(self, now_ms: int) -> None:
@@ -228,14 +365,7 @@ class Task:
             self.skipped_poison += 1
             log.warning("skipped poison record (on_error=skip): %s", exc)
             return
-        prov = [
-            ("dlq.source.topic", exc.topic.encode()),
-            ("dlq.source.partition", str(exc.partition).encode()),
-            ("dlq.source.offset", str(exc.offset).encode()),
-            ("dlq.step", str(exc.step).encode()),
-            ("dlq.error", exc.reason.encode("utf-8", "replace")),
-        ]
-        self.collector.send(self.dlq_topic, key, value, timestamp, list(headers or ()) + prov)
+        self.collector.send(self.dlq_topic, key, value, timestamp, list(headers or ()) + dead_letter_headers(exc))
         self.dead_lettered += 1
         log.warning("dead-lettered poison record to %s: %s", self.dlq_topic, exc)
 
@@ -286,6 +416,10 @@ class Task:
 
     def metrics(self) -> dict[str, dict[str, int]]:
         out = {name: m for name, op in self.ops.items() if (m := op.metrics())}
+        for name, kept in self._retired_metrics.items():   # counts of operators rebuilt after an undo
+            m = out.setdefault(name, {})
+            for k, v in kept.items():
+                m[k] = m.get(k, 0) + v
         out["task"] = {"processed": self.processed, "dead_lettered": self.dead_lettered,
                        "skipped_poison": self.skipped_poison, "duplicates_dropped": self.duplicates_dropped}
         return out
@@ -296,3 +430,44 @@ class Task:
                 op.close()
         finally:
             self.stores.close()
+
+
+def _wire_size(k, v, headers) -> int:
+    """A record's size as librdkafka counts it against ``message.max.bytes``."""
+    size = _RECORD_OVERHEAD + (len(k) if k else 0) + (len(v) if v else 0)
+    for name, hv in headers or ():
+        n, m = len(name.encode() if isinstance(name, str) else name), (len(hv) if hv else 0)
+        size += n + m + _varint_size(n) + _varint_size(m)
+    return size
+
+
+def _varint_size(n: int) -> int:
+    z, size = n << 1, 1    # zigzag of a non-negative length
+    while z >= 0x80:
+        z >>= 7
+        size += 1
+    return size
+
+
+def dead_letter_headers(exc: RecordError) -> list[tuple[str, bytes]]:
+    """KIP-1034's dead-letter headers for ``exc`` (which names the input record), then the step.
+    ``exception`` is the class of what was raised first (the user function's exception, the
+    serde's); ``message`` is this product's one-line error (record, step, function, cause)."""
+    cause = exc.__cause__
+    cls = type(exc if cause is None else cause)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    if cause is None:   # raised by this product, not by user code: its reason is the whole story
+        trace = f"{name}: {exc.reason}\n".encode("utf-8", "replace")
+    else:
+        trace = "".join(traceback.format_exception(cause)).encode("utf-8", "replace")
+    if len(trace) > STACKTRACE_LIMIT:
+        trace = b"...\n" + trace[-STACKTRACE_LIMIT:]
+    return [
+        ("__streams.errors.exception", name.encode()),
+        ("__streams.errors.message", str(exc).encode("utf-8", "replace")),
+        ("__streams.errors.stacktrace", trace),
+        ("__streams.errors.topic", str(exc.topic).encode()),
+        ("__streams.errors.partition", str(exc.partition).encode()),
+        ("__streams.errors.offset", str(exc.offset).encode()),
+        ("processor.errors.step", str(exc.step).encode()),
+    ]

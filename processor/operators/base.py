@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from processor.engine.routing import Routing
-from processor.errors import ProcessingError, ProcessorError
+from processor.errors import ProcessorError, UserFunctionError
 
 
 def describe_function(fn: Callable) -> str:
@@ -42,6 +42,7 @@ class ProcessorContext:
         self.headers = None
         self.sequence = 0            # internal records caused so far by the record in hand
         self.outbox: list = []       # internal records waiting for the next commit
+        self.sends: list = []        # records of the record in hand, sent by the task once it is done
         # Pass-through serialization: the value object the source deserialized, its bytes and
         # serde. A sink fed only through value-preserving steps reuses the bytes.
         self.source_value: Any = None
@@ -52,7 +53,9 @@ class ProcessorContext:
         return self._stores.store(name)
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int, headers) -> None:
-        self.collector.send(topic, key, value, timestamp, headers)
+        """Send to a user topic. Held in ``sends`` until the record in hand (or the punctuation)
+        has been processed: the task sends them then, or drops them if it failed."""
+        self.sends.append((topic, key, value, timestamp, headers, None))
 
     def send_internal(self, topic: str, key, value, timestamp: int, headers, partition: int | None = None) -> None:
         """Send to an internal topic (``partition`` None: by the key's hash, as the producer's
@@ -61,7 +64,7 @@ class ProcessorContext:
         if not self.in_record or self.outbox:
             self.outbox.append((topic, key, value, timestamp, headers, partition))
         else:
-            self.collector.send(topic, key, value, timestamp, headers, partition)
+            self.sends.append((topic, key, value, timestamp, headers, partition))
 
 
 class Processor:
@@ -100,10 +103,10 @@ class Processor:
         pass
 
     def user_error(self, fn: Callable, exc: BaseException) -> ProcessorError:
-        """Translate an exception raised by a user function into a ProcessingError naming the step."""
+        """Translate an exception raised by a user function into a UserFunctionError naming the
+        step and the function (the caller raises it ``from exc``)."""
         if isinstance(exc, ProcessorError):
             return exc
-        return ProcessingError(
-            f"user function {describe_function(fn)} raised {type(exc).__name__}: {exc}",
-            step=self.name,
-        )
+        name = describe_function(fn)
+        return UserFunctionError(f"user function {name} raised {type(exc).__name__}: {exc}",
+                                 step=self.name, function=name)

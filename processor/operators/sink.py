@@ -2,7 +2,8 @@
 
 ``TableToStream`` turns ``Change(new, old)`` into the new value (``None``: a tombstone).
 ``Sink`` serializes and hands the record to the task's collector, with the input record's
-timestamp and headers. A sink whose value reaches it only through value-preserving steps
+timestamp and headers. A key or value that does not serialize is an ``OutputError`` (the input
+record follows the ``on_error`` policy). A sink whose value reaches it only through value-preserving steps
 (filters, to_stream) reuses the source's bytes instead of serializing again.
 
 A sink with ``route_like`` (a foreign-key join's subscription sink) names the partition itself:
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from processor.errors import SerializationError
+from processor.errors import OutputError
 from processor import provenance
 from processor.operators.base import Processor
 
@@ -71,7 +72,7 @@ class Sink(Processor):
         try:
             kb = self.key_serde.serialize(key)
         except Exception as exc:
-            raise SerializationError(f"key serialization with {self.key_serde!r} for topic "
+            raise OutputError(f"key serialization with {self.key_serde!r} for topic "
                                      f"{self.topic!r} failed: {type(exc).__name__}: {exc}", step=self.name) from exc
         if self.passthrough and value is ctx.source_value and self.value_serde is ctx.source_value_serde:
             vb = ctx.source_value_bytes
@@ -79,7 +80,7 @@ class Sink(Processor):
             try:
                 vb = self.value_serde.serialize(value)
             except Exception as exc:
-                raise SerializationError(f"value serialization with {self.value_serde!r} for topic "
+                raise OutputError(f"value serialization with {self.value_serde!r} for topic "
                                          f"{self.topic!r} failed: {type(exc).__name__}: {exc}", step=self.name) from exc
         self.records_out += 1
         if self.route_like is not None and partition is None:

@@ -42,7 +42,7 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from processor import provenance
-from processor.errors import ChangelogMismatch, ConfigError
+from processor.errors import ChangelogMismatch, KafkaIOError
 from processor.state import commit_record
 from processor.state.store import TASK_STORE
 from processor.runtime import kafka
@@ -131,10 +131,10 @@ class ChangelogWriter:
 
     def _check_delivered(self) -> None:
         if self.errors:
-            raise ConfigError(f"task {self.task.id}: {len(self.errors)} changelog record(s) failed "
+            raise KafkaIOError(f"task {self.task.id}: {len(self.errors)} changelog record(s) failed "
                               f"delivery, first: {self.errors[0]}")
         if self._awaiting:
-            raise ConfigError(f"task {self.task.id}: {self._awaiting} changelog delivery report(s) "
+            raise KafkaIOError(f"task {self.task.id}: {self._awaiting} changelog delivery report(s) "
                               f"missing after the flush")
 
 
@@ -326,7 +326,7 @@ class _Reader:
                                 f"{tp[0]}[{tp[1]}] up to offset {starts.get(tp)}, past the changelog's "
                                 f"end ({err.str()}); the changelog was recreated or the state directory "
                                 f"belongs to another cluster: delete it to restore")
-                        raise ConfigError(f"restoring task {self.names.get(tp)} from {tp[0]}[{tp[1]}]: {err.str()}")
+                        raise KafkaIOError(f"restoring task {self.names.get(tp)} from {tp[0]}[{tp[1]}]: {err.str()}")
                     n += 1
                     last_progress = now
                     yield tp, m.offset(), m.key(), m.value()
@@ -346,7 +346,7 @@ class _Reader:
                                     f"offset {end}; the changelog was recreated or the state directory "
                                     f"belongs to another cluster: delete it to restore")
                 if now - last_progress > STALL_S:
-                    raise ConfigError(f"restoring tasks: no progress for {STALL_S:.0f} s "
+                    raise KafkaIOError(f"restoring tasks: no progress for {STALL_S:.0f} s "
                                       f"(partitions not at their end: {sorted(set(starts) - done)})")
                 if now - last_log >= PROGRESS_EVERY_S:
                     last_log = now
@@ -373,8 +373,8 @@ def _end_offset(conf: dict, tp) -> int:
                 elif err.code() == _EOF:
                     return m.offset()
                 else:
-                    raise ConfigError(f"reading {tp[0]}[{tp[1]}] to its end: {err.str()}")
-        raise ConfigError(f"reading {tp[0]}[{tp[1]}] to its end took more than {STALL_S:.0f} s (at {end})")
+                    raise KafkaIOError(f"reading {tp[0]}[{tp[1]}] to its end: {err.str()}")
+        raise KafkaIOError(f"reading {tp[0]}[{tp[1]}] to its end took more than {STALL_S:.0f} s (at {end})")
     finally:
         c.close()
 

@@ -15,7 +15,7 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from processor.errors import BrokerUnreachable, ConfigError
+from processor.errors import BrokerUnreachable, ConfigError, KafkaIOError
 from processor.runtime.client_config import ClientConfig, KafkaCluster, describe_settings, is_secret
 
 # Explicit retention on every topic we create: some brokers (Tansu) report back only the
@@ -167,7 +167,7 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0,
         deadline = time.monotonic() + timeout_s
         while len(done) < parts:
             if time.monotonic() > deadline:
-                raise ConfigError(f"reading {topic!r} did not reach the end of partitions "
+                raise KafkaIOError(f"reading {topic!r} did not reach the end of partitions "
                                   f"{sorted(set(range(parts)) - done)} within {timeout_s:.0f} s")
             for m in c.consume(1000, 0.2):
                 err = m.error()
@@ -176,7 +176,7 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0,
                 elif err.code() == KafkaError._PARTITION_EOF:
                     done.add(m.partition())
                 else:
-                    raise ConfigError(f"reading {topic!r}: {err.str()}")
+                    raise KafkaIOError(f"reading {topic!r}: {err.str()}")
     finally:
         c.close()
     return [m for p in range(parts) for m in by_part[p]]
@@ -202,7 +202,7 @@ def partitions_with_records_from(bootstrap_servers: str, positions: dict[tuple[s
         deadline = time.monotonic() + timeout_s
         while len(done) < len(positions):
             if time.monotonic() > deadline:
-                raise ConfigError(f"probing {sorted(set(positions) - done)} did not reach the end "
+                raise KafkaIOError(f"probing {sorted(set(positions) - done)} did not reach the end "
                                   f"within {timeout_s:.0f} s")
             for m in c.consume(100, 0.2):
                 key = (m.topic(), m.partition())
@@ -213,7 +213,7 @@ def partitions_with_records_from(bootstrap_servers: str, positions: dict[tuple[s
                 elif err.code() == KafkaError._PARTITION_EOF:
                     done.add(key)
                 else:
-                    raise ConfigError(f"probing {key[0]}[{key[1]}]: {err.str()}")
+                    raise KafkaIOError(f"probing {key[0]}[{key[1]}]: {err.str()}")
     finally:
         c.close()
     return more

@@ -10,7 +10,7 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from processor.engine.routing import PartitionerChoice, decide_partitioners
-from processor.errors import ConfigError
+from processor.errors import ConfigError, KafkaIOError
 from processor.runtime import kafka
 
 log = logging.getLogger("processor.partitioning")
@@ -39,7 +39,7 @@ def sample_keys(bootstrap_servers: str, topics: dict[str, int], per_partition: i
         deadline = time.monotonic() + timeout_s
         while len(done) < len(tps):
             if time.monotonic() > deadline:
-                raise ConfigError(f"sampling keys of {sorted(topics)} for their partitioner did not "
+                raise KafkaIOError(f"sampling keys of {sorted(topics)} for their partitioner did not "
                                   f"reach the end of {sorted(set((tp.topic, tp.partition) for tp in tps) - done)} "
                                   f"within {timeout_s:.0f} s")
             for m in c.consume(1000, 0.05):   # waits all of it unless the batch fills
@@ -49,7 +49,7 @@ def sample_keys(bootstrap_servers: str, topics: dict[str, int], per_partition: i
                     if err.code() == KafkaError._PARTITION_EOF:
                         done.add(tp)
                         continue
-                    raise ConfigError(f"sampling {tp[0]}[{tp[1]}] for its partitioner: {err.str()}")
+                    raise KafkaIOError(f"sampling {tp[0]}[{tp[1]}] for its partitioner: {err.str()}")
                 if tp in done:
                     continue
                 out[tp[0]].append((m.key(), tp[1], m.offset()))
@@ -136,6 +136,6 @@ def record_decisions(bootstrap_servers: str, application_id: str, choices: dict[
         p.produce(topic, json.dumps({"version": RECORD_VERSION, "partitioner": c.partitioner.name,
                                      "how": c.how}).encode(), t.encode())
     if p.flush(30):
-        raise ConfigError(f"recording the partitioners of {sorted(new)} in {topic} did not finish within 30 s")
+        raise KafkaIOError(f"recording the partitioners of {sorted(new)} in {topic} did not finish within 30 s")
     for t, c in sorted(new.items()):
         log.info("recorded: foreign-key subscriptions are routed by the %s partitioner of %s", c.partitioner.name, t)

@@ -46,14 +46,14 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from processor.engine.routing import Routing
-from processor.errors import ChangelogMismatch, ConfigError, ProcessorError
+from processor.errors import ChangelogMismatch, ConfigError, KafkaIOError
 from processor.graph import AggregateAttrs
 from processor.runtime import kafka
 from processor.runtime.client_config import ClientConfig
 from processor.runtime.partitioning import determine_partitioners
 from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, RestoreTarget, restore_tasks
 from processor.runtime.state_lock import StateDirLock
-from processor.engine.task import Task, dlq_topic_for
+from processor.engine.task import Task, dlq_topic_for, max_record_bytes_of
 from processor.state.rocksdb import RocksDBDatabase
 
 log = logging.getLogger("processor.worker")
@@ -66,8 +66,8 @@ GUARANTEES = ("at_least_once", "exactly_once")
 _REBALANCING = (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
 
 
-class DeliveryFailed(ProcessorError):
-    pass
+class DeliveryFailed(KafkaIOError):
+    """Records the producer could not deliver (exit 7)."""
 
 
 class KafkaCollector:
@@ -287,7 +287,8 @@ class Worker:
             for (sub, partition), t in zip(keys, targets):
                 self.restored_records += t.restored
                 task = Task(self.topology, sub, partition, t.db, self.collector, lambda: int(time.time() * 1000),
-                            on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing)
+                            on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing,
+                            max_record_bytes=max_record_bytes_of(self._producer_config))
                 self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog)
                 self.tasks[(sub, partition)] = task
         except BaseException:
@@ -496,6 +497,10 @@ class Worker:
         reads after the records it wrote itself reached the broker."""
         if self.collector.sent == self._sent_at_drain_check:
             return True
+        if self.collector.transactional:
+            # records in an open transaction are invisible to a read_committed probe: commit
+            # them first, or an internal partition looks drained while its records are pending
+            self.commit()
         self.collector.flush()
         self._sent_at_drain_check = self.collector.sent
         internal = {tp: self.tasks[(self._sub_of_topic[tp[0]], tp[1])].positions.get(tp, 0)

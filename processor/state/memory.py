@@ -19,6 +19,7 @@ _MISSING = object()
 class MemoryStore:
     def __init__(self, name: str):
         self.name = name
+        self.journal: list | None = None   # see RocksDBStore: entries to undo one record's writes
         self._data: dict = {}
         self._sorted: SortedList | None = None  # built on the first ordered read
 
@@ -26,13 +27,28 @@ class MemoryStore:
         return self._data.get(key)
 
     def put(self, key, value):
+        if self.journal is not None:
+            self.journal.append((self, key, self._data.get(key, _MISSING), None))
         if self._sorted is not None and key not in self._data:
             self._sorted.add(key)
         self._data[key] = value
 
     def delete(self, key):
+        if self.journal is not None:
+            self.journal.append((self, key, self._data.get(key, _MISSING), None))
         if self._data.pop(key, _MISSING) is not _MISSING and self._sorted is not None:
             self._sorted.remove(key)
+
+    def undo(self, key, previous, _writer=None) -> None:
+        """Put ``key`` back as a journal entry found it (see ``RocksDBStore.undo``)."""
+        journal, self.journal = self.journal, None
+        try:
+            if previous is _MISSING:
+                self.delete(key)
+            else:
+                self.put(key, previous)
+        finally:
+            self.journal = journal
 
     def put_all(self, entries):
         for k, v in entries:
@@ -65,10 +81,12 @@ class MemoryStores:
         self.stores: dict[str, MemoryStore] = {}
         self.checkpoint: dict[tuple[str, int], int] = {}
         self.writer = None  # provenance of the record in hand (unused: no changelog in memory)
+        self.journal: list | None = None   # given to every store opened (see RocksDBStore)
 
     def store(self, name: str) -> MemoryStore:
         if name not in self.stores:
-            self.stores[name] = MemoryStore(name)
+            s = self.stores[name] = MemoryStore(name)
+            s.journal = self.journal
         return self.stores[name]
 
     def read_checkpoint(self) -> dict[tuple[str, int], int]:

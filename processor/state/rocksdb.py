@@ -59,10 +59,13 @@ class RocksDBStore:
     """One store: a column family plus the writes pending since the last commit (the task's
     write buffer: reads see them at once; the commit writes them to the changelog and then to
     RocksDB). ``writers`` keeps, per pending key, the provenance of the record that wrote it
-    last (``database.writer`` at the time of the write), for the changelog record's header."""
+    last (``database.writer`` at the time of the write), for the changelog record's header.
+    ``journal`` (None, or a list the task owns) receives ``(store, key, previous pending entry,
+    previous writer)`` before each write, so the writes of one record can be undone."""
 
     def __init__(self, name: str, cf, database):
         self.name = name
+        self.journal: list | None = None
         self._cf = cf
         self._database = database
         self.pending: dict[bytes, bytes | None] = {}
@@ -75,18 +78,35 @@ class RocksDBStore:
         return v
 
     def put(self, key, value):
+        if self.journal is not None:
+            self.journal.append((self, key, self.pending.get(key, _MISSING), self.writers.get(key)))
         self.pending[key] = value
         self.writers[key] = self._database.writer
 
     def delete(self, key):
+        if self.journal is not None:
+            self.journal.append((self, key, self.pending.get(key, _MISSING), self.writers.get(key)))
         self.pending[key] = None
         self.writers[key] = self._database.writer
 
     def put_all(self, entries):
         writer = self._database.writer
+        journal = self.journal
         for k, v in entries:
+            if journal is not None:
+                journal.append((self, k, self.pending.get(k, _MISSING), self.writers.get(k)))
             self.pending[k] = v
             self.writers[k] = writer
+
+    def undo(self, key, pending, writer) -> None:
+        """Put ``key`` back as a journal entry found it (``processor/engine/task.py``: a record
+        that fails under ``on_error`` dlq/skip leaves no write behind)."""
+        if pending is _MISSING:
+            self.pending.pop(key, None)
+            self.writers.pop(key, None)
+        else:
+            self.pending[key] = pending
+            self.writers[key] = writer
 
     def committed(self, key):
         """The value as of the last commit (pending writes ignored)."""
@@ -139,6 +159,7 @@ class RocksDBDatabase:
         self.stores: dict[str, RocksDBStore] = {}
         # provenance (topic, partition, offset) of the record being processed; set by the task
         self.writer: tuple | None = None
+        self.journal: list | None = None   # given to every store opened (see RocksDBStore)
         meta = self._cf(_META)
         version = meta.get(b"format_version")
         if version is None:
@@ -171,6 +192,7 @@ class RocksDBDatabase:
         if s is None:
             cf = self._cf(name)
             s = RocksDBStore(name, cf, self)
+            s.journal = self.journal
             self.stores[name] = s
         return s
 

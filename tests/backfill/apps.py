@@ -96,3 +96,19 @@ def compacted_sink_for(t: dict):
     b = StreamsBuilder()
     b.table(t["catalog"], store_name="catalog").filter(lambda k, v: v["n"] % 3 != 0).to_stream().to(t["out_catalog"])
     return b.build()
+
+
+# -- a reduced table whose filter raises on some values (on-error policy over a compacted source) -----
+def failing_catalog_for(t: dict):
+    """``catalog`` table (pk -> {"n"}) -> filter (raises on n % 13 == 0, passes n % 3 != 0) ->
+    ``out_catalog``: compacted by plan, but a failing record makes the backfill replay the task's
+    history record by record (the worker keeps a key's previous value when its update fails)."""
+    b = StreamsBuilder()
+
+    def not_three(k, v):
+        if v["n"] % 13 == 0:
+            raise ValueError(f"n={v['n']}: unlucky")
+        return v["n"] % 3 != 0
+
+    b.table(t["catalog"], store_name="catalog").filter(not_three).to_stream().to(t["out_catalog"])
+    return b.build()

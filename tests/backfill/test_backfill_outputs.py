@@ -11,7 +11,7 @@ order a backfill task merges its inputs) and with a live ``Worker``:
 - Poison records (values that are not JSON, a value that is not UTF-8, a key that is not UTF-8,
   a table record with a null key) under the default on-error policy: the backfill sends exactly
   those records, once, to ``<application-id>-dlq`` with the original headers plus
-  ``dlq.source.topic/partition/offset/step/error``, the same records a live worker over the same
+  KIP-1034's ``__streams.errors.*`` and ``processor.errors.step``, the same records a live worker over the same
   topics sends to its own dead-letter topic; the stores equal the driver's and the worker's.
   Under ``skip`` nothing is dead-lettered; under ``fail`` the command stops as ``processor run``
   does (exit 6, the record's error as one line) and leaves nothing behind."""
@@ -292,14 +292,21 @@ def test_poison_records_are_dead_lettered_once_as_the_worker_does(kafka_bootstra
         own = hs[:len(hs) - len(DLQ_HEADERS)]
         dlq_hs = dict(hs[len(hs) - len(DLQ_HEADERS):])
         assert list(own) == list(phs or []) and sorted(dlq_hs) == sorted(DLQ_HEADERS)
-        expected.append((pk, pv, pts, (*own, ("dlq.source.topic", topic.encode()),
-                                       ("dlq.source.partition", str(part).encode()),
-                                       ("dlq.source.offset", str(offset).encode()),
-                                       ("dlq.step", dlq_hs["dlq.step"]), ("dlq.error", dlq_hs["dlq.error"]))))
+        # the message names the record where the broker placed it; the rest is the driver's
+        reason = dlq_hs["__streams.errors.message"].split(b": ", 1)[1]
+        step = dlq_hs["processor.errors.step"]
+        message = f"record {topic}[{part}]@{offset}, step {step.decode()}: ".encode() + reason
+        expected.append((pk, pv, pts, (*own, ("__streams.errors.exception", dlq_hs["__streams.errors.exception"]),
+                                       ("__streams.errors.message", message),
+                                       ("__streams.errors.stacktrace", dlq_hs["__streams.errors.stacktrace"]),
+                                       ("__streams.errors.topic", topic.encode()),
+                                       ("__streams.errors.partition", str(part).encode()),
+                                       ("__streams.errors.offset", str(offset).encode()),
+                                       ("processor.errors.step", step))))
 
     def provenance(r):
         h = dict(r[3])
-        return h["dlq.source.topic"], int(h["dlq.source.partition"]), int(h["dlq.source.offset"])
+        return h["__streams.errors.topic"], int(h["__streams.errors.partition"]), int(h["__streams.errors.offset"])
 
     expected.sort(key=provenance)
     app = f"bfp-bf-{unique}"
@@ -324,7 +331,55 @@ def test_poison_records_are_dead_lettered_once_as_the_worker_does(kafka_bootstra
     assert without_application_id(contract_column_families(tmp_path / "bf", app), app) == \
         without_application_id(contract_column_families(tmp_path / "live", wapp), wapp)
     report(f"{len(got)} dead-lettered by the backfill and by the worker, equal; steps "
-           f"{sorted({dict(r[3])['dlq.step'].decode() for r in got})}")
+           f"{sorted({dict(r[3])['processor.errors.step'].decode() for r in got})}")
+
+
+@pytest.mark.integration
+def test_user_function_failures_on_a_reduced_table_give_the_workers_stores_and_dead_letters(
+        kafka_bootstrap, spark, tmp_path, unique, report):
+    """The plan reduces ``catalog`` to its last real changes per key, but its filter raises on
+    some values: the worker dead-letters every failing record (superseded ones too) and keeps the
+    key's previous value, so the backfill replays such a task record by record and must give the
+    worker's stores and dead-letter records exactly. Key ``zz`` ends with two failing changes
+    after a passing one: a reduction would have lost its value."""
+    t = {"catalog": f"bfu-catalog-{unique}", "out_catalog": f"bfu-out-{unique}"}
+    kafka.create_topics(kafka_bootstrap, {v: PARTS for v in t.values()})
+    rnd = random.Random(5)
+    history = [("catalog", f"c{rnd.randrange(40):03d}".encode(),
+                None if rnd.random() < 0.08 else _js({"n": rnd.randrange(40)}), None) for _ in range(600)]
+    history += [("catalog", b"zz", _js({"n": 5}), None), ("catalog", b"zz", _js({"n": 13}), None),
+                ("catalog", b"zz", _js({"n": 26}), None)]
+    failing = sum(1 for _, _, v, _ in history if v is not None and json.loads(v)["n"] % 13 == 0)
+    placed = _produce_history(kafka_bootstrap, {"catalog": t["catalog"]}, history)
+    topo = apps.failing_catalog_for(t)
+    want_stores, _, driver_dlq = _driver(topo, t, history)
+    assert len(driver_dlq) == failing
+
+    def provenance(r):
+        h = dict(r[3])
+        return h["__streams.errors.topic"], int(h["__streams.errors.partition"]), int(h["__streams.errors.offset"])
+
+    app = f"bfu-bf-{unique}"
+    rep = backfill.run(topo, bootstrap_servers=kafka_bootstrap, application_id=app, state_dir=tmp_path / "bf",
+                       spark=spark)
+    assert rep.compaction[t["catalog"]].startswith("last real changes per key"), rep.compaction
+    wapp = f"bfu-live-{unique}"
+    w = Worker(topo, kafka_bootstrap, wapp, tmp_path / "live", consumer_config=TEST_CONSUMER_CONFIG)
+    w.run(until_drained=True, install_signal_handlers=False)
+    got = sorted(_messages(kafka_bootstrap, f"{app}-dlq"), key=provenance)
+    live = sorted(_messages(kafka_bootstrap, f"{wapp}-dlq"), key=provenance)
+    assert len(live) == failing and got == live
+    want_positions = sorted((t["catalog"].encode(), p, o) for (_, p, o, _, v, _, _) in placed
+                            if v is not None and json.loads(v)["n"] % 13 == 0)
+    assert [provenance(r) for r in got] == want_positions
+    assert _merged(tmp_path / "bf", app) == want_stores
+    assert _merged(tmp_path / "live", wapp) == want_stores
+    assert b"zz" in dict(want_stores["catalog"])     # its passing value, kept
+    assert without_application_id(contract_column_families(tmp_path / "bf", app), app) == \
+        without_application_id(contract_column_families(tmp_path / "live", wapp), wapp)
+    report(f"reduced table with a raising filter: {failing} failing records dead-lettered by the backfill and "
+           f"the worker, equal; rows read {rep.rows_read}, replayed {rep.rows_replayed} (tasks with a failure "
+           f"replayed record by record); stores equal the worker's and the driver's")
 
 
 @pytest.mark.integration

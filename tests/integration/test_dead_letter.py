@@ -24,11 +24,11 @@ def test_poison_record_goes_to_dlq_and_processing_continues(kafka_bootstrap, uni
     dlq = kafka.read_topic(kafka_bootstrap, f"{app}-dlq")
     assert [(m.key(), m.value()) for m in dlq] == [(b"b", b"{not json")]
     headers = dict(dlq[0].headers())
-    assert headers["dlq.source.topic"] == inp.encode()
-    assert headers["dlq.source.partition"] == b"0"
-    assert headers["dlq.source.offset"] == b"1"
-    assert headers["dlq.step"] == b"KTABLE-SOURCE-0000000000"
-    assert b"JSONDecodeError" in headers["dlq.error"]
+    assert headers["__streams.errors.topic"] == inp.encode()
+    assert headers["__streams.errors.partition"] == b"0"
+    assert headers["__streams.errors.offset"] == b"1"
+    assert headers["processor.errors.step"] == b"KTABLE-SOURCE-0000000000"
+    assert headers["__streams.errors.exception"] == b"json.decoder.JSONDecodeError"
 
     outs = [(m.key(), m.value()) for m in kafka.read_topic(kafka_bootstrap, out)]
     assert outs == [(b"a", b'{"amount": 150}'), (b"c", b'{"amount": 300}'), (b"a", None)]

@@ -131,10 +131,12 @@ def test_second_worker_on_a_locked_state_dir_exits_4(kafka_bootstrap, unique, tm
 def test_record_that_fails_processing_exits_6(kafka_bootstrap, unique, tmp_path, case):
     inp, out, app = f"orders-{unique}", f"big-{unique}", f"app-{unique}"
     kafka.create_topics(kafka_bootstrap, {inp: 1, out: 1})
-    if case == "user-function":   # the filter reads v["amount"]
+    if case == "user-function":   # the filter reads v["amount"] (under dlq, the default, it is dead-lettered)
         produce(kafka_bootstrap, inp, [(b"o1", json.dumps({"amount": 150}).encode()),
                                        (b"o2", json.dumps({"qty": 3}).encode())])
-        extra, fragments = [], [f"record {inp}[0]@1", "KeyError"]
+        extra, fragments = ["--on-error", "fail"], [f"record {inp}[0]@1, step KTABLE-FILTER-0000000001: user "
+                                                    f"function filter_topology.<locals>.<lambda> (apps.py:",
+                                                    "raised KeyError: 'amount'"]
     else:
         produce(kafka_bootstrap, inp, [(b"o1", b"{not json")])
         extra, fragments = ["--on-error", "fail"], [f"record {inp}[0]@0"]

@@ -3,6 +3,7 @@
 import pytest
 
 from processor import StreamsBuilder
+from processor.engine.task import DLQ_HEADERS
 from processor.errors import ConfigError, DeserializationError
 from processor.records import OutputRecord
 from processor.testing import TopologyTestDriver
@@ -26,9 +27,13 @@ def test_dlq_policy_sends_original_bytes_with_provenance_and_goes_on():
         assert (rec.key, rec.value, rec.timestamp) == (b"b", b"not json", 2)
         h = dict(rec.headers)
         assert h["trace"] == b"x1"
-        assert (h["dlq.source.topic"], h["dlq.source.partition"], h["dlq.source.offset"]) == (b"t", b"0", b"1")
-        assert h["dlq.step"] == b"KTABLE-SOURCE-0000000000"
-        assert b"JSONDecodeError" in h["dlq.error"]
+        assert [n for n, _ in rec.headers] == ["trace", *DLQ_HEADERS]   # the input's own headers first
+        assert (h["__streams.errors.topic"], h["__streams.errors.partition"],
+                h["__streams.errors.offset"]) == (b"t", b"0", b"1")
+        assert h["processor.errors.step"] == b"KTABLE-SOURCE-0000000000"
+        assert h["__streams.errors.exception"] == b"json.decoder.JSONDecodeError"
+        assert h["__streams.errors.message"].startswith(b"record t[0]@1, step KTABLE-SOURCE-0000000000: ")
+        assert b"Traceback" in h["__streams.errors.stacktrace"] and b"JSONDecodeError" in h["__streams.errors.stacktrace"]
         assert d.get_store("t-store").items() == [("a", 1), ("c", 3)]
         assert d.metrics()["task"]["dead_lettered"] == 1
 

@@ -5,18 +5,22 @@ import pytest
 
 from processor import cli
 from processor.errors import (BrokerUnreachable, ChangelogMismatch, ConfigError, DeserializationError,
-                              ProcessingError, ProcessorError, RecordError, SerializationError, StateDirLocked,
-                              StateError, TopologyError)
+                              KafkaIOError, OutputError, ProcessingError, ProcessorError, RecordError,
+                              SerializationError, StateDirLocked, StateError, TopologyError, UserFunctionError)
+from processor.runtime.worker import DeliveryFailed
 
 
 def test_exit_code_per_class():
     assert {cls: cls.exit_code for cls in (ProcessorError, StateError, ConfigError, TopologyError,
                                            BrokerUnreachable, StateDirLocked, ChangelogMismatch,
                                            RecordError, ProcessingError, SerializationError,
-                                           DeserializationError)} == {
+                                           DeserializationError, UserFunctionError, OutputError,
+                                           KafkaIOError, DeliveryFailed)} == {
         ProcessorError: 1, StateError: 1, ConfigError: 2, TopologyError: 2, BrokerUnreachable: 3,
         StateDirLocked: 4, ChangelogMismatch: 5, RecordError: 6, ProcessingError: 6,
-        SerializationError: 6, DeserializationError: 6}
+        SerializationError: 6, DeserializationError: 6, UserFunctionError: 6, OutputError: 6,
+        KafkaIOError: 7, DeliveryFailed: 7}
+    assert not issubclass(KafkaIOError, ConfigError)   # a failed read at run time is not bad usage
     assert issubclass(BrokerUnreachable, ConfigError)
     assert issubclass(StateDirLocked, StateError) and issubclass(ChangelogMismatch, StateError)
 
@@ -36,6 +40,7 @@ def test_bad_module_attr_is_2(capsys):
     (StateDirLocked("state directory /s/a is locked by another worker (pid 1 on host h)"), 4),
     (ChangelogMismatch("task 0_1: local state at 10, changelog ends at 5"), 5),
     (ProcessingError("raised ValueError: bad\nvalue", topic="t", partition=0, offset=3, step="s"), 6),
+    (KafkaIOError("task 0_1: 3 changelog record(s) failed delivery, first: t[0]: Broker: timed out"), 7),
     (ProcessorError("something else"), 1),
 ])
 def test_main_returns_the_error_class_exit_code_on_one_line(monkeypatch, capsys, exc, code):

@@ -111,8 +111,8 @@ def test_repartitioned_table_joins_like_the_direct_one():
         ("o1", {"c": "north", "o": 1}, 101), ("o2", {"c": None, "o": 2}, 102), ("o2", {"c": "south", "o": 2}, 103),
         ("o1", {"c": "south", "o": 3}, 105), ("o2", None, 106), ("o1", {"c": None, "o": 3}, 107)]
     # the keyless record is dead-lettered at the user's topic in both, naming the step
-    assert [dict(r.headers)["dlq.source.topic"] for r in via_dlq] == [b"orders"]
-    assert dict(via_dlq[0].headers)["dlq.step"].startswith(b"KTABLE-REQUIRE-KEY")
+    assert [dict(r.headers)["__streams.errors.topic"] for r in via_dlq] == [b"orders"]
+    assert dict(via_dlq[0].headers)["processor.errors.step"].startswith(b"KTABLE-REQUIRE-KEY")
     assert [r.value for r in direct_dlq] == [r.value for r in via_dlq] == [b'{"c":"c1","n":0}']
 
 

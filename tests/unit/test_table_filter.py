@@ -87,7 +87,7 @@ def test_predicate_error_names_record_step_and_function():
     def strict(k, v):
         return v["missing"] > 0
 
-    with TopologyTestDriver(build(strict)) as d:
+    with TopologyTestDriver(build(strict), on_error="fail") as d:
         try:
             d.pipe_input("orders", "a", {"amount": 1}, timestamp=1)
         except ProcessingError as exc:
