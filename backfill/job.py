@@ -80,6 +80,7 @@ class BackfillReport:
     seconds: dict = field(default_factory=dict)  # stage -> seconds
     installed: list = field(default_factory=list)
     finalized: set = field(default_factory=set)  # sub-topologies whose tasks were written by their last run
+    failed_in_processing: dict = field(default_factory=dict)   # input topic -> records failed (user function, output)
 
     def lines(self) -> list[str]:
         out = [f"backfill of {self.application_id}: {self.rows_read} input rows read, {self.records_processed} "
@@ -172,14 +173,17 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
         emit_outputs: bool = False, archives: dict | None = None, force: bool = False,
         master: str | None = None, on_error: str = "dlq", consumer_config: dict | None = None,
         producer_config: dict | None = None, max_records_per_split: int | None = None,
-        client_config=None) -> BackfillReport:
+        client_config=None, replication_factor: int | None = None,
+        topic_configs: dict | None = None) -> BackfillReport:
     """Rebuild every task's stores of ``topology`` for ``application_id`` from topic history into
     ``state_dir`` and hand over to the worker (see the module docstring). ``client_config``
     (``processor.runtime.client_config.ClientConfig``) reaches every client the driver and the
-    executors open; ``consumer_config`` / ``producer_config`` are layered over its kinds."""
+    executors open; ``consumer_config`` / ``producer_config`` are layered over its kinds.
+    Internal topics are created and checked as the worker does (``replication_factor``,
+    ``topic_configs`` per kind: processor/runtime/internal_topics.py)."""
     from processor.engine.routing import Routing
     from processor.engine.task import dlq_topic_for
-    from processor.runtime import kafka
+    from processor.runtime import internal_topics, kafka
     from processor.runtime.client_config import ClientConfig
     from processor.runtime.partitioning import determine_partitioners
 
@@ -231,14 +235,15 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
     build_root = None
     try:
         # 1. topics as the worker creates them; the snapshot; each source's partitioner
-        internal_counts = topo.internal_topic_partitions(counts)
-        kafka.create_topics(bootstrap_servers, {t: n for t, n in internal_counts.items() if t not in counts})
+        wanted = internal_topics.wanted_topics(topo, counts)
+        internal_topics.ensure(bootstrap_servers, application_id, wanted, counts, replication_factor, topic_configs)
+        internal_counts = {t: n for t, (n, kind) in wanted.items() if kind != "changelog"}
         counts.update(internal_counts)
-        kafka.create_topics(bootstrap_servers, topo.changelog_topic_partitions(counts),
-                            config=kafka.CHANGELOG_TOPIC_CONFIG)
         dlq = dlq_topic_for(application_id)
         if on_error == "dlq" and dlq not in counts:
-            kafka.create_topics(bootstrap_servers, {dlq: 1})
+            rf = (replication_factor if replication_factor is not None
+                  else internal_topics.default_replication_factor(bootstrap_servers))
+            kafka.create_topics(bootstrap_servers, {dlq: 1}, replication_factor=rf)
         changelog_topics = topo.changelog_topic_partitions(counts)
         # one snapshot of every partition involved: the sources' history, and where the internal
         # and changelog topics end (new topics: 0); the partitioners are sampled meanwhile (both
@@ -271,6 +276,26 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
         report.compaction = {t: plan.get(t, why) for t in sources}
         t1 = time.monotonic()
         _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_split, report)
+        if ctx.compacted and report.failed_in_processing:
+            # Records failed in user functions or outputs while tables were reduced: the worker
+            # dead-letters (or skips) each failing record of the whole history and keeps the
+            # previous value of its key, which a reduction cannot reproduce where the failure
+            # shows downstream (e.g. a foreign-key join's joiner on a reduced right table). So
+            # everything is done again, every record replayed.
+            failed = ", ".join(f"{t}: {c}" for t, c in sorted(report.failed_in_processing.items()))
+            log.warning("records failed in processing (%s) while tables were reduced to their last "
+                        "changes: processing the history again, record by record", failed)
+            shutil.rmtree(build_root, ignore_errors=True)
+            build_root = new_build_root(state_dir, application_id)
+            ctx.build_root = str(build_root)
+            ctx.compacted = set()
+            report.compaction = {t: f"every record replayed (records failed in processing: {failed})"
+                                 for t in sources}
+            report.rows_read = report.rows_replayed = 0
+            report.runs, report.finalized, report.failed_in_processing = [], set(), {}
+            report.records_processed = 0
+            report.subscriptions_superseded = 0
+            _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_split, report)
         seconds["process"] = time.monotonic() - t1
         t2 = time.monotonic()
         stats = _finalize(spark, ctx, report.finalized)
@@ -546,6 +571,8 @@ def _process(spark, ctx, snapshot, archives, consumer_config, max_records_per_sp
             n += r["records"]
             report.rows_read += r["read"]
             report.rows_replayed += r["replayed"]
+            for t, c in r["failed"].items():
+                report.failed_in_processing[t] = report.failed_in_processing.get(t, 0) + c
             for t, c in r["internal"].items():
                 per_topic[t] = per_topic.get(t, 0) + c
         produced.append((run_no, per_topic))
@@ -984,7 +1011,7 @@ class _TaskRun:
         task.close()
         out = {"task": task_id, "records": n, "read": read, "replayed": replayed,
                "internal": collector.internal_counts, "superseded": collector.superseded,
-               "dead_lettered": task.dead_lettered, "entries": {}}
+               "dead_lettered": task.dead_lettered, "failed": dict(task.failed_in_processing), "entries": {}}
         if spec.final:
             written = _write_task(ctx, spec.sub, partition, stores, time.monotonic())
             out["entries"] = written["entries"]

@@ -108,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
                         "raises, an output does not serialize or is too large (default: dlq: to "
                         "<application-id>-dlq; skip: count and log; fail: stop, exit 6)")
     add_client_arguments(r)
+    add_topic_arguments(r)
     r.add_argument("--processing-guarantee", choices=["at_least_once", "exactly_once"],
                    default="at_least_once",
                    help="exactly_once: outputs, changelogs and input offsets of each commit in one "
@@ -144,6 +145,29 @@ def add_backfill_arguments(bf: argparse.ArgumentParser) -> None:
     bf.add_argument("--on-error", choices=["dlq", "skip", "fail"], default="dlq",
                     help="the worker's policy for a record that fails (see processor run --help)")
     add_client_arguments(bf)
+    add_topic_arguments(bf)
+
+
+def add_topic_arguments(p: argparse.ArgumentParser) -> None:
+    """How internal topics are created (processor/runtime/internal_topics.py)."""
+    p.add_argument("--replication-factor", type=int, default=None, metavar="N",
+                   help="replication factor of the internal topics created (default: min(3, brokers))")
+    for kind in ("changelog", "repartition", "foreign-key"):
+        p.add_argument(f"--{kind}-topic-config", action="append", default=[], metavar="KEY=VALUE",
+                       help=f"topic setting of the {kind} topics created (repeatable)")
+
+
+def topic_settings_from_args(args) -> dict:
+    """``replication_factor`` and ``topic_configs`` keyword arguments from the topic flags."""
+    from processor.runtime.client_config import parse_pairs
+    from processor.runtime.internal_topics import check_kind_configs
+
+    if args.replication_factor is not None and args.replication_factor < 1:
+        raise ConfigError(f"--replication-factor must be at least 1, not {args.replication_factor}")
+    configs = {kind: parse_pairs(getattr(args, f"{kind.replace('-', '_')}_topic_config"), f"--{kind}-topic-config")
+               for kind in ("changelog", "repartition", "foreign-key")}
+    return {"replication_factor": args.replication_factor,
+            "topic_configs": check_kind_configs({k: v for k, v in configs.items() if v})}
 
 
 def add_client_arguments(p: argparse.ArgumentParser) -> None:
@@ -191,7 +215,8 @@ def run_backfill_command(args) -> int:
     report = backfill.run(topology, bootstrap_servers=args.bootstrap_servers,
                           application_id=args.application_id, state_dir=args.state_dir,
                           emit_outputs=args.emit_outputs, archives=_kv(args.archive), force=args.force,
-                          master=args.master, on_error=args.on_error, client_config=config)
+                          master=args.master, on_error=args.on_error, client_config=config,
+                          **topic_settings_from_args(args))
     for line in report.lines():
         print(line, flush=True)
     return 0
@@ -285,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 logging.getLogger("processor.worker").info("Kafka client settings: %s", config.describe())
             worker = Worker(topology, args.bootstrap_servers, args.application_id, args.state_dir,
                             commit_interval_ms=args.commit_interval_ms, on_error=args.on_error,
-                            client_config=config,
+                            client_config=config, **topic_settings_from_args(args),
                             startup_timeout_s=args.startup_timeout_s,
                             processing_guarantee=args.processing_guarantee)
             worker.run()

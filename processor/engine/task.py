@@ -211,6 +211,11 @@ class Task:
                                       f"stopping (internal topics are never dead-lettered)",
                                       topic=topic, partition=partition, offset=offset,
                                       step=exc.step) from exc
+            if exc.step != self.sources[topic][0].name:
+                # not the topic's first source: an earlier one (another source of the same
+                # topic with other serdes) may have written already (a host that runs without
+                # the journal must run the task again: failed_in_processing)
+                self.failed_in_processing[topic] = self.failed_in_processing.get(topic, 0) + 1
             if atomic:
                 self._undo_record(outbox_len)
             else:
@@ -329,6 +334,7 @@ class Task:
         ctx.source_value = ctx.source_value_bytes = ctx.source_value_serde = None
         self.stores.writer = (ctx.topic, ctx.partition, ctx.offset)
         self._journal.clear()
+        self._record_sends.clear()   # (left by a record that failed fatally: never sent)
         try:
             fn()
             if self._record_sends:

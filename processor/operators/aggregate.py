@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import struct
 
-from processor.errors import ProcessorError
 from processor.operators.base import Processor
 from processor.operators.emission import AggregateEmitter
 from processor.records import Windowed
@@ -99,11 +98,7 @@ class _Aggregate(Processor):
         if new_value is None:
             new_bytes = None
         else:
-            try:
-                new_bytes = self.value_serde.serialize(new_value)
-            except Exception as exc:
-                raise ProcessorError(f"aggregate value {new_value!r} does not serialize with "
-                                     f"{self.value_serde!r}: {type(exc).__name__}: {exc}") from exc
+            new_bytes = self.serialize(self.value_serde, new_value, "aggregate value")
         old_bytes = None if raw is None else raw[TS:]
         old_ts = None if raw is None else timestamped.timestamp_of(raw)
         if new_bytes != old_bytes:
@@ -154,7 +149,7 @@ class TableAggregate(_Aggregate):
     def process(self, key, change, timestamp):
         self.records_in += 1
         advanced = self._observe(timestamp)
-        kb = self.key_serde.serialize(key)
+        kb = self.serialize(self.key_serde, key, "group key")
         raw, agg = self._current(kb)
         reduce = self.initializer is None
         if change.old is not None and agg is not None:
@@ -193,7 +188,7 @@ class StreamAggregate(_Aggregate):
             return
         self.records_in += 1
         advanced = self._observe(timestamp)
-        kb = self.key_serde.serialize(key)
+        kb = self.serialize(self.key_serde, key, "group key")
         raw, agg = self._current(kb)
         self._put(kb, raw, self._next(key, value, agg), timestamp)
         self._after(advanced)
@@ -230,7 +225,7 @@ class WindowedStreamAggregate(StreamAggregate):
             return
         self.records_in += 1
         advanced = self._observe(timestamp)
-        kb = self.key_serde.serialize(key)
+        kb = self.serialize(self.key_serde, key, "group key")
         stream_time = self.observed_time
         first = max(0, timestamp - self.size + self.advance) // self.advance * self.advance
         applied = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from processor.engine.routing import Routing
-from processor.errors import ProcessorError, UserFunctionError
+from processor.errors import ProcessorError, SerializationError, UserFunctionError
 
 
 def describe_function(fn: Callable) -> str:
@@ -101,6 +101,17 @@ class Processor:
 
     def close(self) -> None:
         pass
+
+    def serialize(self, serde, value, what: str) -> bytes | None:
+        """``serde.serialize(value)``; a failure is a SerializationError naming this step (it
+        follows the on_error policy: a user's value that its serde cannot write)."""
+        try:
+            return serde.serialize(value)
+        except Exception as exc:
+            shown = repr(value)
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            raise SerializationError(f"{what} {shown} does not serialize with {serde!r}: "
+                                     f"{type(exc).__name__}: {exc}", step=self.name) from exc
 
     def user_error(self, fn: Callable, exc: BaseException) -> ProcessorError:
         """Translate an exception raised by a user function into a UserFunctionError naming the

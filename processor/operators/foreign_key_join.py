@@ -119,7 +119,7 @@ class ForeignKeyJoinSubscriptionSender(Processor):
         self.sinks = [c for c in self.children if isinstance(c, Sink)]
         self.results = [c for c in self.children if not isinstance(c, Sink)]
         self.versions = context.get_store(self.version_store_name)
-        self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde)
+        self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde, self)
 
     def _fk(self, key, value):
         return extract_fk(self, self.fk_extractor, self.fk_arity, self.right_key_serde, key, value)
@@ -135,7 +135,7 @@ class ForeignKeyJoinSubscriptionSender(Processor):
             s.process(fkb, data, ts)
 
     def process(self, key, change, timestamp):
-        pk = self.left_key_serde.serialize(key)
+        pk = self.serialize(self.left_key_serde, key, "key")
         new_fk = self._fk(key, change.new)
         old_fk = self._fk(key, change.old)
         if old_fk is not None and old_fk != new_fk:
@@ -226,7 +226,7 @@ class ForeignKeyJoinSubscriptionReceiver(_RespondingOperator):
                 return
             vb, ts = None, timestamp
         else:
-            vb, ts = self.right_value_serde.serialize(row[0]), max(timestamp, row[1])
+            vb, ts = self.serialize(self.right_value_serde, row[0], "right value"), max(timestamp, row[1])
         self._respond(sub.pk, sub.primary_partition, fkb, vb, ts, echo)
 
     def metrics(self):
@@ -240,11 +240,11 @@ class ForeignKeyJoinResponder(_RespondingOperator):
     kind = "fk-join-responder"
 
     def process(self, key, change, timestamp):
-        fkb = self.right_key_serde.serialize(key)
+        fkb = self.serialize(self.right_key_serde, key, "key")
         vb = unset = object()   # serialized at the first subscriber: most right rows have none
         for ck, raw in self.subscriptions.prefix(combined_key.prefix(fkb)):
             if vb is unset:
-                vb = None if change.new is None else self.right_value_serde.serialize(change.new)
+                vb = None if change.new is None else self.serialize(self.right_value_serde, change.new, "value")
             _, pk = combined_key.decode(ck)
             s = wire.decode_subscriber(raw)
             self._respond(pk, s.primary_partition, fkb, vb, timestamp, s.echo)
@@ -279,7 +279,7 @@ class ForeignKeyJoinResponseResolver(Processor):
         super().init(context)
         self.left = table_getter(self.left_node, context)
         self.versions = context.get_store(self.version_store_name)
-        self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde)
+        self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde, self)
 
     def process(self, pk, data, timestamp):
         if pk is None:

@@ -44,9 +44,10 @@ def join_values(how, joiner, left, right, step):
 class MaterializedResult:
     """A join's result table: compare-and-set by value bytes, returning what to forward."""
 
-    def __init__(self, store, value_serde):
+    def __init__(self, store, value_serde, step):
         self.store = store
         self.value_serde = value_serde
+        self.step = step              # the operator that owns it (errors name it)
 
     def update(self, kb: bytes, new, timestamp: int):
         """Store ``new`` for ``kb``; the Change to forward, or None when the row is unchanged."""
@@ -56,7 +57,7 @@ class MaterializedResult:
                 return None
             self.store.delete(kb)
             return Change(None, self.value_serde.deserialize(old_raw[timestamped.TIMESTAMP_SIZE:]))
-        nb = self.value_serde.serialize(new)
+        nb = self.step.serialize(self.value_serde, new, "join result")
         if old_raw is not None and old_raw[timestamped.TIMESTAMP_SIZE:] == nb:
             return None
         self.store.put(kb, timestamped.encode(timestamp, nb))
@@ -85,10 +86,10 @@ class TableJoinSide(Processor):
     def init(self, context):
         super().init(context)
         self.other = table_getter(self.other_node, context)
-        self.result = MaterializedResult(context.get_store(self.result_store), self.value_serde)
+        self.result = MaterializedResult(context.get_store(self.result_store), self.value_serde, self)
 
     def process(self, key, change, timestamp):
-        kb = self.key_serde.serialize(key)
+        kb = self.serialize(self.key_serde, key, "key")
         row = self.other.get(key, kb)
         other = None if row is None else row[0]
         if self.side == "left":
@@ -164,7 +165,7 @@ class StreamTableJoin(Processor):
         if key is None:
             self.skipped_null_key += 1
             return
-        row = self.table.get(key, self.key_serde.serialize(key))
+        row = self.table.get(key, self.serialize(self.key_serde, key, "key"))
         if row is None and self.how == "inner":
             self.no_match += 1
             return

@@ -128,13 +128,13 @@ def topic_partitions(bootstrap_servers: str, timeout_s: float = 10.0) -> dict[st
 
 
 def create_topics(bootstrap_servers: str, topics: dict[str, int], exist_ok: bool = True,
-                  timeout_s: float = 15.0, config: dict | None = None) -> None:
-    """Create ``{topic: partitions}`` (replication 1, explicit retention, or ``config``)."""
+                  timeout_s: float = 15.0, config: dict | None = None, replication_factor: int = 1) -> None:
+    """Create ``{topic: partitions}`` (explicit retention, or ``config``)."""
     if not topics:
         return
     client = admin(bootstrap_servers)  # must outlive the futures
     futures = client.create_topics(
-        [NewTopic(t, n, 1, config=dict(config or TOPIC_CONFIG)) for t, n in topics.items()],
+        [NewTopic(t, n, replication_factor, config=dict(config or TOPIC_CONFIG)) for t, n in topics.items()],
         operation_timeout=timeout_s, request_timeout=timeout_s)
     for topic, fut in futures.items():
         try:

@@ -48,7 +48,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 from processor.engine.routing import Routing
 from processor.errors import ChangelogMismatch, ConfigError, KafkaIOError
 from processor.graph import AggregateAttrs
-from processor.runtime import kafka
+from processor.runtime import internal_topics, kafka
 from processor.runtime.client_config import ClientConfig
 from processor.runtime.partitioning import determine_partitioners
 from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, RestoreTarget, restore_tasks
@@ -166,10 +166,14 @@ class Worker:
                  *, commit_interval_ms: int = 1000, on_error: str = "dlq",
                  consumer_config: dict | None = None, producer_config: dict | None = None,
                  batch_size: int = 1000, startup_timeout_s: float = 10.0,
-                 processing_guarantee: str = "at_least_once", client_config: ClientConfig | None = None):
+                 processing_guarantee: str = "at_least_once", client_config: ClientConfig | None = None,
+                 replication_factor: int | None = None, topic_configs: dict[str, dict] | None = None):
         if processing_guarantee not in GUARANTEES:
             raise ConfigError(f"processing_guarantee must be one of {GUARANTEES}, not {processing_guarantee!r}")
         self.processing_guarantee = processing_guarantee
+        # internal topics created with these (processor/runtime/internal_topics.py); None: min(3, brokers)
+        self.replication_factor = replication_factor
+        self.topic_configs = internal_topics.check_kind_configs(topic_configs)
         topology = topology.for_application(application_id)
         self.topology = topology
         # every client below is opened with the user's settings: common (client_config), then
@@ -236,37 +240,31 @@ class Worker:
             raise ConfigError(f"topic(s) {', '.join(sorted(set(missing)))} do not exist on "
                               f"{self.bootstrap_servers}; create them before starting "
                               f"application {self.application_id!r}")
-        self._ensure_topics(parts, topo.internal_topic_partitions(parts), "internal topic",
-                            "needs {n} (the partition count of its input)", kafka.TOPIC_CONFIG)
+        wanted = internal_topics.wanted_topics(topo, parts)
+        internal = {t: n for t, (n, kind) in wanted.items() if kind != "changelog"}
+        # existing internal topics first (one with another partition count is named as such),
+        # then co-partitioning; only then is anything created
+        internal_topics.check_existing(self.bootstrap_servers, self.application_id, wanted, parts)
         for i in range(len(self.topology.subtopologies)):
-            counts = {t: parts[t] for t in self.topology.source_topics(i)}
+            counts = {t: parts.get(t, internal.get(t)) for t in self.topology.source_topics(i)}
             if len(set(counts.values())) > 1:
                 listing = ", ".join(f"{t}={n}" for t, n in sorted(counts.items()))
                 raise ConfigError(f"co-partitioned source topics of sub-topology {i} have different "
                                   f"partition counts ({listing}); they must be equal")
-        self._ensure_topics(parts, topo.changelog_topic_partitions(parts), "changelog topic",
-                            "has {n} tasks writing it", kafka.CHANGELOG_TOPIC_CONFIG)
+        created = internal_topics.create_missing(self.bootstrap_servers, wanted, parts,
+                                                 self.replication_factor, self.topic_configs)
         if self.on_error == "dlq" and self.dlq_topic not in parts:
-            kafka.create_topics(self.bootstrap_servers, {self.dlq_topic: 1})
+            rf = (self.replication_factor if self.replication_factor is not None
+                  else internal_topics.default_replication_factor(self.bootstrap_servers))
+            kafka.create_topics(self.bootstrap_servers, {self.dlq_topic: 1}, replication_factor=rf)
+        if created:
+            parts = {**parts, **{t: wanted[t][0] for t in created}}
         # which partitioner placed each source a join depends on (README "Partitioning")
         choices = determine_partitioners(self.topology, self.bootstrap_servers, parts,
                                          self._consumer_config, self.application_id)
         self.topology = self.topology.with_partitioning(choices)
         self.routing = Routing(choices, parts)
         return parts
-
-    def _ensure_topics(self, parts: dict[str, int], wanted: dict[str, int], kind: str, needs: str,
-                       config: dict) -> None:
-        """Create the ``wanted`` topics that do not exist; refuse one with another partition count."""
-        for t, n in wanted.items():
-            if t in parts and parts[t] != n:
-                raise ConfigError(f"{kind} {t} has {parts[t]} partitions, but application "
-                                  f"{self.application_id!r} {needs.format(n=n)}; delete it or "
-                                  f"reset the application")
-        create = {t: n for t, n in wanted.items() if t not in parts}
-        if create:
-            kafka.create_topics(self.bootstrap_servers, create, config=config)
-            parts.update(create)
 
     # -- task management ----------------------------------------------------------------------
     def _restore_consumer_config(self) -> dict:

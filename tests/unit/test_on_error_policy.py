@@ -186,3 +186,29 @@ def test_a_user_function_failing_on_an_internal_record_dead_letters_that_record(
         assert b"user function test_a_user_function_failing_on_an_internal_record_dead_letters_that_record." \
             b"<locals>.adder" in h["__streams.errors.message"]
         assert d.get_store("sum-by-g").items() == [("x", 3)]
+
+
+def test_a_value_its_serde_cannot_write_follows_the_policy():
+    """An aggregate whose group key the key serde cannot write (an int under Serdes.string())
+    and whose value the value serde cannot write (a set under JSON): dead-lettered, not fatal."""
+    from processor.serde import Serdes
+
+    b = StreamsBuilder()
+    b.table("items", store_name="items").group_by(
+        lambda k, v: (v["g"], v["n"]), key_serde=Serdes.string()).aggregate(
+        lambda: 0, lambda k, v, agg: {1, 2} if v == 99 else agg + v, lambda k, v, agg: agg - v,
+        name="sum-by-g").to_stream().to("sums")
+    with TopologyTestDriver(b.build(), application_id="app") as d:
+        d.pipe_input("items", "a", {"n": 1, "g": "x"}, timestamp=0)
+        d.pipe_input("items", "b", {"n": 2, "g": 7}, timestamp=1)      # group key 7: not a str
+        d.pipe_input("items", "c", {"n": 99, "g": "x"}, timestamp=2)   # aggregate {1, 2}: not JSON
+        d.pipe_input("items", "d", {"n": 3, "g": "x"}, timestamp=3)
+        assert [(r.key, r.value) for r in d.read_output("sums")] == [("x", 1), ("x", 4)]
+        dlq = [dict(r.headers) for r in d.read_output("app-dlq")]
+        assert [h["__streams.errors.topic"].endswith(b"-repartition") for h in dlq] == [False, True]
+        assert dlq[0]["__streams.errors.message"].endswith(   # at the repartition topic's sink
+            b"key serialization with Serdes.string() for topic 'app-sum-by-g-repartition' failed: "
+            b"TypeError: string serde expects str, got int")
+        assert b"aggregate value {1, 2} does not serialize" in dlq[1]["__streams.errors.message"]
+        assert d.get_store("items").items() == [("a", {"n": 1, "g": "x"}), ("c", {"n": 99, "g": "x"}),
+                                                ("d", {"n": 3, "g": "x"})]
