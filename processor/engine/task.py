@@ -371,7 +371,16 @@ class Task:
             self.skipped_poison += 1
             log.warning("skipped poison record (on_error=skip): %s", exc)
             return
-        self.collector.send(self.dlq_topic, key, value, timestamp, list(headers or ()) + dead_letter_headers(exc))
+        dlq_headers = list(headers or ()) + dead_letter_headers(exc)
+        if _wire_size(key, value, dlq_headers) > self.max_record_bytes:
+            # an input near the limit: keep the names and the position, drop the long texts
+            dlq_headers = [(n, v[:512] if n in ("__streams.errors.message", "__streams.errors.stacktrace") else v)
+                           for n, v in dlq_headers]
+            if _wire_size(key, value, dlq_headers) > self.max_record_bytes:
+                raise OutputError(f"cannot dead-letter this record: with its dead-letter headers it is larger "
+                                  f"than message.max.bytes ({self.max_record_bytes}); it failed with: {exc.reason}",
+                                  topic=exc.topic, partition=exc.partition, offset=exc.offset, step=exc.step)
+        self.collector.send(self.dlq_topic, key, value, timestamp, dlq_headers)
         self.dead_lettered += 1
         log.warning("dead-lettered poison record to %s: %s", self.dlq_topic, exc)
 

@@ -108,6 +108,10 @@ class KafkaCollector:
                 break
             except BufferError:
                 self.producer.poll(0.05)
+            except KafkaException as exc:   # refused at once (the task checked sizes before)
+                raise KafkaIOError(f"producing a record to {topic}"
+                                   f"{'' if partition is None else f'[{partition}]'}: "
+                                   f"{exc.args[0].str() if exc.args else exc}") from None
         self.sent += 1
 
     def send_changelog(self, topic, key, value, partition, headers, on_delivery):
@@ -498,7 +502,13 @@ class Worker:
         if self.collector.transactional:
             # records in an open transaction are invisible to a read_committed probe: commit
             # them first, or an internal partition looks drained while its records are pending
-            self.commit()
+            # (a commit that sends outbox records opens the next transaction with them: commit
+            # that one too)
+            for _ in range(3):
+                before = self.collector.sent
+                self.commit()
+                if self.collector.sent == before:
+                    break
         self.collector.flush()
         self._sent_at_drain_check = self.collector.sent
         internal = {tp: self.tasks[(self._sub_of_topic[tp[0]], tp[1])].positions.get(tp, 0)

@@ -212,3 +212,36 @@ def test_a_value_its_serde_cannot_write_follows_the_policy():
         assert b"aggregate value {1, 2} does not serialize" in dlq[1]["__streams.errors.message"]
         assert d.get_store("items").items() == [("a", {"n": 1, "g": "x"}), ("c", {"n": 99, "g": "x"}),
                                                 ("d", {"n": 3, "g": "x"})]
+
+
+def test_a_dead_letter_record_over_the_limit_keeps_short_texts_or_fails_loudly():
+    from processor.engine.task import _wire_size
+
+    def loud(k, v):
+        raise ValueError("too loud " * 300)   # a 2,700-byte message, in the stack trace too
+
+    b = StreamsBuilder()
+    b.table("items", store_name="items").filter(loud).to_stream().to("out")
+    topo = b.build()
+
+    def raising_run(limit):
+        d = TopologyTestDriver(topo, application_id="app")
+        d.tasks[0].max_record_bytes = limit
+        d.pipe_input("items", "a", {"n": 1, "g": "x" * 1200}, timestamp=0)
+        return d
+
+    d = raising_run(1_000_000)
+    [full] = d.read_output("app-dlq")
+    d.close()
+    size = _wire_size(full.key, full.value, full.headers)
+    d = raising_run(size - 1)
+    [short] = d.read_output("app-dlq")
+    d.close()
+    h, hf = dict(short.headers), dict(full.headers)
+    assert len(h["__streams.errors.stacktrace"]) == 512 < len(hf["__streams.errors.stacktrace"])
+    assert h["__streams.errors.message"] == hf["__streams.errors.message"][:512]
+    assert (h["__streams.errors.topic"], h["__streams.errors.offset"]) == (b"items", b"0")
+    assert _wire_size(short.key, short.value, short.headers) <= size - 1
+    with pytest.raises(OutputError, match=r"record items\[0\]@0, step KTABLE-FILTER-0000000001: cannot "
+                                          r"dead-letter this record"):
+        raising_run(1500)
