@@ -986,17 +986,13 @@ class _TaskRun:
         failed = task.failed_in_processing
         if failed and not journal:
             # A record failed in a user function or an output (under fail, the task raised). The
-            # first run keeps no journal to undo a failed record's writes (a cost on every write):
-            # run the task again with it. And where such a record belongs to a reduced table, the
-            # worker would have kept that key's previous value and dead-lettered (or skipped)
-            # every failing record of the whole history, superseded ones included: the reduction
-            # no longer gives the same stores, so that run replays the history record by record.
-            reduced = sorted(t for t in failed if t in ctx.compacted)
-            log.warning("task %s: %d record(s) failed in processing (%s): running it again%s", task_id,
-                        sum(failed.values()), ", ".join(f"{t}: {c}" for t, c in sorted(failed.items())),
-                        " record by record" if compact and reduced else "")
+            # first run keeps no journal to undo a failed record's writes and holds no outputs (a
+            # cost on every write): run the task again with them. (Where tables were reduced,
+            # the driver then processes the whole history again, record by record: see run().)
+            log.warning("task %s: %d record(s) failed in processing (%s): running it again", task_id,
+                        sum(failed.values()), ", ".join(f"{t}: {c}" for t, c in sorted(failed.items())))
             task.close()
-            return self._run_task(partition, compact=compact and not reduced, journal=True)
+            return self._run_task(partition, compact=compact, journal=True)
         if spec.flush:
             task.flush()
         # settle the outbox (records sent outside an input record) as a commit would: its records

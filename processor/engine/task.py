@@ -109,6 +109,9 @@ class Task:
         # again with the journal may start without it (``journal=False``: the backfill).
         self._atomic = on_error != "fail" if journal is None else journal
         self._journal: list = []
+        if journal is False:
+            # a host that throws the task away when a record fails needs no held outputs either
+            self.context.sends = _DirectSends(self)
         self._record_sends = self.context.sends
         self._retired_metrics: dict[str, dict[str, int]] = {}
         self.internal_topics = set()          # deduplicated by provenance
@@ -445,6 +448,42 @@ class Task:
                 op.close()
         finally:
             self.stores.close()
+
+
+class _DirectSends:
+    """``ProcessorContext.sends`` of a task built with ``journal=False``: each record goes to the
+    collector at once, after the same size check (an ``OutputError`` follows the policy and
+    counts in ``failed_in_processing``, so the host runs the task again with the journal). Always
+    empty: the task has nothing to send or drop after a record."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task):
+        self.task = task
+
+    def append(self, r) -> None:
+        task = self.task
+        k, v = r[1], r[2]
+        headers = task.context.headers
+        room = task._room_beside(headers) if headers else task._room
+        if (len(v) if v else 0) + (len(k) if k else 0) > room:
+            size = _wire_size(k, v, r[4])
+            if size > task.max_record_bytes:
+                raise OutputError(f"an output record to {r[0]!r} is {size} bytes, more than the producer's "
+                                  f"message.max.bytes ({task.max_record_bytes})", step=f"sink to {r[0]}")
+        task.collector.send(*r)
+
+    def clear(self) -> None:
+        pass
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __len__(self) -> int:
+        return 0
+
+    def __iter__(self):
+        return iter(())
 
 
 def _wire_size(k, v, headers) -> int:
