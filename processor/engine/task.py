@@ -109,9 +109,10 @@ class Task:
         # again with the journal may start without it (``journal=False``: the backfill).
         self._atomic = on_error != "fail" if journal is None else journal
         self._journal: list = []
+        self._direct = None
         if journal is False:
             # a host that throws the task away when a record fails needs no held outputs either
-            self.context.sends = _DirectSends(self)
+            self.context.sends = self._direct = _DirectSends(self)
         self._record_sends = self.context.sends
         self._retired_metrics: dict[str, dict[str, int]] = {}
         self.internal_topics = set()          # deduplicated by provenance
@@ -183,6 +184,8 @@ class Task:
         sends = self._record_sends
         if sends:                    # left by a record that failed under on_error=fail
             sends.clear()
+        if self._direct is not None:
+            self._direct.room = None
         atomic = self._atomic
         if atomic:
             self._journal.clear()
@@ -338,6 +341,8 @@ class Task:
         self.stores.writer = (ctx.topic, ctx.partition, ctx.offset)
         self._journal.clear()
         self._record_sends.clear()   # (left by a record that failed fatally: never sent)
+        if self._direct is not None:
+            self._direct.room = None
         try:
             fn()
             if self._record_sends:
@@ -450,40 +455,35 @@ class Task:
             self.stores.close()
 
 
-class _DirectSends:
+class _DirectSends(list):
     """``ProcessorContext.sends`` of a task built with ``journal=False``: each record goes to the
     collector at once, after the same size check (an ``OutputError`` follows the policy and
-    counts in ``failed_in_processing``, so the host runs the task again with the journal). Always
-    empty: the task has nothing to send or drop after a record."""
+    counts in ``failed_in_processing``, so the host runs the task again with the journal). It
+    stays empty (a list, so the task's ``if sends`` costs nothing): nothing to send or drop after
+    a record. ``room`` is reset by the task for each record (its headers change the bound)."""
 
-    __slots__ = ("task",)
+    __slots__ = ("task", "send", "room")
 
     def __init__(self, task):
+        super().__init__()
         self.task = task
+        self.send = task.collector.send
+        self.room = None
 
     def append(self, r) -> None:
-        task = self.task
         k, v = r[1], r[2]
-        headers = task.context.headers
-        room = task._room_beside(headers) if headers else task._room
+        room = self.room
+        if room is None:
+            task = self.task
+            headers = task.context.headers
+            room = self.room = task._room_beside(headers) if headers else task._room
         if (len(v) if v else 0) + (len(k) if k else 0) > room:
+            task = self.task
             size = _wire_size(k, v, r[4])
             if size > task.max_record_bytes:
                 raise OutputError(f"an output record to {r[0]!r} is {size} bytes, more than the producer's "
                                   f"message.max.bytes ({task.max_record_bytes})", step=f"sink to {r[0]}")
-        task.collector.send(*r)
-
-    def clear(self) -> None:
-        pass
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __len__(self) -> int:
-        return 0
-
-    def __iter__(self):
-        return iter(())
+        self.send(*r)
 
 
 def _wire_size(k, v, headers) -> int:

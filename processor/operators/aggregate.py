@@ -98,7 +98,10 @@ class _Aggregate(Processor):
         if new_value is None:
             new_bytes = None
         else:
-            new_bytes = self.serialize(self.value_serde, new_value, "aggregate value")
+            try:
+                new_bytes = self.value_serde.serialize(new_value)
+            except Exception as exc:
+                raise self.serialize_error(self.value_serde, new_value, "aggregate value", exc) from exc
         old_bytes = None if raw is None else raw[TS:]
         old_ts = None if raw is None else timestamped.timestamp_of(raw)
         if new_bytes != old_bytes:
@@ -149,7 +152,10 @@ class TableAggregate(_Aggregate):
     def process(self, key, change, timestamp):
         self.records_in += 1
         advanced = self._observe(timestamp)
-        kb = self.serialize(self.key_serde, key, "group key")
+        try:
+            kb = self.key_serde.serialize(key)
+        except Exception as exc:
+            raise self.serialize_error(self.key_serde, key, "group key", exc) from exc
         raw, agg = self._current(kb)
         reduce = self.initializer is None
         if change.old is not None and agg is not None:
@@ -188,7 +194,10 @@ class StreamAggregate(_Aggregate):
             return
         self.records_in += 1
         advanced = self._observe(timestamp)
-        kb = self.serialize(self.key_serde, key, "group key")
+        try:
+            kb = self.key_serde.serialize(key)
+        except Exception as exc:
+            raise self.serialize_error(self.key_serde, key, "group key", exc) from exc
         raw, agg = self._current(kb)
         self._put(kb, raw, self._next(key, value, agg), timestamp)
         self._after(advanced)
@@ -225,7 +234,10 @@ class WindowedStreamAggregate(StreamAggregate):
             return
         self.records_in += 1
         advanced = self._observe(timestamp)
-        kb = self.serialize(self.key_serde, key, "group key")
+        try:
+            kb = self.key_serde.serialize(key)
+        except Exception as exc:
+            raise self.serialize_error(self.key_serde, key, "group key", exc) from exc
         stream_time = self.observed_time
         first = max(0, timestamp - self.size + self.advance) // self.advance * self.advance
         applied = False

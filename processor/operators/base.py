@@ -108,10 +108,14 @@ class Processor:
         try:
             return serde.serialize(value)
         except Exception as exc:
-            shown = repr(value)
-            shown = shown if len(shown) <= 80 else shown[:77] + "..."
-            raise SerializationError(f"{what} {shown} does not serialize with {serde!r}: "
-                                     f"{type(exc).__name__}: {exc}", step=self.name) from exc
+            raise self.serialize_error(serde, value, what, exc) from exc
+
+    def serialize_error(self, serde, value, what: str, exc: BaseException) -> SerializationError:
+        """The SerializationError of ``serialize`` (for hot paths that inline the call)."""
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return SerializationError(f"{what} {shown} does not serialize with {serde!r}: "
+                                  f"{type(exc).__name__}: {exc}", step=self.name)
 
     def user_error(self, fn: Callable, exc: BaseException) -> ProcessorError:
         """Translate an exception raised by a user function into a UserFunctionError naming the
