@@ -187,9 +187,9 @@ class Task:
         if self._direct is not None:
             self._direct.room = None
         atomic = self._atomic
+        outbox_len = len(ctx.outbox)
         if atomic:
             self._journal.clear()
-            outbox_len = len(ctx.outbox)
         try:
             if topic in self.internal_topics:
                 mark = self._check_provenance(topic, headers)
@@ -210,6 +210,8 @@ class Task:
                     if (len(v) if v else 0) + (len(k) if k else 0) > room:
                         self._check_sizes(headers)
                         break
+            if len(ctx.outbox) > outbox_len:   # internal records queued behind an earlier outbox entry
+                self._check_sizes(headers, ctx.outbox[outbox_len:])
         except DeserializationError as exc:
             if topic in self._internal_sources:
                 # our own records: a newer build's format or corruption, not user input
@@ -255,7 +257,7 @@ class Task:
             send(*r)
         self._record_sends.clear()
 
-    def _check_sizes(self, headers) -> None:
+    def _check_sizes(self, headers, records=None) -> None:
         """Every record this input record produces must fit the producer's ``message.max.bytes``
         (counted as librdkafka counts it), or none is sent (``OutputError``)."""
         # An output's headers are the input record's (``headers``) plus this product's own (a
@@ -264,7 +266,7 @@ class Task:
         # exact count runs only near the limit.
         limit = self.max_record_bytes
         room = self._room_beside(headers) if headers else self._room
-        for r in self._record_sends:
+        for r in (self._record_sends if records is None else records):
             k, v = r[1], r[2]
             if (len(v) if v else 0) + (len(k) if k else 0) > room:
                 size = _wire_size(k, v, r[4])

@@ -245,3 +245,31 @@ def test_a_dead_letter_record_over_the_limit_keeps_short_texts_or_fails_loudly()
     with pytest.raises(OutputError, match=r"record items\[0\]@0, step KTABLE-FILTER-0000000001: cannot "
                                           r"dead-letter this record"):
         raising_run(1500)
+
+
+def test_internal_records_queued_behind_the_outbox_are_size_checked_too():
+    """Behind an outbox entry (a punctuation's records waiting for the commit), a record's
+    internal records join the outbox instead of going out: they are checked and dropped the same."""
+    from processor.engine.task import Task
+    from processor.state.memory import MemoryStores
+
+    b = StreamsBuilder()
+    b.table("items", store_name="items").group_by(lambda k, v: (v["g"], HUGE if v["n"] == 11 else v["n"])) \
+        .aggregate(lambda: 0, lambda k, v, agg: 0, lambda k, v, agg: 0, name="agg")
+    topo = b.build().for_application("app")
+    sent = []
+
+    class Collector:
+        def send(self, *r):
+            sent.append(r)
+
+    task = Task(topo, 0, 0, MemoryStores(), Collector(), lambda: 0, on_error="dlq", dlq_topic="app-dlq")
+    waiting = ("app-x", b"k", b"v", 0, None, 0)
+    task.context.outbox.append(waiting)
+    task.process("items", 0, 0, 0, b'"a"', b'{"g": "x", "n": 1}')
+    assert len(task.context.outbox) == 2                     # queued behind the waiting entry
+    task.process("items", 0, 1, 1, b'"b"', b'{"g": "x", "n": 11}')
+    assert len(task.context.outbox) == 2 and task.context.outbox[0] == waiting
+    assert [r[0] for r in sent] == ["app-dlq"]
+    assert b"more than the producer's message.max.bytes" in dict(sent[0][4])["__streams.errors.message"]
+    assert task.stores.store("items").get(b'"b"') is None    # its write undone
