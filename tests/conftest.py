@@ -73,9 +73,9 @@ _broker_capabilities = None
 @pytest.fixture(scope="session")
 def broker_capabilities(kafka_bootstrap):
     """The broker's transaction capabilities, probed once per session
-    (``processor.runtime.broker_probe``); printed in the terminal summary when used."""
+    (``tests.support.broker_probe``); printed in the terminal summary when used."""
     global _broker_capabilities
-    from processor.runtime.broker_probe import probe_transactions
+    from tests.support.broker_probe import probe_transactions
 
     _broker_capabilities = probe_transactions(kafka_bootstrap)
     return _broker_capabilities

@@ -21,8 +21,9 @@ committed, then kept open ("suspended") until the assignment: if they come back,
 without a restore (nobody else can have owned them in between).
 
 Internal topics (repartition, FK subscription/response) and changelog topics (one partition per
-task, ``cleanup.policy=compact``) are created at start-up, before any record could auto-create
-them on a broker that does that.
+task, ``cleanup.policy=compact``) are created and checked at start-up
+(``processor/runtime/internal_topics.py``), before any record could auto-create them on a broker
+that does that. What a commit unit produces goes through ``processor/runtime/collector.py``.
 
 Stop: SIGTERM/SIGINT finish the record in hand, flush deferred emissions (``Emit.every``),
 commit, close stores and return.
@@ -46,7 +47,7 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from processor.engine.routing import Routing
-from processor.errors import ChangelogMismatch, ConfigError, KafkaIOError
+from processor.errors import ChangelogMismatch, ConfigError
 from processor.graph import AggregateAttrs
 from processor.runtime import internal_topics, kafka
 from processor.runtime.client_config import ClientConfig
@@ -54,6 +55,7 @@ from processor.runtime.partitioning import determine_partitioners
 from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, RestoreTarget, restore_tasks
 from processor.runtime.state_lock import StateDirLock
 from processor.engine.task import Task, dlq_topic_for, max_record_bytes_of
+from processor.runtime.collector import KafkaCollector
 from processor.state.rocksdb import RocksDBDatabase
 
 log = logging.getLogger("processor.worker")
@@ -64,105 +66,6 @@ _EOF = KafkaError._PARTITION_EOF
 GUARANTEES = ("at_least_once", "exactly_once")
 # group offset commit errors that mean "a rebalance is under way", not a broken worker
 _REBALANCING = (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
-
-
-class DeliveryFailed(KafkaIOError):
-    """Records the producer could not deliver (exit 7)."""
-
-
-class KafkaCollector:
-    """Sends task output through its producer; delivery failures are collected and fatal.
-
-    At least once: outputs go through a producer reporting only failures (no per-record
-    callback on the hot path); changelog records through a second producer whose last record per
-    partition reports its offset. Exactly once: one transactional producer for both; a failed
-    record fails the transaction's commit."""
-
-    def __init__(self, producer_config: dict, transactional_id: str | None = None):
-        self.sent = 0
-        self.errors: list[str] = []
-        self.transactional = transactional_id is not None
-        if self.transactional:
-            self.producer = kafka.new_producer({**producer_config, "transactional.id": transactional_id,
-                                                "delivery.report.only.error": False},
-                                               "outputs, changelogs and offsets (transactional)")
-            self.changelog_producer = self.producer
-        else:
-            self.producer = kafka.new_producer({**producer_config, "delivery.report.only.error": True,
-                                                "on_delivery": self.on_delivery_error}, "outputs")
-            self.changelog_producer = kafka.new_producer({**producer_config, "delivery.report.only.error": False,
-                                                          "on_delivery": self.on_delivery_error},
-                                                         "changelogs")
-        self.in_transaction = False
-
-    def send(self, topic, key, value, timestamp, headers, partition=None):
-        produce = self.producer.produce
-        while True:
-            try:
-                if partition is not None:
-                    produce(topic, value, key, partition=partition, timestamp=timestamp, headers=headers)
-                elif headers:
-                    produce(topic, value, key, timestamp=timestamp, headers=headers)
-                else:
-                    produce(topic, value, key, timestamp=timestamp)
-                break
-            except BufferError:
-                self.producer.poll(0.05)
-            except KafkaException as exc:   # refused at once (the task checked sizes before)
-                raise KafkaIOError(f"producing a record to {topic}"
-                                   f"{'' if partition is None else f'[{partition}]'}: "
-                                   f"{exc.args[0].str() if exc.args else exc}") from None
-        self.sent += 1
-
-    def send_changelog(self, topic, key, value, partition, headers, on_delivery):
-        produce = self.changelog_producer.produce
-        while True:
-            try:
-                if on_delivery is None:
-                    produce(topic, value, key, partition=partition, headers=headers)
-                else:
-                    produce(topic, value, key, partition=partition, headers=headers, on_delivery=on_delivery)
-                break
-            except BufferError:
-                self.changelog_producer.poll(0.05)
-
-    def on_delivery_error(self, err, msg):
-        if err is not None:
-            self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
-
-    def flush(self, timeout_s: float = 60.0) -> None:
-        remaining = self.producer.flush(timeout_s)
-        if self.changelog_producer is not self.producer:
-            remaining += self.changelog_producer.flush(timeout_s)
-        if remaining:
-            raise DeliveryFailed(f"{remaining} output record(s) not delivered within {timeout_s:.0f} s")
-        if self.errors:
-            first = self.errors[0]
-            raise DeliveryFailed(f"{len(self.errors)} output record(s) failed delivery, first: {first}")
-
-    def poll(self) -> None:
-        self.producer.poll(0)
-        if self.changelog_producer is not self.producer:
-            self.changelog_producer.poll(0)
-
-    # -- exactly once ---------------------------------------------------------------------------
-    def begin(self) -> None:
-        if self.transactional and not self.in_transaction:
-            self.producer.begin_transaction()
-            self.in_transaction = True
-
-    def commit_transaction(self, offsets, group_metadata) -> None:
-        if offsets:
-            self.producer.send_offsets_to_transaction(offsets, group_metadata, 60)
-        self.producer.commit_transaction(60)
-        self.in_transaction = False
-
-    def abort(self) -> None:
-        if self.transactional and self.in_transaction:
-            try:
-                self.producer.abort_transaction(30)
-            finally:
-                self.in_transaction = False
 
 
 class Worker:

@@ -1,10 +1,10 @@
-"""The broker's transaction capabilities, probed (processor.runtime.broker_probe) and reported by
+"""The broker's transaction capabilities, probed (tests.support.broker_probe) and reported by
 name: what exactly_once mode can rely on from this broker, and that the probe's answers are
 stable and agree with what it observed."""
 
 import time
 
-from processor.runtime.broker_probe import TransactionCapabilities, probe_transactions
+from tests.support.broker_probe import TransactionCapabilities, probe_transactions
 from processor.runtime.local_broker import free_port
 
 

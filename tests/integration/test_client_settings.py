@@ -9,7 +9,7 @@ backfill command (driver and Spark executors) with a ``client.id`` and a socket 
 properties file, and assert that every client of every role carries both, that the roles that
 must exist did open, and that the results are right. Whether the local broker can offer a
 listener that really requires TLS or SASL is probed and reported by name
-(``tests/integration/secured_listener.py``).
+(``tests/support/secured_listener.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 from tests.integration import apps
 from tests.integration.helpers import final_table, final_table_values, produce_interleaved, reliability_scenario
-from tests.integration.secured_listener import probe_secured_listeners
+from tests.support.secured_listener import probe_secured_listeners
 
 PARTS = 2
 SPEC = "tests.integration.apps:reliability_topology"

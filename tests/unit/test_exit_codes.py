@@ -7,7 +7,7 @@ from processor import cli
 from processor.errors import (BrokerUnreachable, ChangelogMismatch, ConfigError, DeserializationError,
                               KafkaIOError, OutputError, ProcessingError, ProcessorError, RecordError,
                               SerializationError, StateDirLocked, StateError, TopologyError, UserFunctionError)
-from processor.runtime.worker import DeliveryFailed
+from processor.runtime.collector import DeliveryFailed
 
 
 def test_exit_code_per_class():

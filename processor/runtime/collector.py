@@ -1,0 +1,114 @@
+"""The worker's record collector: where every task's outputs, internal records, dead-letter
+records and changelog records are produced, and the producer side of a commit unit (flush,
+delivery errors, the Kafka transaction under exactly_once). ``processor/runtime/worker.py``
+drives it; ``Task`` sees only ``send``.
+
+Invariant: a record handed to ``send`` or ``send_changelog`` is either delivered by the next
+``flush`` or that flush raises (``DeliveryFailed``, exit 7): no delivery error is dropped.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaException
+
+from processor.errors import KafkaIOError
+from processor.runtime import kafka
+
+
+class DeliveryFailed(KafkaIOError):
+    """Records the producer could not deliver (exit 7)."""
+
+
+class KafkaCollector:
+    """Sends task output through its producer; delivery failures are collected and fatal.
+
+    At least once: outputs go through a producer reporting only failures (no per-record
+    callback on the hot path); changelog records through a second producer whose last record per
+    partition reports its offset. Exactly once: one transactional producer for both; a failed
+    record fails the transaction's commit."""
+
+    def __init__(self, producer_config: dict, transactional_id: str | None = None):
+        self.sent = 0
+        self.errors: list[str] = []
+        self.transactional = transactional_id is not None
+        if self.transactional:
+            self.producer = kafka.new_producer({**producer_config, "transactional.id": transactional_id,
+                                                "delivery.report.only.error": False},
+                                               "outputs, changelogs and offsets (transactional)")
+            self.changelog_producer = self.producer
+        else:
+            self.producer = kafka.new_producer({**producer_config, "delivery.report.only.error": True,
+                                                "on_delivery": self.on_delivery_error}, "outputs")
+            self.changelog_producer = kafka.new_producer({**producer_config, "delivery.report.only.error": False,
+                                                          "on_delivery": self.on_delivery_error},
+                                                         "changelogs")
+        self.in_transaction = False
+
+    def send(self, topic, key, value, timestamp, headers, partition=None):
+        produce = self.producer.produce
+        while True:
+            try:
+                if partition is not None:
+                    produce(topic, value, key, partition=partition, timestamp=timestamp, headers=headers)
+                elif headers:
+                    produce(topic, value, key, timestamp=timestamp, headers=headers)
+                else:
+                    produce(topic, value, key, timestamp=timestamp)
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+            except KafkaException as exc:   # refused at once (the task checked sizes before)
+                raise KafkaIOError(f"producing a record to {topic}"
+                                   f"{'' if partition is None else f'[{partition}]'}: "
+                                   f"{exc.args[0].str() if exc.args else exc}") from None
+        self.sent += 1
+
+    def send_changelog(self, topic, key, value, partition, headers, on_delivery):
+        produce = self.changelog_producer.produce
+        while True:
+            try:
+                if on_delivery is None:
+                    produce(topic, value, key, partition=partition, headers=headers)
+                else:
+                    produce(topic, value, key, partition=partition, headers=headers, on_delivery=on_delivery)
+                break
+            except BufferError:
+                self.changelog_producer.poll(0.05)
+
+    def on_delivery_error(self, err, msg):
+        if err is not None:
+            self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        remaining = self.producer.flush(timeout_s)
+        if self.changelog_producer is not self.producer:
+            remaining += self.changelog_producer.flush(timeout_s)
+        if remaining:
+            raise DeliveryFailed(f"{remaining} output record(s) not delivered within {timeout_s:.0f} s")
+        if self.errors:
+            first = self.errors[0]
+            raise DeliveryFailed(f"{len(self.errors)} output record(s) failed delivery, first: {first}")
+
+    def poll(self) -> None:
+        self.producer.poll(0)
+        if self.changelog_producer is not self.producer:
+            self.changelog_producer.poll(0)
+
+    # -- exactly once ---------------------------------------------------------------------------
+    def begin(self) -> None:
+        if self.transactional and not self.in_transaction:
+            self.producer.begin_transaction()
+            self.in_transaction = True
+
+    def commit_transaction(self, offsets, group_metadata) -> None:
+        if offsets:
+            self.producer.send_offsets_to_transaction(offsets, group_metadata, 60)
+        self.producer.commit_transaction(60)
+        self.in_transaction = False
+
+    def abort(self) -> None:
+        if self.transactional and self.in_transaction:
+            try:
+                self.producer.abort_transaction(30)
+            finally:
+                self.in_transaction = False
