@@ -125,6 +125,20 @@ def _parser() -> argparse.ArgumentParser:
                                          "then `processor run` continues at the snapshot")
     add_backfill_arguments(bf)
 
+    st = sub.add_parser("state", help="look inside a stopped worker's (or a backfill's) state directory")
+    st_sub = st.add_subparsers(dest="state_command", required=True)
+    for name, text in (("dump", "print the stores as JSON lines, decoded with the topology's serdes"),
+                       ("stats", "print entries and bytes per task and store")):
+        sp = st_sub.add_parser(name, help=text)
+        sp.add_argument("topology", metavar="MODULE:ATTR")
+        sp.add_argument("--application-id", required=True)
+        sp.add_argument("--state-dir", required=True)
+        if name == "dump":
+            sp.add_argument("--store", default=None, help="only this store (column family)")
+            sp.add_argument("--task", default=None, metavar="SUB_PARTITION", help="only this task, e.g. 0_1")
+            sp.add_argument("--raw", action="store_true",
+                            help="keys and values as hex, every column family (bookkeeping, host-local) too")
+
     b = sub.add_parser("broker", help="start the local development broker (tansu) and print its address")
     b.add_argument("--port", type=int, default=None)
     return ap
@@ -316,6 +330,18 @@ def main(argv: list[str] | None = None) -> int:
             worker.run()
             logging.getLogger("processor.worker").info(
                 "stopped after %d records; counters: %s", worker.records_processed, worker.metrics())
+            return 0
+        if args.command == "state":
+            from processor.runtime import state_inspect
+
+            topology = resolve_topology(args.topology)
+            if args.state_command == "dump":
+                state_inspect.dump(topology, args.application_id, args.state_dir, store=args.store,
+                                   task=args.task, raw=args.raw)
+            else:
+                for row in state_inspect.stats(topology, args.application_id, args.state_dir):
+                    print(f"task {row['task']:<8} {row['store']:<48} {row['entries']:>10,} entries "
+                          f"{row['bytes']:>14,} bytes")
             return 0
         if args.command == "backfill":
             return run_backfill_command(args)
