@@ -389,6 +389,8 @@ class _JobContext:
         self.producer_config = producer_config
         # executors log as the driver does (in local mode their stderr is the driver's console)
         self.log_level = logging.getLogger().getEffectiveLevel()
+        from processor.logs import JsonFormatter   # executors log as the driver does (--log-format)
+        self.log_json = any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
         self.internal = set(topo.internal_topics())
         # foreign-key subscription topics (their sinks route like the right table)
         self.subscription_topics = {n.sink_topic for n in topo.nodes
@@ -924,12 +926,18 @@ def _save_stores(ctx, task_id, stores, offsets) -> None:
     os.replace(tmp, path)
 
 
-def _executor_logging(level: int) -> None:
-    """In an executor's Python worker: log to stderr at the driver's level, once per process."""
+def _executor_logging(level: int, json_lines: bool = False) -> None:
+    """In an executor's Python worker: log to stderr at the driver's level and format, once per
+    process."""
     root = logging.getLogger()
     if not root.handlers:
-        logging.basicConfig(level=level, stream=sys.stderr,
-                            format=f"%(asctime)s %(levelname)s %(name)s [executor {os.getpid()}]: %(message)s")
+        if json_lines:
+            from processor import logs
+
+            logs.configure(level, "json")
+        else:
+            logging.basicConfig(level=level, stream=sys.stderr,
+                                format=f"%(asctime)s %(levelname)s %(name)s [executor {os.getpid()}]: %(message)s")
 
 
 class _TaskRun:
@@ -944,7 +952,7 @@ class _TaskRun:
     def __call__(self, partition):
         from processor.errors import ProcessorError
 
-        _executor_logging(self.ctx.log_level)
+        _executor_logging(self.ctx.log_level, getattr(self.ctx, "log_json", False))
         try:
             return self._run(partition)
         except ProcessorError as exc:   # back to the driver as data: Spark would wrap it

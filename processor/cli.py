@@ -88,6 +88,9 @@ def resolve_topology(spec: str):
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="processor", description="Kafka-native stream processor")
     ap.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default per command)")
+    ap.add_argument("--log-format", choices=["text", "json"], default="text",
+                    help="text (default) or json: one JSON object per line with the record's task, topic, "
+                         "partition and offset where known")
     sub = ap.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="run the example topology end to end (embedded local broker by default)")
@@ -298,8 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     args = parser.parse_args(argv)
     level = args.log_level or ("INFO" if args.command in ("run", "backfill") else "WARNING")
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from processor import logs
+
+    logs.configure(level, args.log_format)
     logging.getLogger("py4j").setLevel(max(logging.getLevelName(level), logging.WARNING))  # Spark's RPC chatter
     # librdkafka chatter (connection retries) is noise next to our own one-line errors
     logging.getLogger("processor.kafka").setLevel(max(logging.getLevelName(level), logging.ERROR)

@@ -40,6 +40,7 @@ import logging
 import traceback
 
 from processor import provenance
+from processor.logs import record_fields
 from processor.engine.routing import Routing, misplaced_key
 from processor.errors import (DeserializationError, OutputError, ProcessingError, ProcessorError, RecordError,
                               SerializationError, UserFunctionError)
@@ -379,7 +380,7 @@ class Task:
             raise exc
         if self.on_error == "skip":
             self.skipped_poison += 1
-            log.warning("skipped poison record (on_error=skip): %s", exc)
+            log.warning("skipped poison record (on_error=skip): %s", exc, extra={"task": self.id, **record_fields(exc)})
             return
         dlq_headers = list(headers or ()) + dead_letter_headers(exc)
         if _wire_size(key, value, dlq_headers) > self.max_record_bytes:
@@ -392,7 +393,8 @@ class Task:
                                   topic=exc.topic, partition=exc.partition, offset=exc.offset, step=exc.step)
         self.collector.send(self.dlq_topic, key, value, timestamp, dlq_headers)
         self.dead_lettered += 1
-        log.warning("dead-lettered poison record to %s: %s", self.dlq_topic, exc)
+        log.warning("dead-lettered poison record to %s: %s", self.dlq_topic, exc,
+                    extra={"task": self.id, **record_fields(exc)})
 
     # -- lifecycle ----------------------------------------------------------------------------
     def commit(self) -> dict[tuple[str, int], int]:
