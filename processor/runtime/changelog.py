@@ -269,7 +269,7 @@ def _finish(t: RestoreTarget, seconds: float) -> None:
                 store.delete(k)
             else:
                 store.put(k, v)
-    if t.restored or t.tail_records:
+    if t.restored or t.tail_records or t.local:   # (a task reopened from local state: even with 0)
         log.info("restored task %s from its changelogs: %d records (the assignment's restore took %.1f s)%s",
                  t.task_id, t.restored, seconds,
                  f"; {t.tail_records} record(s) of an unfinished commit will be overwritten"
