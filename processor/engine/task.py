@@ -187,9 +187,8 @@ class Task:
             sends.clear()
         if self._direct is not None:
             self._direct.room = None
-        atomic = self._atomic
         outbox_len = len(ctx.outbox)
-        if atomic:
+        if self._atomic:
             self._journal.clear()
         try:
             if topic in self.internal_topics:
@@ -220,23 +219,13 @@ class Task:
                                       f"stopping (internal topics are never dead-lettered)",
                                       topic=topic, partition=partition, offset=offset,
                                       step=exc.step) from exc
-            if exc.step != self.sources[topic][0].name:
-                # not the topic's first source: an earlier one (another source of the same
-                # topic with other serdes) may have written already (a host that runs without
-                # the journal must run the task again: failed_in_processing)
-                self.failed_in_processing[topic] = self.failed_in_processing.get(topic, 0) + 1
-            if atomic:
-                self._undo_record(outbox_len)
-            else:
-                self._record_sends.clear()
-            self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
+            # not the topic's first source: an earlier one (another source of the same topic with
+            # other serdes) may have written already (a host that runs without the journal must
+            # run the task again: failed_in_processing)
+            self._reject(exc, exc.step != self.sources[topic][0].name, outbox_len,
+                         topic, partition, offset, timestamp, key, value, headers)
         except (UserFunctionError, SerializationError) as exc:   # incl. OutputError
-            self.failed_in_processing[topic] = self.failed_in_processing.get(topic, 0) + 1
-            if atomic:
-                self._undo_record(outbox_len)
-            else:
-                self._record_sends.clear()
-            self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
+            self._reject(exc, True, outbox_len, topic, partition, offset, timestamp, key, value, headers)
         except RecordError as exc:
             raise exc.with_provenance(topic, partition, offset) from exc.__cause__
         except ProcessorError:
@@ -251,6 +240,18 @@ class Task:
             sends.clear()
         self.positions[(topic, partition)] = offset + 1
         self.processed += 1
+
+    def _reject(self, exc, after_writes: bool, outbox_len: int, topic, partition, offset, timestamp, key, value,
+                headers) -> None:
+        """A record failed (``exc``): leave nothing of it behind, then apply the on_error policy.
+        ``after_writes``: it may have written before failing (``failed_in_processing``)."""
+        if after_writes:
+            self.failed_in_processing[topic] = self.failed_in_processing.get(topic, 0) + 1
+        if self._atomic:
+            self._undo_record(outbox_len)
+        else:
+            self._record_sends.clear()
+        self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
 
     def _send_record_outputs(self) -> None:
         send = self.collector.send
