@@ -103,6 +103,13 @@ class SinkAttrs(NodeAttrs):
     # Set by the ``Topology``: the sink forwards its source's value bytes unchanged (every node
     # between them preserves the value object and the serdes are the same).
     passthrough: bool = False
+    # Set by the ``Topology``: the sink is a user topic fed straight by one table's
+    # ``to_stream()``, the only sink of its topic, and that table can be looked up: its records
+    # carry their origin and a task reopened after a crash makes the topic converge to the table
+    # (``processor/runtime/sink_tails.py``).
+    carries_table: bool = False
+    # the key serde of the stream the sink was attached to (the table's), when ``to()`` named another
+    stream_key_serde: Any = None
 
     @property
     def internal(self) -> bool:

@@ -21,9 +21,10 @@ from typing import NamedTuple
 
 HEADER = "processor.source"
 VERSION = 1
-# Headers only internal topics carry; sinks never copy them onward (a sink to an internal topic
-# writes its own). The second is the foreign-key join's echo (processor/serde/subscription.py).
-INTERNAL_HEADERS = frozenset({HEADER, "processor.fk.subscription"})
+# Headers this product writes; sinks never copy them onward (a sink writes its own). The second
+# is the foreign-key join's echo (processor/serde/subscription.py); the third marks the records of
+# a table sink (below): a topology reading such a topic must not pass it on as its own.
+INTERNAL_HEADERS = frozenset({HEADER, "processor.fk.subscription", "processor.origin"})
 _HEAD = struct.Struct(">BiqI")
 
 
@@ -78,3 +79,63 @@ def encode_mark(offset: int, sequence: int) -> bytes:
 
 def decode_mark(data: bytes) -> tuple[int, int]:
     return _MARK.unpack(data)
+
+
+# -- origin of a table sink's records ---------------------------------------------------------------
+# Every record a task writes to a user topic that carries a table (a sink fed straight by a table's
+# ``to_stream()``) carries the header ``processor.origin``, naming the application, the task and
+# the input record that caused it::
+#
+#     {version = 1}{2-byte BE sub-topology}{4-byte BE task partition}{8-byte BE input offset}
+#     {2-byte BE application id length}{application id, UTF-8}{input topic, UTF-8}
+#
+# (input offset -1 and an empty topic: no input record caused it: a punctuation, a flush, or the
+# convergence step). A task that reopens after a crash reads its table sinks from the ends its last
+# commit record names and tells its own records from everyone else's by this header
+# (``processor/runtime/sink_tails.py``, README "What a crash costs").
+ORIGIN_HEADER = "processor.origin"
+ORIGIN_VERSION = 1
+_ORIGIN_HEAD = struct.Struct(">BHi")
+_ORIGIN_OFFSET = struct.Struct(">q")
+_U16 = struct.Struct(">H")
+
+
+class Origin(NamedTuple):
+    application_id: str
+    sub_topology: int
+    partition: int
+    topic: str        # "" when no input record caused the record
+    offset: int       # -1 likewise
+
+
+def origin_parts(application_id: str, sub_topology: int, partition: int) -> tuple[bytes, bytes]:
+    """The constant head and application part of a task's origin headers (``encode_origin``)."""
+    app = application_id.encode("utf-8")
+    return _ORIGIN_HEAD.pack(ORIGIN_VERSION, sub_topology, partition), _U16.pack(len(app)) + app
+
+
+def encode_origin(head: bytes, app: bytes, topic_bytes: bytes, offset: int) -> bytes:
+    return b"".join((head, _ORIGIN_OFFSET.pack(offset), app, topic_bytes))
+
+
+def decode_origin(data: bytes) -> Origin:
+    if len(data) < _ORIGIN_HEAD.size + 10:
+        raise ValueError(f"{ORIGIN_HEADER} header too short ({len(data)} bytes)")
+    version, sub, partition = _ORIGIN_HEAD.unpack_from(data)
+    if version != ORIGIN_VERSION:
+        raise ValueError(f"unknown {ORIGIN_HEADER} header version {version} (this build reads {ORIGIN_VERSION})")
+    pos = _ORIGIN_HEAD.size
+    (offset,) = _ORIGIN_OFFSET.unpack_from(data, pos)
+    pos += 8
+    (n,) = _U16.unpack_from(data, pos)
+    pos += 2
+    app = data[pos:pos + n].decode("utf-8")
+    return Origin(app, sub, partition, data[pos + n:].decode("utf-8"), offset)
+
+
+def find_origin(headers) -> bytes | None:
+    if headers:
+        for k, v in headers:
+            if k == ORIGIN_HEADER:
+                return v
+    return None

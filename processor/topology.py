@@ -165,6 +165,7 @@ class Topology:
                 except TopologyError as exc:
                     raise TopologyError(f"optimization pass {name!r} broke the topology: {exc}") from exc
         self._mark_passthrough_sinks()
+        self._mark_table_sinks()
         self.subtopologies = self._split()
         self.partitioning: dict[str, object] = {}   # topic -> PartitionerChoice, once a host decided
         self._resolve_routes()
@@ -228,6 +229,28 @@ class Topology:
                     ok = False
                     break
             n.attrs = replace(n.attrs, passthrough=ok and n.attrs.value_serde is cur.attrs.value_serde)
+
+    def _mark_table_sinks(self) -> None:
+        from processor.graph import ToStreamAttrs, getter_spec
+
+        writers: dict[str, int] = {}
+        for n in self.nodes:
+            if n.kind == "sink":
+                writers[n.sink_topic] = writers.get(n.sink_topic, 0) + 1
+        for n in self.nodes:
+            if n.kind != "sink" or n.attrs.internal:
+                continue
+            ok = (writers[n.sink_topic] == 1 and len(n.parents) == 1
+                  and isinstance(n.parents[0].attrs, ToStreamAttrs) and len(n.parents[0].parents) == 1
+                  and getter_spec(n.parents[0].parents[0]) is not None)
+            if ok != n.attrs.carries_table:
+                n.attrs = replace(n.attrs, carries_table=ok)
+
+    def table_sinks(self, sub: int) -> dict:
+        """``{topic: (sink node, table node)}``: the sinks of sub-topology ``sub`` that carry a
+        table (``SinkAttrs.carries_table``)."""
+        return {n.sink_topic: (n, n.parents[0].parents[0]) for n in self.subtopologies[sub]
+                if n.kind == "sink" and n.attrs.carries_table}
 
     def _split(self) -> list[list[LogicalNode]]:
         seen: dict[int, int] = {}

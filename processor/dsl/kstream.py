@@ -103,7 +103,7 @@ class KStream:
         node = LogicalNode(
             name=b.new_name("KSTREAM-SINK", name), kind="sink", sink_topic=topic,
             factory=lambda n: Sink(n.name, n.sink_topic, n.attrs.key_serde, n.attrs.value_serde,
-                                   passthrough=n.attrs.passthrough),
-            attrs=SinkAttrs(key_serde=ks, value_serde=vs),
+                                   passthrough=n.attrs.passthrough, carries_table=n.attrs.carries_table),
+            attrs=SinkAttrs(key_serde=ks, value_serde=vs, stream_key_serde=self.key_serde),
         )
         b.add_node(node, self._node)

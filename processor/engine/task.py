@@ -32,6 +32,10 @@ Invariants:
   the stores, which hold all of their state). Every input record ends processed or
   dead-lettered/skipped, never half applied. A failure outside an input record (punctuation,
   flush) has no record to dead-letter and is fatal.
+- With ``origin`` (the application id; the worker passes it) the records of table sinks carry
+  ``processor.origin``; after a crash the host hands the task its sinks' tails
+  (``start_convergence``) and the task makes those sinks converge to its tables once its replay
+  has caught up (``processor/engine/sink_convergence.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import traceback
 from processor import provenance
 from processor.logs import record_fields
 from processor.engine.routing import Routing, misplaced_key
+from processor.engine.sink_convergence import SinkConvergence
 from processor.errors import (DeserializationError, OutputError, ProcessingError, ProcessorError, RecordError,
                               SerializationError, UserFunctionError)
 from processor.operators.base import Processor, ProcessorContext
@@ -84,7 +89,8 @@ def dlq_topic_for(application_id: str) -> str:
 class Task:
     def __init__(self, topology, sub_id: int, partition: int, stores, collector, wall_clock,
                  on_error: str = "dlq", dlq_topic: str | None = None, routing: Routing | None = None,
-                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, journal: bool | None = None):
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, journal: bool | None = None,
+                 origin: str | None = None):
         if on_error not in ERROR_POLICIES:
             raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {on_error!r}")
         if on_error == "dlq" and not dlq_topic:
@@ -99,6 +105,11 @@ class Task:
         self.dlq_topic = dlq_topic
         self.context = ProcessorContext(self.id, stores, collector, wall_clock, partition)
         self.routing = self.context.routing = routing or Routing()
+        if origin is not None:
+            self.context.origin_head, self.context.origin_app = provenance.origin_parts(origin, sub_id, partition)
+        self._convergence: SinkConvergence | None = None
+        self.converged_in_unit = False
+        self._convergence_metrics: dict[str, int] = {}
         self.task_store = stores.store(TASK_STORE)            # host-local: the outbox
         # contract: the high-water marks (the outbox counter is host-local: it counts commits)
         self.bookkeeping = stores.store(BOOKKEEPING_STORE)
@@ -234,6 +245,8 @@ class Task:
             raise ProcessingError(f"{type(exc).__name__}: {exc}", topic=topic, partition=partition,
                                   offset=offset, step=f"task {self.id}") from exc
         if sends:
+            if self._convergence is not None:
+                self._convergence.saw(sends)
             send = self.collector.send
             for r in sends:
                 send(*r)
@@ -254,6 +267,8 @@ class Task:
         self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
 
     def _send_record_outputs(self) -> None:
+        if self._convergence is not None:
+            self._convergence.saw(self._record_sends)
         send = self.collector.send
         for r in self._record_sends:
             send(*r)
@@ -406,9 +421,35 @@ class Task:
         self.finish_commit(pos, records)
         return pos
 
+    # -- convergence of table sinks after a crash -------------------------------------------------
+    def start_convergence(self, tails: dict[str, dict], targets: dict[tuple[str, int], int]) -> None:
+        """The host read, from the table sinks, the records this task sent after its last commit:
+        ``tails`` ``{topic: {key bytes: last value bytes}}``, ``targets`` ``{input partition: offset
+        after the last input record that caused one}`` (``processor/engine/sink_convergence.py``)."""
+        conv = SinkConvergence(tails, targets)
+        self._convergence = conv if conv.tails else None
+
+    @property
+    def convergence_pending(self) -> bool:
+        return self._convergence is not None
+
+    def _converge_if_caught_up(self) -> None:
+        conv = self._convergence
+        if conv is None or not conv.reached(self.positions):
+            return
+        self._convergence = None
+        self._outside_record("sink convergence", lambda: conv.run(self))
+        self.converged_in_unit = True   # the host commits this unit even without new input
+        for k, v in conv.metrics().items():
+            self._convergence_metrics[k] = self._convergence_metrics.get(k, 0) + v
+
     def prepare_commit(self):
         """First half of a commit: settle the outbox into the task store's pending writes.
-        Returns ``(positions, outbox records)``; every store write of this unit is now pending."""
+        Returns ``(positions, outbox records)``; every store write of this unit is now pending.
+        A pending sink convergence whose targets the positions reached runs first (its records
+        belong to this unit)."""
+        if self._convergence is not None:
+            self._converge_if_caught_up()
         pos = dict(self.positions)
         self.stores.writer = (f"__commit:{self.sub_id}", self.partition, self._outbox_counter + 1)
         if self._outbox_unconfirmed:  # the host flushed the collector before this commit
@@ -450,6 +491,8 @@ class Task:
                 m[k] = m.get(k, 0) + v
         out["task"] = {"processed": self.processed, "dead_lettered": self.dead_lettered,
                        "skipped_poison": self.skipped_poison, "duplicates_dropped": self.duplicates_dropped}
+        if self._convergence_metrics:
+            out["sink convergence"] = dict(self._convergence_metrics)
         return out
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from processor import provenance
 from processor.engine.routing import Routing
 from processor.errors import ProcessorError, SerializationError, UserFunctionError
 
@@ -48,6 +49,20 @@ class ProcessorContext:
         self.source_value: Any = None
         self.source_value_bytes: bytes | None = None
         self.source_value_serde = None
+        # Set by a task whose table sinks mark their records (``processor.origin``): the header's
+        # constant parts (``processor/provenance.py``); None: no header.
+        self.origin_head: bytes | None = None
+        self.origin_app = b""
+        self._origin_topics: dict = {}
+
+    def origin(self) -> bytes:
+        """The ``processor.origin`` header of a record caused by what is being processed."""
+        if not self.in_record:
+            return provenance.encode_origin(self.origin_head, self.origin_app, b"", -1)
+        tb = self._origin_topics.get(self.topic)
+        if tb is None:
+            tb = self._origin_topics[self.topic] = self.topic.encode("utf-8")
+        return provenance.encode_origin(self.origin_head, self.origin_app, tb, self.offset)
 
     def get_store(self, name: str):
         return self._stores.store(name)

@@ -13,6 +13,11 @@ topic), from the host's ``Routing`` (``processor/engine/routing.py``).
 A sink to an internal topic (repartition) writes the input's headers plus the provenance
 header ``processor.source`` (``processor/provenance.py``): the input record's topic,
 partition and offset and a sequence number, so the receiving task can drop replays.
+
+A sink that carries a table (``SinkAttrs.carries_table``) adds the header ``processor.origin``
+(the application, the task and the input record: ``processor/provenance.py``) when its task
+asks for it (``ProcessorContext.origin_head``; the worker does): after a crash the task tells its
+own records in the topic from the others' by it.
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ class Sink(Processor):
     kind = "sink"
 
     def __init__(self, name, topic, key_serde, value_serde, passthrough=False, internal=False,
-                 route_like: str | None = None):
+                 route_like: str | None = None, carries_table: bool = False):
         super().__init__(name)
+        self.carries_table = carries_table
         # route by the partitioner that placed this source topic (FK subscriptions: the right table's)
         self.route_like = route_like
         self.internal = internal
@@ -97,6 +103,9 @@ class Sink(Processor):
             headers = ctx.headers
             if headers and any(h[0] in provenance.INTERNAL_HEADERS for h in headers):  # not for user topics
                 headers = [h for h in headers if h[0] not in provenance.INTERNAL_HEADERS]
+            if self.carries_table and ctx.origin_head is not None:
+                headers = [*headers, (provenance.ORIGIN_HEADER, ctx.origin())] if headers else \
+                    [(provenance.ORIGIN_HEADER, ctx.origin())]
             ctx.send(self.topic, kb, vb, timestamp, headers)
 
     def metrics(self):

@@ -75,6 +75,31 @@ class ChangelogWriter:
         self.errors: list[str] = []
         self.records_written = 0
         self._committed_positions = dict(task.positions)
+        # table sinks (processor/runtime/sink_tails.py): the ends the last commit record named
+        # (None: it named none), the partitions to name, their ends when the task opened
+        self.sink_ends: dict | None = last.sink_ends if last else None
+        self.sink_partitions: list = []
+        self.sink_floor: dict = {}
+        self.has_commit = last is not None
+        self.last_commit_at = time.monotonic()
+
+    def settle_sink_ends(self, delivered: dict, pending: bool) -> None:
+        """After the unit's flush: the sink ends this unit's commit record names (kept where they
+        were while the task's sink convergence is ``pending``)."""
+        if not self.sink_partitions or (pending and self.sink_ends is not None):
+            return
+        cur = self.sink_ends or {}
+        floor = self.sink_floor
+        self.sink_ends = {tp: max(cur.get(tp, 0), floor.get(tp, 0), delivered.get(tp, 0))
+                          for tp in self.sink_partitions}
+
+    def sink_ends_stale(self, delivered: dict, now: float, after_s: float) -> bool:
+        """An idle task's commit record is old and the sinks moved on: a fresh one saves the
+        next owner reading the others' records since."""
+        if not self.sink_partitions or now - self.last_commit_at < after_s:
+            return False
+        cur = self.sink_ends or {}
+        return any(delivered.get(tp, 0) > cur.get(tp, 0) for tp in self.sink_partitions)
 
     def _on_delivery(self, err, msg):
         self._awaiting -= 1
@@ -84,7 +109,8 @@ class ChangelogWriter:
             self._reported[(msg.topic(), msg.partition())] = msg.offset() + 1
 
     def has_work(self, positions) -> bool:
-        return positions != self._committed_positions or any(s.pending for s in self.db.stores.values())
+        return (positions != self._committed_positions or (not self.has_commit and bool(self.sink_partitions))
+                or any(s.pending for s in self.db.stores.values()))
 
     def write_pending(self) -> None:
         """Step 1: every pending write of every store, to its changelog."""
@@ -114,7 +140,9 @@ class ChangelogWriter:
         self.ends.update(self._reported)
         self._reported.clear()
         self.unit += 1
-        value = commit_record.encode(commit_record.CommitRecord(self.unit, positions, dict(self.ends)))
+        value = commit_record.encode(commit_record.CommitRecord(
+            self.unit, positions, dict(self.ends), dict(self.sink_ends) if self.sink_partitions and
+            self.sink_ends is not None else None))
         task_store = self.db.store(TASK_STORE)
         task_store.put(commit_record.COMMIT_KEY, value)
         self._awaiting += 1
@@ -127,6 +155,8 @@ class ChangelogWriter:
         self.ends.update(self._reported)
         self._reported.clear()
         self._committed_positions = dict(positions)
+        self.has_commit = True
+        self.last_commit_at = time.monotonic()
         return dict(self.ends)
 
     def _check_delivered(self) -> None:

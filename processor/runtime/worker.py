@@ -49,7 +49,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 from processor.engine.routing import Routing
 from processor.errors import ChangelogMismatch, ConfigError
 from processor.graph import AggregateAttrs
-from processor.runtime import internal_topics, kafka
+from processor.runtime import internal_topics, kafka, sink_tails
 from processor.runtime.client_config import ClientConfig
 from processor.runtime.partitioning import determine_partitioners
 from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, RestoreTarget, restore_tasks
@@ -64,6 +64,8 @@ _EOF = KafkaError._PARTITION_EOF
 
 
 GUARANTEES = ("at_least_once", "exactly_once")
+# an idle task with table sinks writes a fresh commit record this often when the sinks moved on
+SINK_ENDS_REFRESH_S = 30.0
 # group offset commit errors that mean "a rebalance is under way", not a broken worker
 _REBALANCING = (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
 
@@ -136,6 +138,9 @@ class Worker:
         self._sent_at_drain_check = 0
         self._internal_topics = set(topology.internal_topics())
         self._processed_at_last_commit = 0
+        self._table_sinks: dict[int, list[str]] = {}
+        self._parts: dict[str, int] = {}
+        self._initial_commit_due = False
 
     # -- startup checks -----------------------------------------------------------------------
     def check_topics(self) -> dict[str, int]:
@@ -171,6 +176,9 @@ class Worker:
                                          self._consumer_config, self.application_id)
         self.topology = self.topology.with_partitioning(choices)
         self.routing = Routing(choices, parts)
+        self._parts = parts
+        self._table_sinks = {sub: sorted(self.topology.table_sinks(sub))
+                             for sub in range(len(self.topology.subtopologies))}
         return parts
 
     # -- task management ----------------------------------------------------------------------
@@ -182,7 +190,7 @@ class Worker:
 
     def _open_tasks(self, keys) -> None:
         """Open the tasks' databases, bring them up to their changelogs (all at once), build the
-        tasks."""
+        tasks; then read the table sinks' tails of those that have table sinks."""
         targets = []
         try:
             for sub, partition in keys:
@@ -193,15 +201,42 @@ class Worker:
                 self.restored_records += t.restored
                 task = Task(self.topology, sub, partition, t.db, self.collector, lambda: int(time.time() * 1000),
                             on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing,
-                            max_record_bytes=max_record_bytes_of(self._producer_config))
+                            max_record_bytes=max_record_bytes_of(self._producer_config),
+                            origin=self.application_id if self._table_sinks.get(sub) else None)
                 self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog)
                 self.tasks[(sub, partition)] = task
+            self._open_table_sinks(keys)
         except BaseException:
             for key, t in zip(keys, targets):
                 self.tasks.pop(key, None)
                 self._writers.pop(key, None)
                 t.db.close()
             raise
+
+    def _open_table_sinks(self, keys) -> None:
+        """Tasks with table sinks (``processor/runtime/sink_tails.py``): their sinks' ends now
+        (before they send anything) are the floor of what their commit records name; a task whose
+        last commit record names ends hands its tail to its sink convergence; a task without a
+        commit record commits before it processes anything."""
+        keys = [k for k in keys if self._table_sinks.get(k[0])]
+        if not keys:
+            return
+        topics = sorted({t for k in keys for t in self._table_sinks[k[0]]})
+        ends = sink_tails.partition_ends(self.bootstrap_servers, topics, self._restore_consumer_config())
+        starts = {}
+        for key in keys:
+            writer = self._writers[key]
+            writer.sink_partitions = sink_tails.sink_partitions(self._table_sinks[key[0]], self._parts)
+            writer.sink_floor = {tp: ends[tp] for tp in writer.sink_partitions}
+            if writer.sink_ends is not None:
+                starts[key] = {tp: writer.sink_ends.get(tp, 0) for tp in writer.sink_partitions}
+            elif not writer.has_commit:
+                self._initial_commit_due = True
+        if starts:
+            found = sink_tails.read_tails(self.bootstrap_servers, self._restore_consumer_config(),
+                                          self.application_id, starts, ends)
+            for key, tail in found.items():
+                self.tasks[key].start_convergence(tail.tails, tail.targets)
 
     def _on_assign(self, consumer, partitions):
         try:
@@ -294,10 +329,14 @@ class Worker:
             return
         collector = self.collector
         units = []
+        delivered = collector.delivered_ends
+        now = time.monotonic()
         for key, task in self.tasks.items():
             pos, outbox = task.prepare_commit()
             writer = self._writers[key]
-            if writer.has_work(pos) or outbox:
+            if writer.has_work(pos) or outbox or task.converged_in_unit or \
+                    writer.sink_ends_stale(delivered, now, SINK_ENDS_REFRESH_S):
+                task.converged_in_unit = False
                 units.append((task, writer, pos, outbox))
         if not units:
             self._retry_skipped_offsets()
@@ -312,6 +351,7 @@ class Worker:
                 os.kill(os.getpid(), signal.SIGKILL)
         self._processed_at_last_commit = self.records_processed
         for task, writer, pos, outbox in units:
+            writer.settle_sink_ends(delivered, task.convergence_pending)
             writer.write_commit_record(pos)
         offsets = []
         for task, writer, pos, outbox in units:
@@ -455,7 +495,8 @@ class Worker:
         if self.processing_guarantee == "exactly_once":
             txn_id = f"{self.application_id}-{self._worker_id()}"
         self.collector = KafkaCollector({**kafka.producer_defaults(self.bootstrap_servers),
-                                         **self._producer_config}, transactional_id=txn_id)
+                                         **self._producer_config}, transactional_id=txn_id,
+                                        track_ends=any(self._table_sinks.values()))
         if txn_id is not None:
             try:
                 self.collector.producer.init_transactions(self.startup_timeout_s * 3)
@@ -517,6 +558,11 @@ class Worker:
             msgs = consumer.consume(batch, 0.1)
             if self._fatal is not None:
                 break
+            if self._initial_commit_due:
+                # tasks opened without a commit record: one names their table sinks' ends before
+                # they send anything (processor/runtime/sink_tails.py)
+                self._initial_commit_due = False
+                self.commit()
             if msgs and self.first_record_at is None:
                 self.first_record_at = time.monotonic()
             n = 0

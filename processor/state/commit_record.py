@@ -9,13 +9,24 @@ those ends were written by a unit that never committed (a crash between producin
 and producing this record): restore does not apply them and the next unit writes the current
 value of each of their keys again, so a later replay from any committed point is exact.
 
+Version 2 also names, per partition of the task's table sinks (user topics fed by a table's
+``to_stream()``), an offset below which none of the task's later records can be: every record
+the task sends after this unit comes after it. After a crash the task reads its sinks from
+there (``processor/runtime/sink_tails.py``). Absent (version 1, a backfill's commit, or a
+topology without table sinks): nothing to read.
+
 Layout::
 
-    {version = 1}{8-byte BE unit number}
+    {version = 2}{8-byte BE unit number}
     {2-byte BE position count} then per input partition:
         {2-byte BE topic length}{topic UTF-8}{4-byte BE partition}{8-byte BE next offset}
     {2-byte BE changelog count} then per changelog partition:
         {2-byte BE topic length}{topic UTF-8}{4-byte BE partition}{8-byte BE end offset}
+    {1 byte: 1 if sink ends follow, else 0}
+    then {2-byte BE sink partition count} then per sink partition:
+        {2-byte BE topic length}{topic UTF-8}{4-byte BE partition}{8-byte BE offset}
+
+Version 1 (no sink byte and map) is still read.
 """
 
 from __future__ import annotations
@@ -23,7 +34,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-VERSION = 1
+VERSION = 2
+_READS = (1, 2)
 COMMIT_KEY = b"commit"
 _HEAD = struct.Struct(">BQ")
 _U16 = struct.Struct(">H")
@@ -34,6 +46,7 @@ class CommitRecord(NamedTuple):
     unit: int
     positions: dict      # (topic, partition) -> next input offset
     changelog_ends: dict  # (changelog topic, partition) -> end offset
+    sink_ends: dict | None = None   # (table sink topic, partition) -> offset; None: none kept
 
 
 def _encode_map(m: dict) -> list[bytes]:
@@ -45,16 +58,24 @@ def _encode_map(m: dict) -> list[bytes]:
 
 
 def encode(rec: CommitRecord) -> bytes:
-    return b"".join([_HEAD.pack(VERSION, rec.unit), *_encode_map(rec.positions), *_encode_map(rec.changelog_ends)])
+    sinks = [b"\x00"] if rec.sink_ends is None else [b"\x01", *_encode_map(rec.sink_ends)]
+    return b"".join([_HEAD.pack(VERSION, rec.unit), *_encode_map(rec.positions), *_encode_map(rec.changelog_ends),
+                     *sinks])
 
 
 def decode(data: bytes) -> CommitRecord:
-    if not data or data[0] != VERSION:
-        raise ValueError(f"unknown commit record version {data[0] if data else None} (this build reads {VERSION})")
-    _, unit = _HEAD.unpack_from(data)
+    if not data or data[0] not in _READS:
+        raise ValueError(f"unknown commit record version {data[0] if data else None} (this build reads {_READS})")
+    version, unit = _HEAD.unpack_from(data)
     pos = _HEAD.size
     maps = []
-    for _ in range(2):
+    for i in range(3):
+        if i == 2:
+            if version == 1 or data[pos] == 0:
+                pos += version != 1
+                maps.append(None)
+                break
+            pos += 1
         (n,) = _U16.unpack_from(data, pos)
         pos += 2
         m = {}
@@ -69,4 +90,4 @@ def decode(data: bytes) -> CommitRecord:
         maps.append(m)
     if pos != len(data):
         raise ValueError(f"{len(data) - pos} trailing bytes after the commit record")
-    return CommitRecord(unit, maps[0], maps[1])
+    return CommitRecord(unit, maps[0], maps[1], maps[2])

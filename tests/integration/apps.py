@@ -171,3 +171,49 @@ def reliability_topology():
         .aggregate(_totals_init, _totals_add, _totals_sub, emit=Emit.on_change(), name="totals") \
         .to_stream().to(f"{out}-totals")
     return b.build()
+
+
+def _ship(enriched, shipment):
+    return {"n": enriched["n"], "customer": enriched["customer"], "tier": enriched["tier"],
+            "carrier": shipment["carrier"]}
+
+
+def _carrier_init():
+    return {"shipments": 0, "order_sum": 0}
+
+
+def _carrier_add(key, v, agg):
+    return {"shipments": agg["shipments"] + 1, "order_sum": agg["order_sum"] + int(v["order"][6:])}
+
+
+def _carrier_sub(key, v, agg):
+    return {"shipments": agg["shipments"] - 1, "order_sum": agg["order_sum"] - int(v["order"][6:])}
+
+
+def convergence_topology():
+    """Three table sinks: orders (``$APP_ORDERS``) left-joined on their customer
+    (``$APP_CUSTOMERS``) into ``enriched`` (FK join, -> ``$APP_OUTPUT_PREFIX-enriched``); that
+    joined on the order id with shipments (``$APP_SHIPMENTS``) into ``shipped`` (PK table-table
+    join, -> ``-shipped``); shipments aggregated per carrier into ``carriers`` (through a
+    repartition topic, -> ``-carriers``). ``$APP_PARTITIONER``, if set, declares the
+    partitioner that wrote the three inputs. (An aggregation fed by a join is not here: its
+    state is not exact after a crash yet, see the issue 14 notes.)"""
+    from processor import Emit
+
+    out = os.environ["APP_OUTPUT_PREFIX"]
+    declared = {"partitioner": os.environ["APP_PARTITIONER"]} if os.environ.get("APP_PARTITIONER") else {}
+    b = StreamsBuilder()
+    o = b.table(os.environ["APP_ORDERS"], key_serde=Serdes.string(), value_serde=Serdes.json(),
+                store_name="orders-store", **declared)
+    c = b.table(os.environ["APP_CUSTOMERS"], key_serde=Serdes.string(), value_serde=Serdes.json(),
+                store_name="customers-store", **declared)
+    s = b.table(os.environ["APP_SHIPMENTS"], key_serde=Serdes.string(), value_serde=Serdes.json(),
+                store_name="shipments-store", **declared)
+    enriched = o.join_on_foreign_key(c, order_customer, join_order_customer, how="left", name="enriched")
+    enriched.to_stream().to(f"{out}-enriched")
+    shipped = enriched.join(s, _ship, name="shipped")
+    shipped.to_stream().to(f"{out}-shipped")
+    s.group_by(lambda k, v: (v["carrier"], {"order": k}), key_serde=Serdes.string(), value_serde=Serdes.json()) \
+        .aggregate(_carrier_init, _carrier_add, _carrier_sub, emit=Emit.on_change(), name="carriers") \
+        .to_stream().to(f"{out}-carriers")
+    return b.build()

@@ -140,12 +140,14 @@ def key_partition(key: bytes, partitions: int) -> int:
 
 
 def produce_interleaved(bootstrap: str, records, timestamp0: int = 1_000_000, chunk: int = 0,
-                        pause_s: float = 0.0) -> dict[str, dict[int, int]]:
+                        pause_s: float = 0.0, partitioner: str | None = None) -> dict[str, dict[int, int]]:
     """Produce ``(topic, key, value)`` triples through ONE producer in the given order (so records
     of several topics interleave in time), record ``i`` at ``timestamp0 + i``; with ``chunk`` > 0
     in chunks of ``chunk`` records, each flushed and followed by ``pause_s`` of quiet (a worker
     running meanwhile sees the input arrive over time). Returns ``{topic: {partition: end
-    offset}}`` from the delivery reports."""
+    offset}}`` from the delivery reports. ``partitioner``: librdkafka's name (default: the
+    processor's producer default, murmur2_random; ``consistent_random`` is confluent-kafka's own
+    default, CRC32)."""
     ends: dict[str, dict[int, int]] = defaultdict(dict)
     errors = []
 
@@ -156,7 +158,7 @@ def produce_interleaved(bootstrap: str, records, timestamp0: int = 1_000_000, ch
             e = ends[msg.topic()]
             e[msg.partition()] = max(e.get(msg.partition(), 0), msg.offset() + 1)
 
-    p = Producer(kafka.producer_defaults(bootstrap))
+    p = Producer({**kafka.producer_defaults(bootstrap), **({"partitioner": partitioner} if partitioner else {})})
     for i, (topic, k, v) in enumerate(records):
         while True:
             try:
