@@ -198,7 +198,8 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
     producer_config = config.for_kind("producer") or None
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
-    topo = topology.for_application(application_id)
+    topo = topology.for_application(application_id, config.registry)   # registry serdes: their settings
+    topo.check_serde_settings()
     state_dir = Path(state_dir)
     counts = kafka.topic_partitions(bootstrap_servers)
     sources = list(dict.fromkeys(topo.external_source_topics()))

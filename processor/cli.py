@@ -5,6 +5,7 @@
                   [--processing-guarantee at_least_once|exactly_once] [--startup-timeout-s S]
                   [--config KEY=VALUE ...] [--config-file client.properties]
                   [--consumer-config | --producer-config | --admin-config KEY=VALUE ...]
+                  [--schema-registry-url URL] [--schema-registry-config KEY=VALUE ...]
     processor backfill MODULE:ATTR ... (see ``add_backfill_arguments``)
 
 Every flag can come from the environment instead: ``PROCESSOR_<FLAG_NAME>``
@@ -197,6 +198,12 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
     for kind in ("consumer", "producer", "admin"):
         p.add_argument(f"--{kind}-config", action="append", default=[], metavar="KEY=VALUE",
                        help=f"librdkafka setting for {kind} clients only, over --config (repeatable)")
+    p.add_argument("--schema-registry-url", default=None, metavar="URL",
+                   help="Schema Registry of the topology's registry serdes (Serdes.avro(schema, registry=...)); "
+                        "over the URL given in code and schema.registry.url of --config/--config-file")
+    p.add_argument("--schema-registry-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="Schema Registry client setting (e.g. basic.auth.user.info=KEY:SECRET, ssl.ca.location=...) "
+                        "or auto.register.schemas=true|false for outputs (repeatable; secrets are redacted in logs)")
 
 
 def client_config_from_args(args):
@@ -205,7 +212,9 @@ def client_config_from_args(args):
     from processor.runtime.client_config import build_client_config
 
     config = build_client_config(args.config_file, args.config, args.consumer_config,
-                                 args.producer_config, args.admin_config)
+                                 args.producer_config, args.admin_config,
+                                 registry_url=args.schema_registry_url,
+                                 registry_pairs=args.schema_registry_config)
     given = config.common.pop("bootstrap.servers", None)
     if given is not None:
         if not args.bootstrap_servers:

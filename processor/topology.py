@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from processor.errors import TopologyError
+from processor.serde import Serde
+from processor.serde.registry import RegistryAvroSerde
 from processor.graph import (AggregateAttrs, JoinResultAttrs, JoinSideAttrs, NodeAttrs, ProcessorAttrs,
                              SinkAttrs, SourceAttrs)
 from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
@@ -74,6 +76,16 @@ def _clone_graph(nodes: list[LogicalNode]) -> list[LogicalNode]:
         c.lookups = [clones[id(x)] for x in n.lookups]
         c.stores = list(n.stores)
     return [clones[id(n)] for n in nodes]
+
+
+def _holds_registry_serde(serde, depth: int = 0) -> bool:
+    """Whether ``serde`` is, or wraps (``inner`` and the like), a Schema Registry serde."""
+    if serde is None or depth > 4:
+        return False
+    if isinstance(serde, RegistryAvroSerde):
+        return True
+    return any(_holds_registry_serde(v, depth + 1) for v in getattr(serde, "__dict__", {}).values()
+               if isinstance(v, Serde))
 
 
 # -- the self-join pass (KIP-862) ------------------------------------------------------------------
@@ -277,9 +289,11 @@ class Topology:
         return subs
 
     # -- application binding ------------------------------------------------------------------
-    def for_application(self, application_id: str) -> "Topology":
-        """A copy whose internal topics are named ``<application_id>-<name>``."""
-        if self.application_id == application_id:
+    def for_application(self, application_id: str, serde_config: dict | None = None) -> "Topology":
+        """A copy whose internal topics are named ``<application_id>-<name>`` and whose serdes are
+        bound to their topics (``_bind_serdes``), with the host's serde settings ``serde_config``
+        (Schema Registry settings: ``ClientConfig.registry``)."""
+        if self.application_id == application_id and not serde_config:
             return self
         nodes = _clone_graph(self.nodes)
         for n in nodes:
@@ -298,8 +312,74 @@ class Topology:
         bound.applied_passes = list(self.applied_passes)
         bound.subtopologies = bound._split()
         bound.partitioning = dict(self.partitioning)
+        bound._bind_serdes(serde_config)
+        bound._mark_passthrough_sinks()
         bound._resolve_routes()
         return bound
+
+    def _bind_serdes(self, config: dict | None) -> None:
+        """Give every serde its topic (``Serde.for_topic``): sources and sinks that of their node
+        (user and internal topics alike), a store's serdes its changelog topic, as Kafka Streams
+        configures store serdes, or, for a table source's store (which holds the source topic's
+        bytes), the source topic. Serdes that do not depend on their topic return themselves, so
+        nodes whose serdes are all such keep their attributes (and their hot paths) unchanged.
+
+        A Schema Registry serde (``processor/serde/registry.py``) is refused as the serde of
+        operator state (aggregates, joins): operators receive their state serdes when the graph
+        is built, before any topic name is complete, so they could not be bound."""
+        for n in self.nodes:
+            topic = n.source_topic or n.sink_topic
+            if not topic or not isinstance(n.attrs, (SourceAttrs, SinkAttrs)):
+                continue
+            ks, vs = n.attrs.key_serde, n.attrs.value_serde
+            bk = ks.for_topic(topic, True, config) if isinstance(ks, Serde) else ks
+            bv = vs.for_topic(topic, False, config) if isinstance(vs, Serde) else vs
+            if bk is not ks or bv is not vs:
+                n.attrs = replace(n.attrs, key_serde=bk, value_serde=bv)
+        for name, spec in list(self.stores.items()):
+            if spec.source_topic is None:
+                for serde in (spec.key_serde, spec.value_serde):
+                    if _holds_registry_serde(serde):
+                        raise TopologyError(
+                            f"store {name!r} ({spec.kind}, of {spec.owner}) has the Schema Registry serde "
+                            f"{serde!r}: operator state cannot use one; give the operator a key_serde/"
+                            f"value_serde such as Serdes.json() or Serdes.avro(schema) (fixed schema)")
+            topic = spec.source_topic or self.changelog_topic(name)
+            ks, vs = spec.key_serde, spec.value_serde
+            bk = ks.for_topic(topic, True, config) if isinstance(ks, Serde) else ks
+            bv = vs.for_topic(topic, False, config) if isinstance(vs, Serde) else vs
+            if bk is not ks or bv is not vs:
+                self.stores[name] = replace(spec, key_serde=bk, value_serde=bv)
+
+    def registry_serdes(self) -> list:
+        """The Schema Registry serdes of the sources, sinks and stores (wrapped ones included)."""
+        found, seen = [], set()
+
+        def walk(serde, depth=0):
+            if serde is None or depth > 4 or id(serde) in seen:
+                return
+            seen.add(id(serde))
+            if isinstance(serde, RegistryAvroSerde):
+                found.append(serde)
+                return
+            for v in getattr(serde, "__dict__", {}).values():
+                if isinstance(v, Serde):
+                    walk(v, depth + 1)
+
+        for n in self.nodes:
+            if isinstance(n.attrs, (SourceAttrs, SinkAttrs)):
+                walk(n.attrs.key_serde)
+                walk(n.attrs.value_serde)
+        for spec in self.stores.values():
+            walk(spec.key_serde)
+            walk(spec.value_serde)
+        return found
+
+    def check_serde_settings(self) -> None:
+        """A host's start-up check: registry serdes whose settings their client refuses are a
+        ``ConfigError`` now, not a failure of every record."""
+        for serde in self.registry_serdes():
+            serde.check_settings()
 
     def with_partitioning(self, choices: dict) -> "Topology":
         """A copy that knows which partitioner placed each source topic (``{topic:

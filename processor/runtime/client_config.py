@@ -14,11 +14,18 @@ client that lacks them) must reach every one of them. Invariant: every client is
 4. what a role cannot work without (a probe's own ``group.id``, partition EOF ...), set where
    the client is opened.
 
+Schema Registry settings travel beside them, in their own layer (``ClientConfig.registry``: the
+settings of ``confluent_kafka.schema_registry.SchemaRegistryClient`` and of the registry serdes,
+``processor/serde/registry.py``): ``--schema-registry-url``, ``--schema-registry-config
+KEY=VALUE``, and the registry keys of the common settings (``schema.registry.url``,
+``schema.registry.<key>``, Java's ``basic.auth.user.info`` / ``basic.auth.credentials.source``,
+``auto.register.schemas``), so one Confluent ``client.properties`` file configures both.
+
 Settings the processor owns (``OWNED``) are refused with the flag that sets them instead.
 Java-only keys of a ``client.properties`` file are translated where librdkafka has an
 equivalent (``sasl.jaas.config`` of the PLAIN and SCRAM login modules -> ``sasl.username`` /
 ``sasl.password``; a PEM truststore -> ``ssl.ca.location``), ignored where they configure
-something else (serializers, the schema registry, DNS lookup), and refused otherwise only by
+something else (serializers, DNS lookup), and refused otherwise only by
 librdkafka itself, naming the key. Secrets (``is_secret``) never appear in logs, errors or
 ``describe``: ``redacted`` replaces their values.
 
@@ -54,6 +61,13 @@ JAVA_ONLY_IGNORED = ("key.serializer", "value.serializer", "key.deserializer", "
 
 _SECRET_PARTS = ("password", "secret", "jaas", "user.info", "token", "credential")
 
+# keys of the common settings that configure the Schema Registry: Java's name -> the Python
+# client's (None: dropped, the Python client infers it); ``schema.registry.<key>`` -> ``<key>``
+_REGISTRY_KEYS = {"schema.registry.url": "url", "basic.auth.user.info": "basic.auth.user.info",
+                  "auto.register.schemas": "auto.register.schemas",
+                  "normalize.schemas": "normalize.schemas", "basic.auth.credentials.source": None}
+_REGISTRY_PREFIX = "schema.registry."
+
 
 def is_secret(key: str) -> bool:
     """Whether the value of ``key`` is a secret (passwords, keys, JAAS configs, tokens)."""
@@ -70,6 +84,35 @@ def describe_settings(settings: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(redacted(settings).items())) or "(none)"
 
 
+def describe_registry(settings: dict) -> str:
+    """Schema Registry settings in one line: secrets redacted, user info cut from the URL."""
+    from processor.serde.registry import safe_url
+
+    shown = redacted(settings)
+    if "url" in shown:
+        shown["url"] = safe_url(shown["url"])
+    return describe_settings(shown)
+
+
+def split_registry_settings(settings: dict) -> tuple[dict, dict]:
+    """Common settings -> (Kafka client settings, Schema Registry settings)."""
+    kafka, registry = {}, {}
+    for key, value in settings.items():
+        if key in _REGISTRY_KEYS:
+            target = _REGISTRY_KEYS[key]
+            if target is None:       # basic.auth.credentials.source
+                if str(value).strip().upper() not in ("USER_INFO", "URL"):
+                    raise ConfigError(f"basic.auth.credentials.source={value}: only USER_INFO "
+                                      f"(basic.auth.user.info) and URL (user info in the URL) exist here")
+                continue
+            registry[target] = value
+        elif key.startswith(_REGISTRY_PREFIX):
+            registry[key[len(_REGISTRY_PREFIX):]] = value
+        else:
+            kafka[key] = value
+    return kafka, registry
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     """User settings: ``common`` for every client, then per kind (``consumer``, ``producer``,
@@ -80,6 +123,9 @@ class ClientConfig:
     producer: dict = field(default_factory=dict)
     admin: dict = field(default_factory=dict)
     ignored: tuple = ()          # Java-only keys dropped (names only)
+    # Schema Registry client and serde settings (``url``, ``basic.auth.user.info``, ...): not for
+    # the Kafka clients; the topology's registry serdes get them (``Topology.for_application``)
+    registry: dict = field(default_factory=dict)
 
     def for_kind(self, kind: str) -> dict:
         if kind not in KINDS:
@@ -95,11 +141,14 @@ class ClientConfig:
 
     def is_empty(self) -> bool:
         """True when the user set nothing (every client gets the defaults)."""
-        return not (self.common or self.consumer or self.producer or self.admin or self.ignored)
+        return not (self.common or self.consumer or self.producer or self.admin or self.ignored
+                    or self.registry)
 
     def describe(self) -> str:
         """One line, secrets redacted: what each client kind gets beyond the defaults."""
         parts = [f"{kind}: {describe_settings(self.for_kind(kind))}" for kind in KINDS]
+        if self.registry:
+            parts.append(f"schema registry: {describe_registry(self.registry)}")
         if self.ignored:
             parts.append(f"ignored (Java-only): {', '.join(self.ignored)}")
         return "; ".join(parts)
@@ -128,13 +177,19 @@ class KafkaCluster:
 
 
 def build_client_config(config_files=(), config_pairs=(), consumer_pairs=(), producer_pairs=(),
-                        admin_pairs=()) -> ClientConfig:
+                        admin_pairs=(), registry_url: str | None = None, registry_pairs=()) -> ClientConfig:
     """The CLI's settings -> ClientConfig. ``*_pairs`` are ``KEY=VALUE`` strings (later wins);
-    ``config_files`` Java ``.properties`` paths, applied before ``config_pairs``."""
+    ``config_files`` Java ``.properties`` paths, applied before ``config_pairs``. Schema Registry
+    settings: the registry keys of the common settings, then ``registry_pairs``
+    (``--schema-registry-config``), then ``registry_url`` (``--schema-registry-url``)."""
     common: dict = {}
     for path in config_files:
         common.update(read_properties(path))
     common.update(parse_pairs(config_pairs, "--config"))
+    common, registry = split_registry_settings(common)
+    registry.update(parse_pairs(registry_pairs, "--schema-registry-config"))
+    if registry_url:
+        registry["url"] = registry_url
     common, ignored = translate_java(common)
     _check_keys(common, "--config")
     kinds = {}
@@ -143,7 +198,7 @@ def build_client_config(config_files=(), config_pairs=(), consumer_pairs=(), pro
         _check_keys(settings, f"--{kind}-config")
         kinds[kind] = settings
         ignored += dropped
-    return ClientConfig(common=common, ignored=tuple(dict.fromkeys(ignored)), **kinds)
+    return ClientConfig(common=common, ignored=tuple(dict.fromkeys(ignored)), registry=registry, **kinds)
 
 
 def parse_pairs(pairs, flag: str) -> dict:

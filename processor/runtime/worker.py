@@ -83,12 +83,14 @@ class Worker:
         # internal topics created with these (processor/runtime/internal_topics.py); None: min(3, brokers)
         self.replication_factor = replication_factor
         self.topic_configs = internal_topics.check_kind_configs(topic_configs)
-        topology = topology.for_application(application_id)
-        self.topology = topology
         # every client below is opened with the user's settings: common (client_config), then
         # per kind (consumer_config / producer_config layered over client_config's)
         config = ((client_config or ClientConfig()).with_kind("consumer", consumer_config)
                   .with_kind("producer", producer_config))
+        # serdes bound to their topics; Schema Registry serdes get the registry settings
+        topology = topology.for_application(application_id, config.registry)
+        topology.check_serde_settings()
+        self.topology = topology
         self.bootstrap_servers = kafka.cluster_of(bootstrap_servers, config)   # str(): the servers
         self.application_id = application_id
         self.state_dir = Path(state_dir) / application_id

@@ -34,6 +34,14 @@ class Serde:
     def deserialize(self, data: bytes | None) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def for_topic(self, topic: str, is_key: bool, config: dict | None = None) -> "Serde":
+        """This serde for the keys (``is_key``) or values of ``topic``, with the host's serde
+        settings ``config`` (Schema Registry settings). Most serdes do not depend on their topic
+        and return themselves (so binding costs nothing per record); a Schema Registry serde
+        returns a copy bound to the topic's subject (``processor/serde/registry.py``). The
+        ``Topology`` calls it for its sources, sinks and stores (``for_application``)."""
+        return self
+
     def check(self, data: bytes | None) -> None:
         """Raise what ``deserialize`` raises on ``data``, else nothing: a serde that can tell
         without building the value does it faster (the backfill checks every record it
@@ -136,6 +144,21 @@ _CHECK_FAST_BELOW = 512
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent.parent / "schemas"
 
+
+
+def load_schema(schema):
+    """An Avro schema given as a parsed dict, a path to an ``.avsc`` file, or the name of a file
+    in ``schemas/`` (``"order"`` or ``"order.avsc"``) -> the schema as JSON data."""
+    if isinstance(schema, (str, Path)):
+        path = Path(schema)
+        if not path.exists():
+            name = str(schema) if str(schema).endswith(".avsc") else f"{schema}.avsc"
+            path = SCHEMAS_DIR / name
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    return schema
+
+
 # Confluent wire format: magic byte 0, 4-byte big-endian schema id, then the Avro body.
 _CONFLUENT_HEADER = struct.Struct(">bI")
 
@@ -151,13 +174,7 @@ class AvroSerde(Serde):
     name = "avro"
 
     def __init__(self, schema, schema_id: int | None = None):
-        if isinstance(schema, (str, Path)):
-            path = Path(schema)
-            if not path.exists():
-                name = str(schema) if str(schema).endswith(".avsc") else f"{schema}.avsc"
-                path = SCHEMAS_DIR / name
-            with open(path, encoding="utf-8") as fh:
-                schema = json.load(fh)
+        schema = load_schema(schema)
         self.raw_schema = schema
         self.schema = fastavro.parse_schema(schema)
         self.schema_id = schema_id
@@ -198,7 +215,8 @@ class AvroSerde(Serde):
 
 
 class Serdes:
-    """Factory, as in Kafka Streams: ``Serdes.string()``, ``.json()``, ``.bytes()``, ``.avro(schema)``."""
+    """Factory, as in Kafka Streams: ``Serdes.string()``, ``.json()``, ``.bytes()``, ``.avro(schema)``,
+    ``.avro(schema, registry=url)``."""
 
     _string = StringSerde()
     _json = JsonSerde()
@@ -217,8 +235,22 @@ class Serdes:
         return Serdes._bytes
 
     @staticmethod
-    def avro(schema, schema_id: int | None = None) -> AvroSerde:
-        return AvroSerde(schema, schema_id)
+    def avro(schema, schema_id: int | None = None, *, registry=None, auto_register: bool | None = None):
+        """Avro. Without ``registry``: one fixed schema, optionally framed with a fixed
+        ``schema_id`` (``AvroSerde``). With ``registry`` (a URL, ``mock://...`` for the client
+        library's in-memory registry, a dict of Schema Registry client settings, or a
+        ``SchemaRegistryClient``): writers' schemas resolved by id and read into ``schema``,
+        written under the topic's subject, registered when ``auto_register`` (None: the host's
+        ``auto.register.schemas``, else on) (``processor/serde/registry.py``)."""
+        if registry is None:
+            if auto_register is not None:
+                raise ValueError("auto_register needs a registry")
+            return AvroSerde(schema, schema_id)
+        if schema_id is not None:
+            raise ValueError("schema_id is for the fixed-schema serde; with a registry the id is the registry's")
+        from processor.serde.registry import RegistryAvroSerde
+
+        return RegistryAvroSerde(schema, registry, auto_register)
 
     @staticmethod
     def windowed(inner: Serde, size_ms: int):

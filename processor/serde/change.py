@@ -74,6 +74,10 @@ class ChangeSerde(Serde):
     def _identity(self):
         return (self.inner,)
 
+    def for_topic(self, topic, is_key, config=None):
+        inner = self.inner.for_topic(topic, is_key, config)
+        return self if inner is self.inner else ChangeSerde(inner)
+
     def serialize(self, change: Change):
         if change is None:
             return None

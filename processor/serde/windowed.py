@@ -27,6 +27,10 @@ class WindowedSerde(Serde):
     def _identity(self):
         return (self.inner, self.size_ms)
 
+    def for_topic(self, topic, is_key, config=None):
+        inner = self.inner.for_topic(topic, is_key, config)
+        return self if inner is self.inner else WindowedSerde(inner, self.size_ms)
+
     def serialize(self, key: Windowed):
         if key is None:
             return None
