@@ -258,6 +258,11 @@ class Topology:
             if ok != n.attrs.carries_table:
                 n.attrs = replace(n.attrs, carries_table=ok)
 
+    def deduplicated_topics(self) -> frozenset:
+        """Internal topics whose readers drop replayed records by provenance (repartition)."""
+        return frozenset(n.source_topic for n in self.nodes
+                         if n.source_topic and n.attrs.internal and n.attrs.dedup)
+
     def table_sinks(self, sub: int) -> dict:
         """``{topic: (sink node, table node)}``: the sinks of sub-topology ``sub`` that carry a
         table (``SinkAttrs.carries_table``)."""

@@ -36,6 +36,13 @@ Invariants:
   ``processor.origin``; after a crash the host hands the task its sinks' tails
   (``start_convergence``) and the task makes those sinks converge to its tables once its replay
   has caught up (``processor/engine/sink_convergence.py``).
+- With ``stage_internal`` (the worker passes it unless the broker hides aborted transactions
+  from its readers), a sub-topology that reads more than one topic sends its records to
+  deduplicated internal topics (repartition) through the outbox: only after the commit that
+  persists the state they came from. Its replay after a crash reads its inputs in another
+  interleaving and so may produce other records for the same input records; the receiving task,
+  which drops replays by provenance, must therefore only ever see records of committed units
+  (the copies of a resent outbox are identical, so dropping them is exact).
 """
 
 from __future__ import annotations
@@ -79,6 +86,27 @@ def max_record_bytes_of(producer_config: dict) -> int:
 _PLACEMENT_CACHE = 100_000   # keys per checked topic whose placement is remembered
 
 _OUTBOX = b"outbox"
+# An outbox larger than this is kept in several entries (``outbox``, ``outbox/1``, ...): each is
+# one changelog record, far below message.max.bytes.
+OUTBOX_CHUNK_BYTES = 256 * 1024
+
+
+def _outbox_key(i: int) -> bytes:
+    return _OUTBOX if i == 0 else _OUTBOX + b"/%d" % i
+
+
+def _outbox_chunks(records):
+    chunk, size = [], 0
+    for r in records:
+        n = 64 + len(r[0]) + (len(r[1]) if r[1] else 0) + (len(r[2]) if r[2] else 0) + \
+            sum(len(h[0]) + (len(h[1]) if h[1] else 0) + 8 for h in r[4] or ())
+        if chunk and size + n > OUTBOX_CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(r)
+        size += n
+    if chunk:
+        yield chunk
 _OUTBOX_COUNTER = b"outbox_counter"
 
 
@@ -90,7 +118,7 @@ class Task:
     def __init__(self, topology, sub_id: int, partition: int, stores, collector, wall_clock,
                  on_error: str = "dlq", dlq_topic: str | None = None, routing: Routing | None = None,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, journal: bool | None = None,
-                 origin: str | None = None):
+                 origin: str | None = None, stage_internal: bool = False):
         if on_error not in ERROR_POLICIES:
             raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {on_error!r}")
         if on_error == "dlq" and not dlq_topic:
@@ -138,6 +166,11 @@ class Task:
                 if n.attrs.internal:
                     self._internal_sources.add(n.source_topic)
         self._build_operators()
+        if stage_internal and len(self.sources) > 1:
+            deduplicated = topology.deduplicated_topics()
+            self.context.staged_topics = frozenset(
+                n.sink_topic for n in topology.subtopologies[sub_id]
+                if n.sink_topic and n.attrs.internal and n.sink_topic in deduplicated)
         # topics whose every key is checked against its partitioner (README "Partitioning")
         self._placement_checks = {t: (*c, {}) for t, c in self.routing.checks(self.sources).items()}
         self.store_specs = topology.stores_of(sub_id)
@@ -154,9 +187,16 @@ class Task:
         self._outbox_counter = 0 if raw is None else int.from_bytes(raw, "big")
         self._outbox_unconfirmed = False
         self._punctuation_sequence = 0
-        raw = self.task_store.get(_OUTBOX)
-        if raw is not None:  # sent before a crash, maybe not delivered: send again
-            self._send_outbox(outbox_codec.decode(raw))
+        self._outbox_keys: list[bytes] = []
+        records = []
+        for i in range(1 << 30):   # the entry and its chunks (_outbox_key)
+            raw = self.task_store.get(_outbox_key(i))
+            if raw is None:
+                break
+            self._outbox_keys.append(_outbox_key(i))
+            records += outbox_codec.decode(raw)
+        if records:  # sent before a crash, maybe not delivered: send again
+            self._send_outbox(records)
 
     def _build_operators(self) -> None:
         """Instantiate the sub-topology's operators over the task's stores (at open, and after a
@@ -453,7 +493,9 @@ class Task:
         pos = dict(self.positions)
         self.stores.writer = (f"__commit:{self.sub_id}", self.partition, self._outbox_counter + 1)
         if self._outbox_unconfirmed:  # the host flushed the collector before this commit
-            self.task_store.delete(_OUTBOX)
+            for k in self._outbox_keys:
+                self.task_store.delete(k)
+            self._outbox_keys = []
             self._outbox_unconfirmed = False
         records = self.context.outbox
         self._punctuation_sequence = 0
@@ -467,7 +509,9 @@ class Task:
                     prov = provenance.encode(source, self.partition, self._outbox_counter, n)
                     records[i] = (topic, key, value, ts, list(headers or ()) + [(provenance.HEADER, prov)], part)
                     n += 1
-            self.task_store.put(_OUTBOX, outbox_codec.encode(records))
+            for i, chunk in enumerate(_outbox_chunks(records)):
+                self.task_store.put(_outbox_key(i), outbox_codec.encode(chunk))
+                self._outbox_keys.append(_outbox_key(i))
             self.task_store.put(_OUTBOX_COUNTER, self._outbox_counter.to_bytes(8, "big"))
         return pos, records
 

@@ -43,6 +43,7 @@ class ProcessorContext:
         self.headers = None
         self.sequence = 0            # internal records caused so far by the record in hand
         self.outbox: list = []       # internal records waiting for the next commit
+        self.staged_topics: frozenset = frozenset()   # internal topics always sent through the outbox
         self.sends: list = []        # records of the record in hand, sent by the task once it is done
         # Pass-through serialization: the value object the source deserialized, its bytes and
         # serde. A sink fed only through value-preserving steps reuses the bytes.
@@ -75,8 +76,9 @@ class ProcessorContext:
     def send_internal(self, topic: str, key, value, timestamp: int, headers, partition: int | None = None) -> None:
         """Send to an internal topic (``partition`` None: by the key's hash, as the producer's
         partitioner does). Outside an input record (punctuation, flush), and behind such a
-        record, it goes to the task's outbox instead (``processor/state/outbox.py``)."""
-        if not self.in_record or self.outbox:
+        record, it goes to the task's outbox instead (``processor/state/outbox.py``); so do the
+        records of ``staged_topics`` (set by a Task whose replay is not deterministic)."""
+        if not self.in_record or self.outbox or topic in self.staged_topics:
             self.outbox.append((topic, key, value, timestamp, headers, partition))
         else:
             self.sends.append((topic, key, value, timestamp, headers, partition))

@@ -108,6 +108,10 @@ class Worker:
         self.isolation_level = self._consumer_config.get(
             "isolation.level", "read_committed" if processing_guarantee == "exactly_once" else "read_uncommitted")
         self._producer_config = config.for_kind("producer")
+        # A sub-topology reading several topics replays them in another interleaving after a
+        # crash; its repartition records wait for the commit (Task ``stage_internal``) unless the
+        # readers never see an uncommitted record (exactly once, read_committed).
+        self._stage_internal = not (processing_guarantee == "exactly_once" and self.isolation_level == "read_committed")
         from processor.engine.partitioners import INTERNAL, PARTITIONERS
 
         chosen = self._producer_config.get("partitioner")
@@ -204,7 +208,8 @@ class Worker:
                 task = Task(self.topology, sub, partition, t.db, self.collector, lambda: int(time.time() * 1000),
                             on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing,
                             max_record_bytes=max_record_bytes_of(self._producer_config),
-                            origin=self.application_id if self._table_sinks.get(sub) else None)
+                            origin=self.application_id if self._table_sinks.get(sub) else None,
+                            stage_internal=self._stage_internal)
                 self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog)
                 self.tasks[(sub, partition)] = task
             self._open_table_sinks(keys)

@@ -7,7 +7,11 @@ task store (key ``outbox``) in the SAME batch as the state that emitted them (th
 column), and are sent right after that commit; the entry is removed at the next commit, once
 the host has flushed them to Kafka. A task that opens with an outbox entry sends it again; the
 receiving task drops the copies by provenance. Internal records that follow an outbox record in
-the same commit interval wait behind it, so per-partition order is kept.
+the same commit interval wait behind it, so per-partition order is kept. A sub-topology that
+reads several topics sends all its repartition records this way (``Task(stage_internal=True)``:
+its replay is not deterministic, see ``processor/engine/task.py``). An outbox larger than
+``OUTBOX_CHUNK_BYTES`` is kept in several entries (``outbox``, ``outbox/1``, ...), each in this
+layout.
 
 Layout::
 

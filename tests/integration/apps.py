@@ -179,25 +179,26 @@ def _ship(enriched, shipment):
 
 
 def _carrier_init():
-    return {"shipments": 0, "order_sum": 0}
+    return {"shipments": 0, "n_sum": 0, "gold": 0}
 
 
 def _carrier_add(key, v, agg):
-    return {"shipments": agg["shipments"] + 1, "order_sum": agg["order_sum"] + int(v["order"][6:])}
+    return {"shipments": agg["shipments"] + 1, "n_sum": agg["n_sum"] + v["n"],
+            "gold": agg["gold"] + (v["tier"] == "gold")}
 
 
 def _carrier_sub(key, v, agg):
-    return {"shipments": agg["shipments"] - 1, "order_sum": agg["order_sum"] - int(v["order"][6:])}
+    return {"shipments": agg["shipments"] - 1, "n_sum": agg["n_sum"] - v["n"],
+            "gold": agg["gold"] - (v["tier"] == "gold")}
 
 
 def convergence_topology():
-    """Three table sinks: orders (``$APP_ORDERS``) left-joined on their customer
+    """Three table sinks over joins: orders (``$APP_ORDERS``) left-joined on their customer
     (``$APP_CUSTOMERS``) into ``enriched`` (FK join, -> ``$APP_OUTPUT_PREFIX-enriched``); that
     joined on the order id with shipments (``$APP_SHIPMENTS``) into ``shipped`` (PK table-table
-    join, -> ``-shipped``); shipments aggregated per carrier into ``carriers`` (through a
-    repartition topic, -> ``-carriers``). ``$APP_PARTITIONER``, if set, declares the
-    partitioner that wrote the three inputs. (An aggregation fed by a join is not here: its
-    state is not exact after a crash yet, see the issue 14 notes.)"""
+    join, -> ``-shipped``); ``shipped`` aggregated per carrier into ``carriers`` (an aggregation
+    fed by the join, through a repartition topic, -> ``-carriers``). ``$APP_PARTITIONER``, if
+    set, declares the partitioner that wrote the three inputs."""
     from processor import Emit
 
     out = os.environ["APP_OUTPUT_PREFIX"]
@@ -213,7 +214,7 @@ def convergence_topology():
     enriched.to_stream().to(f"{out}-enriched")
     shipped = enriched.join(s, _ship, name="shipped")
     shipped.to_stream().to(f"{out}-shipped")
-    s.group_by(lambda k, v: (v["carrier"], {"order": k}), key_serde=Serdes.string(), value_serde=Serdes.json()) \
+    shipped.group_by(lambda k, v: (v["carrier"], v), key_serde=Serdes.string(), value_serde=Serdes.json()) \
         .aggregate(_carrier_init, _carrier_add, _carrier_sub, emit=Emit.on_change(), name="carriers") \
         .to_stream().to(f"{out}-carriers")
     return b.build()

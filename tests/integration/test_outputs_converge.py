@@ -2,13 +2,15 @@
 ends, read as a table, equal to the from-scratch result, under both guarantees.
 
 Two worker PROCESSES run ``apps.convergence_topology`` (an FK join, a PK table-table join on its
-result, and an aggregation: three table sinks) while 30,000 interleaved
+result, and an aggregation fed by that join: three table sinks) while 30,000 interleaved
 records arrive; four times, at random moments, one worker is SIGKILLed and restarted at once,
 once after its state directory was wiped. Then every output topic, read as a table (last value
 per key, tombstones removing keys, with the isolation level the README prescribes for the
 broker), must equal the table the broker-free driver computes for the same input. Inputs are
 produced with confluent-kafka's default partitioner (CRC32) for one seed and murmur2 for the
-other, each declared on the sources (the topics are empty when the workers start). The report gives, per run, what the restarted tasks found in their sinks' tails and what
+other, each declared on the sources (the topics are empty when the workers start). The
+aggregation fed by the join is exact because the join's sub-topology, which reads three topics,
+sends its repartition records only after the commit (``Task(stage_internal=True)``). The report gives, per run, what the restarted tasks found in their sinks' tails and what
 they sent again (``processor/engine/sink_convergence.py``).
 """
 
