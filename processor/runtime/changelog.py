@@ -195,6 +195,15 @@ def restore_tasks(targets: list[RestoreTarget], consumer_config: dict, stop=None
     """Bring each target's database up to the last durable commit recorded in its changelogs
     (all targets at once: one reader for every task changelog, then one for every store
     changelog)."""
+    for _ in restore_steps(targets, consumer_config, stop):
+        pass
+
+
+def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None):
+    """``restore_tasks`` in steps: a generator that yields after each batch it read (a few
+    thousand records at most), so a host can restore between polls of its group consumer
+    (``processor/runtime/worker.py``). Closing it stops the restore (its consumer closes;
+    progress up to the last intermediate commit is kept)."""
     if not targets:
         return
     t0 = time.monotonic()
@@ -213,7 +222,11 @@ def restore_tasks(targets: list[RestoreTarget], consumer_config: dict, stop=None
         # 1. the task changelogs, in units closed by commit records
         by_task_tp = {t.task_tp: t for t in targets}
         starts = {t.task_tp: t.local.get(t.task_tp, 0) for t in targets}
-        for tp, off, key, value in reader.read_many(starts):
+        for item in reader.read_many(starts):
+            if item is None:
+                yield
+                continue
+            tp, off, key, value = item
             t = by_task_tp[tp]
             if key == commit_record.COMMIT_KEY:
                 task_store = t.db.store(TASK_STORE)
@@ -252,7 +265,11 @@ def restore_tasks(targets: list[RestoreTarget], consumer_config: dict, stop=None
             log.info("restoring %d task(s) from their changelogs: %d store records to restore",
                      len(targets), total)
         since_commit = 0
-        for tp, off, key, value in reader.read_many(store_starts):
+        for item in reader.read_many(store_starts):
+            if item is None:
+                yield
+                continue
+            tp, off, key, value = item
             t, name = by_store_tp[tp]
             if off < t.ends.get(tp, 0):
                 _apply(t.db.store(name), key, value)
@@ -328,6 +345,8 @@ class _Reader:
         self.expected = n
 
     def read_many(self, starts):
+        """``(tp, offset, key, value)`` of every record from ``starts`` to partition EOF, and None
+        after each batch."""
         if not starts:
             return
         c = self.consumer
@@ -360,6 +379,7 @@ class _Reader:
                     n += 1
                     last_progress = now
                     yield tp, m.offset(), m.key(), m.value()
+                yield None   # a step ends with each batch (restore_steps)
                 if self.stop is not None and self.stop.is_set():
                     raise RestoreInterrupted()
                 if now - last_progress > SILENT_S and not checked:

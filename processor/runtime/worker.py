@@ -15,7 +15,10 @@ with the input positions it belongs to.
 Assignment: tasks are created for assigned partition numbers (range assignor keeps partition
 ``i`` of co-partitioned topics on one worker). Before a task processes anything its database is
 brought up to its changelogs' last commit (restore, with progress logged); the task resumes its
-inputs from the positions in that commit. A group offset beyond them means the changelogs lost
+inputs from the positions in that commit. The restore is a phase of the main loop, not of the
+assignment callback: the new tasks' partitions stay paused while the loop restores in steps of
+``RESTORE_STEP_S`` between polls, so the group sees a live member however long it takes, a
+revocation stops it cleanly, and the tasks already open keep processing meanwhile. A group offset beyond them means the changelogs lost
 data: ``ChangelogMismatch``, never a silent skip. Tasks revoked by a rebalance are flushed and
 committed, then kept open ("suspended") until the assignment: if they come back, they resume
 without a restore (nobody else can have owned them in between).
@@ -27,6 +30,9 @@ that does that. What a commit unit produces goes through ``processor/runtime/col
 
 Stop: SIGTERM/SIGINT finish the record in hand, flush deferred emissions (``Emit.every``),
 commit, close stores and return.
+
+Test hook: ``PROCESSOR_TEST_RESTORE_STEP_DELAY_MS=D`` sleeps D ms after each restore step (a
+restore longer than ``max.poll.interval.ms`` without a huge changelog).
 
 Test hook: with ``PROCESSOR_TEST_KILL_BEFORE_COMMIT=N`` the worker SIGKILLs itself at its N-th
 commit with new records, after outputs and changelog records were flushed to Kafka and before
@@ -52,7 +58,8 @@ from processor.graph import AggregateAttrs
 from processor.runtime import internal_topics, kafka, sink_tails
 from processor.runtime.client_config import ClientConfig
 from processor.runtime.partitioning import determine_partitioners
-from processor.runtime.changelog import ChangelogWriter, RestoreInterrupted, RestoreTarget, restore_tasks
+from processor.runtime.changelog import (ChangelogWriter, RestoreInterrupted, RestoreTarget, restore_steps,
+                                        restore_tasks)
 from processor.runtime.state_lock import StateDirLock
 from processor.engine.task import Task, dlq_topic_for, max_record_bytes_of
 from processor.runtime.collector import KafkaCollector
@@ -64,6 +71,8 @@ _EOF = KafkaError._PARTITION_EOF
 
 
 GUARANTEES = ("at_least_once", "exactly_once")
+# the main loop restores for this long between two polls of the group consumer
+RESTORE_STEP_S = 0.2
 # an idle task with table sinks writes a fresh commit record this often when the sinks moved on
 SINK_ENDS_REFRESH_S = 30.0
 # group offset commit errors that mean "a rebalance is under way", not a broken worker
@@ -138,6 +147,8 @@ class Worker:
         self._wall_punctuation = any(
             isinstance(n.attrs, AggregateAttrs) and n.attrs.emit.mode == "every"
             and n.attrs.emit.clock == "wall" for n in topology.nodes)
+        delay = os.environ.get("PROCESSOR_TEST_RESTORE_STEP_DELAY_MS")   # test hook: a slow restore
+        self._restore_step_delay_s = int(delay) / 1000 if delay else 0.0
         kill = os.environ.get("PROCESSOR_TEST_KILL_BEFORE_COMMIT")
         self._kill_at_commit = int(kill) if kill else None
         self._commits_with_records = 0
@@ -147,6 +158,7 @@ class Worker:
         self._table_sinks: dict[int, list[str]] = {}
         self._parts: dict[str, int] = {}
         self._initial_commit_due = False
+        self._restoring: list[_Restoration] = []   # restores under way, the first one running
 
     # -- startup checks -----------------------------------------------------------------------
     def check_topics(self) -> dict[str, int]:
@@ -195,30 +207,46 @@ class Worker:
         return conf
 
     def _open_tasks(self, keys) -> None:
-        """Open the tasks' databases, bring them up to their changelogs (all at once), build the
-        tasks; then read the table sinks' tails of those that have table sinks."""
+        """Open the tasks' databases, bring them up to their changelogs (all at once, here and
+        now: the rebuild after an aborted transaction), build the tasks."""
+        targets = self._restore_targets(keys)
+        try:
+            restore_tasks(targets, self._restore_consumer_config(), self._stop)
+            self._build_tasks(keys, targets)
+        except BaseException:
+            self._discard_targets(keys, targets)
+            raise
+
+    def _restore_targets(self, keys) -> list[RestoreTarget]:
         targets = []
         try:
             for sub, partition in keys:
                 db = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
                 targets.append(RestoreTarget(db, f"{sub}_{partition}", partition, self.topology.changelogs_of(sub)))
-            restore_tasks(targets, self._restore_consumer_config(), self._stop)
-            for (sub, partition), t in zip(keys, targets):
-                self.restored_records += t.restored
-                task = Task(self.topology, sub, partition, t.db, self.collector, lambda: int(time.time() * 1000),
-                            on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing,
-                            max_record_bytes=max_record_bytes_of(self._producer_config),
-                            origin=self.application_id if self._table_sinks.get(sub) else None,
-                            stage_internal=self._stage_internal)
-                self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog)
-                self.tasks[(sub, partition)] = task
-            self._open_table_sinks(keys)
         except BaseException:
-            for key, t in zip(keys, targets):
-                self.tasks.pop(key, None)
-                self._writers.pop(key, None)
+            for t in targets:
                 t.db.close()
             raise
+        return targets
+
+    def _discard_targets(self, keys, targets) -> None:
+        for key, t in zip(keys, targets):
+            self.tasks.pop(key, None)
+            self._writers.pop(key, None)
+            t.db.close()
+
+    def _build_tasks(self, keys, targets) -> None:
+        """Tasks over restored databases; then the table sinks' tails of those that have some."""
+        for (sub, partition), t in zip(keys, targets):
+            self.restored_records += t.restored
+            task = Task(self.topology, sub, partition, t.db, self.collector, lambda: int(time.time() * 1000),
+                        on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing,
+                        max_record_bytes=max_record_bytes_of(self._producer_config),
+                        origin=self.application_id if self._table_sinks.get(sub) else None,
+                        stage_internal=self._stage_internal)
+            self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog)
+            self.tasks[(sub, partition)] = task
+        self._open_table_sinks(keys)
 
     def _open_table_sinks(self, keys) -> None:
         """Tasks with table sinks (``processor/runtime/sink_tails.py``): their sinks' ends now
@@ -246,6 +274,9 @@ class Worker:
                 self.tasks[key].start_convergence(tail.tails, tail.targets)
 
     def _on_assign(self, consumer, partitions):
+        """Suspended tasks assigned again resume at once; the others are restored by the main
+        loop (``_restore_step``) while their partitions stay paused, so the worker keeps polling
+        (no ``max.poll.interval.ms`` expiry) and the tasks already open keep processing."""
         try:
             keys = {(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions}
             # suspended tasks not assigned again go now; the others resume without a restore
@@ -255,31 +286,98 @@ class Worker:
             for key in sorted(keys):
                 if key not in self.tasks and key in self._suspended:
                     self.tasks[key] = self._suspended.pop(key)
-            self._open_tasks([key for key in sorted(keys) if key not in self.tasks])
+            new = [key for key in sorted(keys) if key not in self.tasks]
+            waiting = [tp for tp in partitions if (self._sub_of_topic[tp.topic], tp.partition) in set(new)]
             for tp in partitions:
-                task = self.tasks[(self._sub_of_topic[tp.topic], tp.partition)]
-                start = task.positions.get((tp.topic, tp.partition), 0)
-                group = max(committed.get((tp.topic, tp.partition), -1), 0)
-                self._group_offsets[(tp.topic, tp.partition)] = group
-                if group > start:
-                    raise ChangelogMismatch(
-                        f"task {task.id}: the group committed {tp.topic}[{tp.partition}] up to offset "
-                        f"{group}, but the task's changelogs reflect it only up to {start}; the changelog "
-                        f"topics were deleted or recreated: reset the application (its group offsets "
-                        f"and state) to rebuild")
-                tp.offset = start if start > 0 else OFFSET_BEGINNING
                 self._assigned.add((tp.topic, tp.partition))
                 self._at_eof.discard((tp.topic, tp.partition))
+                self._group_offsets[(tp.topic, tp.partition)] = max(committed.get((tp.topic, tp.partition), -1), 0)
+                if (self._sub_of_topic[tp.topic], tp.partition) in self.tasks:
+                    tp.offset = self._start_offset(tp.topic, tp.partition)
+                else:
+                    tp.offset = OFFSET_BEGINNING   # paused until restored, then sought
+            if new:
+                # tasks reopened from local state first (usually a short catch-up: they start
+                # processing while the others restore), then those restored from scratch
+                targets = self._restore_targets(new)
+                for local in (True, False):
+                    group = [(k, t) for k, t in zip(new, targets) if bool(t.local) is local]
+                    if group:
+                        keys = [k for k, _ in group]
+                        ts = [t for _, t in group]
+                        tps = [tp for tp in waiting if (self._sub_of_topic[tp.topic], tp.partition) in set(keys)]
+                        self._restoring.append(_Restoration(
+                            keys, ts, tps, restore_steps(ts, self._restore_consumer_config(), self._stop),
+                            self.records_processed))
             consumer.assign(partitions)
-            log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in partitions))
-        except RestoreInterrupted:
-            self._stop.set()  # stop requested mid-restore
+            if waiting:
+                consumer.pause(waiting)
+            log.info("assigned %s%s", ", ".join(f"{tp.topic}[{tp.partition}]@{'restoring' if tp in waiting else tp.offset}"
+                                                for tp in partitions),
+                     f"; restoring task(s) {', '.join(f'{a}_{b}' for a, b in new)} first" if new else "")
         except Exception as exc:  # callbacks cannot raise into librdkafka: stop the worker instead
             self._fatal = self._fatal or exc
             self._stop.set()
 
+    def _start_offset(self, topic: str, partition: int) -> int:
+        """Where a task resumes an input partition: its committed position (a group offset beyond
+        it means the changelogs lost data)."""
+        task = self.tasks[(self._sub_of_topic[topic], partition)]
+        start = task.positions.get((topic, partition), 0)
+        group = self._group_offsets.get((topic, partition), 0)
+        if group > start:
+            raise ChangelogMismatch(
+                f"task {task.id}: the group committed {topic}[{partition}] up to offset "
+                f"{group}, but the task's changelogs reflect it only up to {start}; the changelog "
+                f"topics were deleted or recreated: reset the application (its group offsets "
+                f"and state) to rebuild")
+        return start if start > 0 else OFFSET_BEGINNING
+
+    def _restore_step(self, budget_s: float = RESTORE_STEP_S) -> None:
+        """Restore for up to ``budget_s`` (whole batches); when done, the tasks are built and
+        their partitions sought to their positions and resumed."""
+        r = self._restoring[0]
+        deadline = time.monotonic() + budget_s
+        try:
+            while time.monotonic() < deadline:
+                next(r.steps)
+                if self._restore_step_delay_s:
+                    time.sleep(self._restore_step_delay_s)
+            return
+        except StopIteration:
+            pass
+        except BaseException:
+            self._abort_restoration()
+            raise
+        self._restoring.pop(0)
+        meanwhile = self.records_processed - r.processed_before
+        try:
+            self._build_tasks(r.keys, r.targets)
+        except BaseException:
+            self._discard_targets(r.keys, r.targets)
+            raise
+        for tp in r.partitions:
+            tp.offset = self._start_offset(tp.topic, tp.partition)
+            self.consumer.seek(tp)
+        self.consumer.resume(r.partitions)
+        log.info("restored and resumed %s after %.1f s; meanwhile the open tasks processed %d records",
+                 ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in r.partitions),
+                 time.monotonic() - r.started, meanwhile)
+
+    def _abort_restoration(self) -> None:
+        """A revocation (or a stop, or an error) during a restore: drop it; what it restored up to
+        its last intermediate commit is kept locally."""
+        while self._restoring:
+            r = self._restoring.pop(0)
+            try:
+                r.steps.close()
+            finally:
+                for t in r.targets:
+                    t.db.close()
+
     def _on_revoke(self, consumer, partitions):
         try:
+            self._abort_restoration()
             keys = {(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions}
             if not self._closing and self._fatal is None:
                 for key in keys:
@@ -307,6 +405,7 @@ class Worker:
     def _on_lost(self, consumer, partitions):
         # Another member may own these now: close without committing (closing a task never
         # writes its pending state), so only what was committed survives.
+        self._abort_restoration()
         for tp in partitions:
             self._assigned.discard((tp.topic, tp.partition))
             self._at_eof.discard((tp.topic, tp.partition))
@@ -447,6 +546,8 @@ class Worker:
     def _drained(self) -> bool:
         """Every assigned partition is at its end, and so is every internal partition this worker
         reads after the records it wrote itself reached the broker."""
+        if self._restoring:
+            return False
         if self.collector.sent == self._sent_at_drain_check:
             return True
         if self.collector.transactional:
@@ -547,6 +648,7 @@ class Worker:
                     self.collector.abort()   # an unfinished transaction (after a fatal error)
                 except Exception as exc:
                     log.warning("aborting the open transaction failed: %s", exc)
+                self._abort_restoration()
                 self._close_tasks(list(self.tasks))
                 self._close_tasks(list(self._suspended), self._suspended)
                 for sig, handler in previous.items():
@@ -562,7 +664,12 @@ class Worker:
         last_commit = started
         batch = self.batch_size
         while not stop.is_set():
-            msgs = consumer.consume(batch, 0.1)
+            if self._restoring:
+                try:
+                    self._restore_step()
+                except RestoreInterrupted:
+                    break
+            msgs = consumer.consume(batch, 0.0 if self._restoring else 0.1)
             if self._fatal is not None:
                 break
             if self._initial_commit_due:
@@ -612,3 +719,16 @@ class Worker:
                 break
             if max_seconds is not None and now - started > max_seconds:
                 break
+
+
+class _Restoration:
+    """Tasks of an assignment being restored by the main loop: their keys, restore targets,
+    paused input partitions and the restore's steps (``changelog.restore_steps``)."""
+
+    def __init__(self, keys, targets, partitions, steps, processed_before: int):
+        self.started = time.monotonic()
+        self.processed_before = processed_before
+        self.keys = keys
+        self.targets = targets
+        self.partitions = partitions
+        self.steps = steps

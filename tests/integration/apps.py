@@ -218,3 +218,12 @@ def convergence_topology():
         .aggregate(_carrier_init, _carrier_add, _carrier_sub, emit=Emit.on_change(), name="carriers") \
         .to_stream().to(f"{out}-carriers")
     return b.build()
+
+
+def restore_topology():
+    """A table of ``$APP_INPUT`` (store ``in-store``, restored from its changelog) forwarded to
+    ``$APP_OUTPUT``."""
+    b = StreamsBuilder()
+    b.table(os.environ["APP_INPUT"], key_serde=Serdes.string(), value_serde=Serdes.json(),
+            store_name="in-store").to_stream().to(os.environ["APP_OUTPUT"])
+    return b.build()
