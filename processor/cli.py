@@ -120,6 +120,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--startup-timeout-s", type=float, default=10.0, metavar="S",
                    help="give up (exit code 3) when the broker does not answer within S seconds "
                         "at start-up (default: 10)")
+    r.add_argument("--static-membership", action="store_true",
+                   help="join the group as a static member (group.instance.id from the worker id kept "
+                        "in the state directory): a worker restarted within the session timeout gets "
+                        "its partitions back without a rebalance; a stopped one keeps them until the "
+                        "session timeout expires (README \"Static membership\")")
 
     de = sub.add_parser("describe", help="print a topology's sub-topologies, processors and stores")
     de.add_argument("topology", metavar="MODULE:ATTR")
@@ -339,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                             commit_interval_ms=args.commit_interval_ms, on_error=args.on_error,
                             client_config=config, **topic_settings_from_args(args),
                             startup_timeout_s=args.startup_timeout_s,
-                            processing_guarantee=args.processing_guarantee)
+                            processing_guarantee=args.processing_guarantee,
+                            static_membership=args.static_membership)
             worker.run()
             logging.getLogger("processor.worker").info(
                 "stopped after %d records; counters: %s", worker.records_processed, worker.metrics())

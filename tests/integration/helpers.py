@@ -348,7 +348,7 @@ def reliability_scenario(orders_topic: str, customers_topic: str, n: int, seed: 
 
 def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_path, env: dict,
                          guarantee: str = "at_least_once", commit_interval_ms: int = 300,
-                         consumer_config: list[str] = ()):
+                         consumer_config: list[str] = (), extra_args: list[str] = ()):
     """``python -m processor.cli run SPEC`` as a child process (stderr to ``log_path``, appended);
     ``consumer_config``: extra ``key=value`` consumer settings."""
     import os
@@ -363,7 +363,7 @@ def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_pat
          "--bootstrap-servers", bootstrap, "--application-id", app, "--state-dir", str(state_dir),
          "--commit-interval-ms", str(commit_interval_ms), "--processing-guarantee", guarantee,
          "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500",
-         *[a for kv in consumer_config for a in ("--consumer-config", kv)]],
+         *[a for kv in consumer_config for a in ("--consumer-config", kv)], *extra_args],
         cwd=root, env=e, stdout=subprocess.DEVNULL, stderr=open(log_path, "a"))
 
 

@@ -1,0 +1,143 @@
+"""The worker's commit unit: what makes a task's progress durable, every ``commit_interval_ms``.
+
+One unit per task with work (``processor/runtime/changelog.py``): the buffered store writes go
+to the changelog topics; flush (outputs, internal records, changelog durable; delivery errors
+fatal); each task's commit record (input positions + changelog end offsets + table sink ends)
+goes to its task changelog; flush; the group offsets are committed (with
+``processing_guarantee="exactly_once"`` all of this is one Kafka transaction, offsets via
+``send_offsets_to_transaction``); then each task writes its buffered state, positions and
+changelog ends to RocksDB as one batch and sends its outbox. The changelogs up to the last
+commit record are the truth: a crash anywhere leaves a state that a restore rebuilds exactly,
+with the input positions it belongs to.
+
+A mixin of ``processor.runtime.worker.Worker``: it uses the worker's tasks and writers
+(``processor/runtime/task_manager.py``), its collector and consumer, and keeps
+``_group_offsets`` and ``_skipped_offsets``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+
+from processor.errors import ConfigError
+
+log = logging.getLogger("processor.worker")
+
+# an idle task with table sinks writes a fresh commit record this often when the sinks moved on
+SINK_ENDS_REFRESH_S = 30.0
+# group offset commit errors that mean "a rebalance is under way", not a broken worker
+_REBALANCING = (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
+
+
+class CommitUnit:
+    def commit(self) -> None:
+        """One commit unit for every task that has work (see the module docstring). Never after
+        a fatal error, and never moves a group offset backwards. (Every record sent belongs to
+        a unit: outputs advance positions; outbox records leave the outbox entry to delete.)"""
+        if self._fatal is not None:
+            return
+        collector = self.collector
+        units = []
+        delivered = collector.delivered_ends
+        now = time.monotonic()
+        for key, task in self.tasks.items():
+            pos, outbox = task.prepare_commit()
+            writer = self._writers[key]
+            if writer.has_work(pos) or outbox or task.converged_in_unit or \
+                    writer.sink_ends_stale(delivered, now, SINK_ENDS_REFRESH_S):
+                task.converged_in_unit = False
+                units.append((task, writer, pos, outbox))
+        if not units:
+            self._retry_skipped_offsets()
+            return
+        for task, writer, pos, outbox in units:
+            writer.write_pending()
+        collector.flush()               # outputs, internal records, changelog records durable
+        if self._kill_at_commit is not None and self.records_processed > self._processed_at_last_commit:
+            self._commits_with_records += 1
+            if self._commits_with_records >= self._kill_at_commit:
+                log.warning("test hook: SIGKILL after forwarding, before committing")
+                os.kill(os.getpid(), signal.SIGKILL)
+        self._processed_at_last_commit = self.records_processed
+        for task, writer, pos, outbox in units:
+            writer.settle_sink_ends(delivered, task.convergence_pending)
+            writer.write_commit_record(pos)
+        offsets = []
+        for task, writer, pos, outbox in units:
+            for (topic, part), off in pos.items():
+                if off > self._group_offsets.get((topic, part), 0):
+                    offsets.append(TopicPartition(topic, part, off))
+        if collector.transactional:
+            try:
+                collector.commit_transaction(offsets, self.consumer.consumer_group_metadata())
+            except KafkaException as exc:
+                self._transaction_failed(exc)
+                return
+        else:
+            collector.flush()           # the commit records: the units are durable now
+            offsets = self._commit_group_offsets(offsets)
+        for tp in offsets:
+            self._group_offsets[(tp.topic, tp.partition)] = tp.offset
+        collector.begin()               # outbox records below go into the next transaction
+        for task, writer, pos, outbox in units:
+            task.finish_commit(pos, outbox, writer.committed_ends(pos))
+
+    def _commit_group_offsets(self, offsets: list) -> list:
+        """At least once: commit the group offsets of durable units; returns those committed.
+        The units are durable in the changelogs (the truth about positions), so a group that
+        rebalances under us loses nothing: the next owner resumes from the commit records. Only
+        the offsets shown to tools lag; they are retried at the next commit, with or without
+        new work (``_retry_skipped_offsets``)."""
+        if not offsets:
+            return []
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _REBALANCING:
+                raise
+            log.warning("group offset commit skipped (%s): the group is rebalancing; the "
+                        "commit units are durable in the changelogs", exc.args[0].name())
+            for tp in offsets:
+                self._skipped_offsets[(tp.topic, tp.partition)] = tp.offset
+            return []
+        for tp in offsets:
+            self._skipped_offsets.pop((tp.topic, tp.partition), None)
+        return offsets
+
+    def _retry_skipped_offsets(self) -> None:
+        """Group offsets skipped during a rebalance, of partitions still assigned here."""
+        retry = [TopicPartition(t, p, off) for (t, p), off in sorted(self._skipped_offsets.items())
+                 if (t, p) in self._assigned and off > self._group_offsets.get((t, p), 0)]
+        self._skipped_offsets = {tp: off for tp, off in self._skipped_offsets.items() if tp in self._assigned}
+        for tp in self._commit_group_offsets(retry):
+            self._group_offsets[(tp.topic, tp.partition)] = tp.offset
+
+    def _transaction_failed(self, exc) -> None:
+        """Exactly once: the transaction did not commit. Fatal if this producer was fenced (a
+        newer instance owns the transactional id); otherwise (the group rebalanced under us) abort
+        it, drop every task's uncommitted state and rebuild the tasks from their changelogs."""
+        err = exc.args[0]
+        if err.fatal() or not err.txn_requires_abort():
+            raise ConfigError(f"exactly_once: the transaction could not commit ({err.str()}); "
+                              f"this worker was fenced by a newer instance") from None
+        log.warning("exactly_once: transaction aborted (%s); rebuilding tasks from their changelogs",
+                    err.str())
+        self.collector.abort()
+        keys = sorted(self.tasks)
+        for key in keys:
+            self._writers.pop(key, None)
+            task = self.tasks.pop(key)
+            self.finished_tasks_metrics.append(task.metrics())
+            task.close()                 # closing never writes pending state
+        self._open_tasks(keys)
+        for key in keys:
+            task = self.tasks[key]
+            for tp in [tp for tp in self._assigned if (self._sub_of_topic[tp[0]], tp[1]) == key]:
+                off = task.positions.get(tp, 0)
+                self.consumer.seek(TopicPartition(tp[0], tp[1], off if off > 0 else OFFSET_BEGINNING))
+        self.collector.begin()

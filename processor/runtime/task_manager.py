@@ -1,0 +1,284 @@
+"""The worker's task management: which tasks this worker runs, and how they open and close.
+
+Assignment (librdkafka's eager rebalance callbacks): tasks are created for assigned partition
+numbers (the range assignor keeps partition ``i`` of co-partitioned topics on one worker). A task
+suspended by the previous revocation and assigned again resumes at once (nobody else can have
+owned it in between). Every other task is restored before it processes anything: its database
+is brought up to its changelogs' last commit (``processor/runtime/changelog.py``) and it resumes
+its inputs from the positions in that commit; a group offset beyond them means the changelogs
+lost data: ``ChangelogMismatch``, never a silent skip.
+
+The restore is a phase of the main loop, not of the assignment callback: the new tasks'
+partitions stay paused while the loop calls ``_restore_step`` (``RESTORE_STEP_S`` of whole
+restore batches) between polls, so the group sees a live member however long it takes (no
+``max.poll.interval.ms`` expiry), a revocation or a stop aborts it cleanly (what it restored up to
+its last intermediate commit is kept locally), and the tasks already open keep processing.
+Tasks reopened from local state restore first (usually a short catch-up), then those restored
+from scratch. Tasks with table sinks then read their sinks' tails (``sink_tails``).
+
+Revocation: the revoked tasks' deferred emissions are flushed and committed, then the tasks are
+kept open ("suspended") until the next assignment. Lost partitions: closed without a commit.
+
+A mixin of ``processor.runtime.worker.Worker``: it keeps ``tasks``, ``_writers``,
+``_suspended``, ``_restoring``, ``_assigned``, ``_at_eof`` and ``_group_offsets``, and uses the
+worker's topology, consumer, collector and settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import OFFSET_BEGINNING
+
+from processor.engine.task import Task, max_record_bytes_of
+from processor.errors import ChangelogMismatch
+from processor.runtime import kafka, sink_tails
+from processor.runtime.changelog import ChangelogWriter, RestoreTarget, restore_steps, restore_tasks
+from processor.state.rocksdb import RocksDBDatabase
+
+log = logging.getLogger("processor.worker")
+
+# the main loop restores for this long between two polls of the group consumer
+RESTORE_STEP_S = 0.2
+
+
+class TaskManagement:
+    def _restore_consumer_config(self) -> dict:
+        conf = kafka.consumer_defaults(self.bootstrap_servers)
+        conf["group.id"] = f"{self.application_id}-restore"   # assign() only; never commits
+        conf["isolation.level"] = self.isolation_level
+        return conf
+
+    def _open_tasks(self, keys) -> None:
+        """Open the tasks' databases, bring them up to their changelogs (all at once, here and
+        now: the rebuild after an aborted transaction), build the tasks."""
+        targets = self._restore_targets(keys)
+        try:
+            restore_tasks(targets, self._restore_consumer_config(), self._stop)
+            self._build_tasks(keys, targets)
+        except BaseException:
+            self._discard_targets(keys, targets)
+            raise
+
+    def _restore_targets(self, keys) -> list[RestoreTarget]:
+        targets = []
+        try:
+            for sub, partition in keys:
+                db = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
+                targets.append(RestoreTarget(db, f"{sub}_{partition}", partition, self.topology.changelogs_of(sub)))
+        except BaseException:
+            for t in targets:
+                t.db.close()
+            raise
+        return targets
+
+    def _discard_targets(self, keys, targets) -> None:
+        for key, t in zip(keys, targets):
+            self.tasks.pop(key, None)
+            self._writers.pop(key, None)
+            t.db.close()
+
+    def _build_tasks(self, keys, targets) -> None:
+        """Tasks over restored databases; then the table sinks' tails of those that have some."""
+        for (sub, partition), t in zip(keys, targets):
+            self.restored_records += t.restored
+            task = Task(self.topology, sub, partition, t.db, self.collector, lambda: int(time.time() * 1000),
+                        on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing,
+                        max_record_bytes=max_record_bytes_of(self._producer_config),
+                        origin=self.application_id if self._table_sinks.get(sub) else None,
+                        stage_internal=self._stage_internal)
+            self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog)
+            self.tasks[(sub, partition)] = task
+        self._open_table_sinks(keys)
+
+    def _open_table_sinks(self, keys) -> None:
+        """Tasks with table sinks (``processor/runtime/sink_tails.py``): their sinks' ends now
+        (before they send anything) are the floor of what their commit records name; a task whose
+        last commit record names ends hands its tail to its sink convergence; a task without a
+        commit record commits before it processes anything."""
+        keys = [k for k in keys if self._table_sinks.get(k[0])]
+        if not keys:
+            return
+        topics = sorted({t for k in keys for t in self._table_sinks[k[0]]})
+        ends = sink_tails.partition_ends(self.bootstrap_servers, topics, self._restore_consumer_config())
+        starts = {}
+        for key in keys:
+            writer = self._writers[key]
+            writer.sink_partitions = sink_tails.sink_partitions(self._table_sinks[key[0]], self._parts)
+            writer.sink_floor = {tp: ends[tp] for tp in writer.sink_partitions}
+            if writer.sink_ends is not None:
+                starts[key] = {tp: writer.sink_ends.get(tp, 0) for tp in writer.sink_partitions}
+            elif not writer.has_commit:
+                self._initial_commit_due = True
+        if starts:
+            found = sink_tails.read_tails(self.bootstrap_servers, self._restore_consumer_config(),
+                                          self.application_id, starts, ends)
+            for key, tail in found.items():
+                self.tasks[key].start_convergence(tail.tails, tail.targets)
+
+    def _on_assign(self, consumer, partitions):
+        """Suspended tasks assigned again resume at once; the others are restored by the main
+        loop (``_restore_step``) while their partitions stay paused, so the worker keeps polling
+        (no ``max.poll.interval.ms`` expiry) and the tasks already open keep processing."""
+        try:
+            keys = {(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions}
+            # suspended tasks not assigned again go now; the others resume without a restore
+            self._close_tasks(set(self._suspended) - keys, self._suspended)
+            committed = {(tp.topic, tp.partition): tp.offset
+                         for tp in consumer.committed(partitions, timeout=30)}
+            for key in sorted(keys):
+                if key not in self.tasks and key in self._suspended:
+                    self.tasks[key] = self._suspended.pop(key)
+            new = [key for key in sorted(keys) if key not in self.tasks]
+            waiting = [tp for tp in partitions if (self._sub_of_topic[tp.topic], tp.partition) in set(new)]
+            for tp in partitions:
+                self._assigned.add((tp.topic, tp.partition))
+                self._at_eof.discard((tp.topic, tp.partition))
+                self._group_offsets[(tp.topic, tp.partition)] = max(committed.get((tp.topic, tp.partition), -1), 0)
+                if (self._sub_of_topic[tp.topic], tp.partition) in self.tasks:
+                    tp.offset = self._start_offset(tp.topic, tp.partition)
+                else:
+                    tp.offset = OFFSET_BEGINNING   # paused until restored, then sought
+            if new:
+                # tasks reopened from local state first (usually a short catch-up: they start
+                # processing while the others restore), then those restored from scratch
+                targets = self._restore_targets(new)
+                for local in (True, False):
+                    group = [(k, t) for k, t in zip(new, targets) if bool(t.local) is local]
+                    if group:
+                        keys = [k for k, _ in group]
+                        ts = [t for _, t in group]
+                        tps = [tp for tp in waiting if (self._sub_of_topic[tp.topic], tp.partition) in set(keys)]
+                        self._restoring.append(_Restoration(
+                            keys, ts, tps, restore_steps(ts, self._restore_consumer_config(), self._stop),
+                            self.records_processed))
+            consumer.assign(partitions)
+            if waiting:
+                consumer.pause(waiting)
+            log.info("assigned %s%s", ", ".join(f"{tp.topic}[{tp.partition}]@{'restoring' if tp in waiting else tp.offset}"
+                                                for tp in partitions),
+                     f"; restoring task(s) {', '.join(f'{a}_{b}' for a, b in new)} first" if new else "")
+        except Exception as exc:  # callbacks cannot raise into librdkafka: stop the worker instead
+            self._fatal = self._fatal or exc
+            self._stop.set()
+
+    def _start_offset(self, topic: str, partition: int) -> int:
+        """Where a task resumes an input partition: its committed position (a group offset beyond
+        it means the changelogs lost data)."""
+        task = self.tasks[(self._sub_of_topic[topic], partition)]
+        start = task.positions.get((topic, partition), 0)
+        group = self._group_offsets.get((topic, partition), 0)
+        if group > start:
+            raise ChangelogMismatch(
+                f"task {task.id}: the group committed {topic}[{partition}] up to offset "
+                f"{group}, but the task's changelogs reflect it only up to {start}; the changelog "
+                f"topics were deleted or recreated: reset the application (its group offsets "
+                f"and state) to rebuild")
+        return start if start > 0 else OFFSET_BEGINNING
+
+    def _restore_step(self, budget_s: float = RESTORE_STEP_S) -> None:
+        """Restore for up to ``budget_s`` (whole batches); when done, the tasks are built and
+        their partitions sought to their positions and resumed."""
+        r = self._restoring[0]
+        deadline = time.monotonic() + budget_s
+        try:
+            while time.monotonic() < deadline:
+                next(r.steps)
+                if self._restore_step_delay_s:
+                    time.sleep(self._restore_step_delay_s)
+            return
+        except StopIteration:
+            pass
+        except BaseException:
+            self._abort_restoration()
+            raise
+        self._restoring.pop(0)
+        meanwhile = self.records_processed - r.processed_before
+        try:
+            self._build_tasks(r.keys, r.targets)
+        except BaseException:
+            self._discard_targets(r.keys, r.targets)
+            raise
+        for tp in r.partitions:
+            tp.offset = self._start_offset(tp.topic, tp.partition)
+            self.consumer.seek(tp)
+        self.consumer.resume(r.partitions)
+        log.info("restored and resumed %s after %.1f s; meanwhile the open tasks processed %d records",
+                 ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in r.partitions),
+                 time.monotonic() - r.started, meanwhile)
+
+    def _abort_restoration(self) -> None:
+        """A revocation (or a stop, or an error) during a restore: drop it; what it restored up to
+        its last intermediate commit is kept locally."""
+        while self._restoring:
+            r = self._restoring.pop(0)
+            try:
+                r.steps.close()
+            finally:
+                for t in r.targets:
+                    t.db.close()
+
+    def _on_revoke(self, consumer, partitions):
+        try:
+            self._abort_restoration()
+            keys = {(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions}
+            if not self._closing and self._fatal is None:
+                for key in keys:
+                    task = self.tasks.get(key)
+                    if task is not None:
+                        task.flush()
+                self.commit()
+                # the flush's outbox records were sent after that commit: one more unit makes
+                # them durable and confirms them (exactly once: commits their transaction)
+                self.commit()
+            for tp in partitions:
+                self._assigned.discard((tp.topic, tp.partition))
+                self._at_eof.discard((tp.topic, tp.partition))
+            for key in keys:
+                task = self.tasks.pop(key, None)
+                if task is not None:
+                    if self._closing or self._fatal is not None:
+                        self._close_tasks({key}, {key: task})
+                    else:
+                        self._suspended[key] = task
+        except Exception as exc:
+            self._fatal = self._fatal or exc
+            self._stop.set()
+
+    def _on_lost(self, consumer, partitions):
+        # Another member may own these now: close without committing (closing a task never
+        # writes its pending state), so only what was committed survives.
+        self._abort_restoration()
+        for tp in partitions:
+            self._assigned.discard((tp.topic, tp.partition))
+            self._at_eof.discard((tp.topic, tp.partition))
+        self._close_tasks({(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions})
+
+    def _close_tasks(self, keys, table=None):
+        table = self.tasks if table is None else table
+        errors = []
+        for key in keys:
+            task = table.pop(key, None)
+            self._writers.pop(key, None)
+            if task is not None:
+                self.finished_tasks_metrics.append(task.metrics())
+                try:
+                    task.close()
+                except Exception as exc:  # close the others before reporting
+                    errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+class _Restoration:
+    """Tasks of an assignment being restored by the main loop: their keys, restore targets,
+    paused input partitions and the restore's steps (``changelog.restore_steps``)."""
+
+    def __init__(self, keys, targets, partitions, steps, processed_before: int):
+        self.started = time.monotonic()
+        self.processed_before = processed_before
+        self.keys = keys
+        self.targets = targets
+        self.partitions = partitions
+        self.steps = steps
