@@ -157,3 +157,105 @@ def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, 
     for j in OUTS:
         assert want[j], j   # the scenario produces rows in every output
         assert not wrong[j], (j, len(wrong[j]), [(k, got[j].get(k), want[j].get(k)) for k in wrong[j][:5]])
+
+
+def _assignments(log) -> int:
+    return open(log).read().count("processor.worker: assigned")
+
+
+def _wait(cond, timeout_s, what, procs_logs):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        for p, lg in procs_logs:
+            assert p.poll() is None, f"{what}: a worker exited\n" + open(lg).read()[-3000:]
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_scale_1_3_1_workers_outputs_equal_driver(kafka_bootstrap, unique, tmp_path, monkeypatch, report,
+                                                  broker_capabilities, guarantee):
+    """The same topology scaled 1 -> 3 -> 1 worker processes while the input arrives (two join
+    once a third is out; both get SIGTERM once two thirds are out and the first takes every task
+    back): every output topic, read as a table, equals the driver's result."""
+    orders, customers, shipments = f"orders-{unique}", f"customers-{unique}", f"shipments-{unique}"
+    prefix = app = f"convscale-{unique}"
+    outs = {j: f"{prefix}-{j}" for j in OUTS}
+    env = {"APP_ORDERS": orders, "APP_CUSTOMERS": customers, "APP_SHIPMENTS": shipments,
+           "APP_OUTPUT_PREFIX": prefix, "APP_PARTITIONER": "consistent_random"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    kafka.create_topics(kafka_bootstrap, {orders: PARTS, customers: PARTS, shipments: PARTS,
+                                          **{t: PARTS for t in outs.values()}})
+    records = _scenario(orders, customers, shipments, N, seed=6)
+    caps = broker_capabilities
+    txn_reliable = caps.transactions_complete_after_fencing and caps.read_committed_hides_aborted
+    iso = "read_committed" if guarantee == "exactly_once" and txn_reliable else "read_uncommitted"
+    conf = [f"isolation.level={iso}"]
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
+    procs = []
+
+    def start(i):
+        return start_worker_process(kafka_bootstrap, SPEC, app, tmp_path / f"w{i}", logs[i], env, guarantee,
+                                    consumer_config=conf)
+
+    def produce_part(lo, hi):
+        produce_interleaved(kafka_bootstrap, records[lo:hi], timestamp0=1_000_000 + lo, chunk=500, pause_s=0.1,
+                            partitioner="consistent_random")
+
+    try:
+        procs.append(start(0))
+        _wait(lambda: _assignments(logs[0]) >= 1, 60, "first assignment", [(procs[0], logs[0])])
+        t0 = time.monotonic()
+        produce_part(0, N // 3)
+        procs += [start(1), start(2)]
+        prod = threading.Thread(target=produce_part, args=(N // 3, 2 * N // 3))
+        prod.start()
+        _wait(lambda: _assignments(logs[1]) >= 1 and _assignments(logs[2]) >= 1 and _assignments(logs[0]) >= 2,
+              90, "scaled-out assignment", list(zip(procs, logs)))
+        scaled_out = time.monotonic() - t0
+        prod.join(120)
+        time.sleep(2.0)
+        for p in procs[1:]:
+            p.send_signal(signal.SIGTERM)
+        prod = threading.Thread(target=produce_part, args=(2 * N // 3, N))
+        prod.start()
+        for i, p in enumerate(procs[1:], 1):
+            assert p.wait(60) == 0, open(logs[i]).read()[-3000:]
+        prod.join(120)
+        assert not prod.is_alive()
+
+        def alive():
+            if procs[0].poll() is not None:
+                pytest.fail("the first worker exited on its own\n" + open(logs[0]).read()[-4000:])
+
+        topo = apps.convergence_topology().for_application(app)
+        internal = [f"{app}-carriers-repartition", f"{app}-enriched-subscription-registration-topic",
+                    f"{app}-enriched-subscription-response-topic"]
+        wait_until_tasks_committed(kafka_bootstrap, topo, {t: PARTS for t in [orders, customers, shipments] + internal},
+                                   iso, timeout_s=240, check=alive)
+        drained_s = time.monotonic() - t0
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(60) == 0, open(logs[0]).read()[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    processed = [int(m) for lg in logs for m in re.findall(r"stopped after (\d+) records", open(lg).read())]
+    assert len(processed) == 3 and all(processed), processed    # each worker processed part of the input
+    inputs = [m for t in (orders, customers, shipments) for m in kafka.read_topic(kafka_bootstrap, t)]
+    assert len(inputs) == N
+    with TopologyTestDriver(apps.convergence_topology()) as driver:
+        for m in inputs:
+            driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
+        want = {j: final_table_values(driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()))
+                for j, t in outs.items()}
+    got = {j: final_table(kafka.read_topic(kafka_bootstrap, t, isolation_level=iso)) for j, t in outs.items()}
+    wrong = {j: sorted(k for k in set(got[j]) | set(want[j]) if got[j].get(k) != want[j].get(k)) for j in OUTS}
+    report(f"{guarantee}: scaled 1 -> 3 -> 1; three assigned after {scaled_out:.1f} s, drained after {drained_s:.1f} s; "
+           f"records processed per worker {processed}; final rows { {j: len(want[j]) for j in OUTS} }; keys "
+           f"differing from the driver { {j: len(w) for j, w in wrong.items()} }")
+    for j in OUTS:
+        assert want[j], j
+        assert not wrong[j], (j, len(wrong[j]), wrong[j][:5])
