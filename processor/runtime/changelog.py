@@ -180,6 +180,9 @@ class RestoreTarget:
         self.local = db.read_checkpoint()
         self.restored = 0
         self.tail_records = 0
+        # store changelog records to apply / applied (known once the task changelog was read)
+        self.to_restore: int | None = None
+        self.store_restored = 0
         # filled in by the restore
         self._unit: dict[bytes, bytes | None] = {}
         self._last_commit_end = None
@@ -261,6 +264,10 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
         store_starts = {tp: t.starts[tp] for tp, (t, _) in by_store_tp.items()}
         total = sum(t.ends.get(tp, 0) - s for tp, (t, _) in by_store_tp.items() for s in [t.starts[tp]])
         reader.expect(total)
+        for t in targets:
+            t.to_restore = sum(t.ends.get(tp, 0) - s for tp, s in t.starts.items())
+        reader.detail = lambda: ", ".join(f"{t.task_id} {t.store_restored}/{t.to_restore}" for t in targets
+                                          if t.to_restore)
         if total:
             log.info("restoring %d task(s) from their changelogs: %d store records to restore",
                      len(targets), total)
@@ -275,6 +282,7 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
                 _apply(t.db.store(name), key, value)
                 t.restored_to[tp] = off + 1
                 t.restored += 1
+                t.store_restored += 1
                 since_commit += 1
                 if since_commit >= RESTORE_COMMIT_EVERY:   # bounded memory; resumable
                     for x in targets:
@@ -340,6 +348,7 @@ class _Reader:
         self.stop = stop
         self.eof: dict[tuple[str, int], int] = {}
         self.expected = 0
+        self.detail = None       # per task progress for the log line
 
     def expect(self, n: int) -> None:
         self.expected = n
@@ -402,8 +411,9 @@ class _Reader:
                     last_log = now
                     rate = n / max(now - t0, 1e-6)
                     remaining = max(self.expected - n, 0) if self.expected else "?"
-                    log.info("restoring: %d records restored, %.0f records/s, %s remaining",
-                             n, rate, remaining)
+                    detail = self.detail() if self.detail is not None else ""
+                    log.info("restoring: %d records restored, %.0f records/s, %s remaining%s",
+                             n, rate, remaining, f" (per task: {detail})" if detail else "")
         finally:
             c.unassign()
 

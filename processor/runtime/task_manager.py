@@ -139,7 +139,10 @@ class TaskManagement:
                 if (self._sub_of_topic[tp.topic], tp.partition) in self.tasks:
                     tp.offset = self._start_offset(tp.topic, tp.partition)
                 else:
-                    tp.offset = OFFSET_BEGINNING   # paused until restored, then sought
+                    # paused until restored, then sought to the task's position. A concrete offset
+                    # (the group's, never above that position), not a logical one: librdkafka would
+                    # resolve OFFSET_BEGINNING asynchronously and could overwrite the later seek.
+                    tp.offset = self._group_offsets[(tp.topic, tp.partition)]
             if new:
                 # tasks reopened from local state first (usually a short catch-up: they start
                 # processing while the others restore), then those restored from scratch
@@ -203,6 +206,8 @@ class TaskManagement:
         for tp in r.partitions:
             tp.offset = self._start_offset(tp.topic, tp.partition)
             self.consumer.seek(tp)
+            # records fetched before the seek must not reach the task (the loop drops them)
+            self._resume_floor[(tp.topic, tp.partition)] = max(tp.offset, 0)
         self.consumer.resume(r.partitions)
         log.info("restored and resumed %s after %.1f s; meanwhile the open tasks processed %d records",
                  ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in r.partitions),
@@ -235,6 +240,7 @@ class TaskManagement:
             for tp in partitions:
                 self._assigned.discard((tp.topic, tp.partition))
                 self._at_eof.discard((tp.topic, tp.partition))
+                self._resume_floor.pop((tp.topic, tp.partition), None)
             for key in keys:
                 task = self.tasks.pop(key, None)
                 if task is not None:
@@ -253,6 +259,7 @@ class TaskManagement:
         for tp in partitions:
             self._assigned.discard((tp.topic, tp.partition))
             self._at_eof.discard((tp.topic, tp.partition))
+            self._resume_floor.pop((tp.topic, tp.partition), None)
         self._close_tasks({(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions})
 
     def _close_tasks(self, keys, table=None):

@@ -147,6 +147,7 @@ class Worker(TaskManagement, CommitUnit):
         self._parts: dict[str, int] = {}
         self._initial_commit_due = False
         self._restoring: list[_Restoration] = []   # restores under way, the first one running
+        self._resume_floor: dict[tuple[str, int], int] = {}   # partitions just restored: their start
 
     # -- startup checks -----------------------------------------------------------------------
     def check_topics(self) -> dict[str, int]:
@@ -225,6 +226,13 @@ class Worker(TaskManagement, CommitUnit):
     # -- main loop ----------------------------------------------------------------------------
     def stop(self) -> None:
         self._stop.set()
+
+    def restore_progress(self) -> dict[str, dict]:
+        """Tasks being restored: ``{task id: {"restored": n, "remaining": m | None}}`` (remaining
+        is None until the task changelog has been read)."""
+        return {t.task_id: {"restored": t.store_restored,
+                            "remaining": None if t.to_restore is None else t.to_restore - t.store_restored}
+                for r in self._restoring for t in r.targets}
 
     def metrics(self) -> dict:
         """Counters of every operator, summed over live and closed tasks."""
@@ -317,6 +325,7 @@ class Worker(TaskManagement, CommitUnit):
         sub_of = self._sub_of_topic
         stop = self._stop
         at_eof = self._at_eof
+        resume_floor = self._resume_floor
         started = time.monotonic()
         last_commit = started
         batch = self.batch_size
@@ -355,6 +364,11 @@ class Worker(TaskManagement, CommitUnit):
                 task = tasks.get((sub_of[topic], part))
                 if task is None:  # revoked while in flight: not processed, not committed
                     continue
+                if resume_floor and (topic, part) in resume_floor:
+                    # just restored: anything below its position is already in its state
+                    if m.offset() < resume_floor[(topic, part)]:
+                        continue
+                    del resume_floor[(topic, part)]
                 task.process(topic, part, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
                 n += 1
                 if at_eof:

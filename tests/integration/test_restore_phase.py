@@ -82,6 +82,9 @@ def test_a_restore_longer_than_max_poll_interval_costs_no_rebalance(kafka_bootst
     assert restore_s * 1000 > MAX_POLL_MS
     assert restored > 10_000
     assert meanwhile == sum(key_partition(k, PARTS) == 0 for k, _ in more)   # task 0_0's new records
+    # progress per task in the log while it runs: "restoring: ... (per task: 0_1 3000/6400, ...)"
+    progress = re.findall(r"restoring: \d+ records restored, \d+ records/s, \d+ remaining \(per task: (.*)\)", text)
+    assert progress and all(re.fullmatch(r"0_[123] \d+/\d+(, 0_[123] \d+/\d+){2}", p) for p in progress), progress
     want = {}
     for k, v in first + more:
         want[k] = v
