@@ -99,7 +99,8 @@ class ChangelogWriter:
         if not self.sink_partitions or now - self.last_commit_at < after_s:
             return False
         cur = self.sink_ends or {}
-        return any(delivered.get(tp, 0) > cur.get(tp, 0) for tp in self.sink_partitions)
+        floor = self.sink_floor
+        return any(max(delivered.get(tp, 0), floor.get(tp, 0)) > cur.get(tp, 0) for tp in self.sink_partitions)
 
     def _on_delivery(self, err, msg):
         self._awaiting -= 1
@@ -109,7 +110,7 @@ class ChangelogWriter:
             self._reported[(msg.topic(), msg.partition())] = msg.offset() + 1
 
     def has_work(self, positions) -> bool:
-        return (positions != self._committed_positions or (not self.has_commit and bool(self.sink_partitions))
+        return (positions != self._committed_positions or (self.sink_ends is None and bool(self.sink_partitions))
                 or any(s.pending for s in self.db.stores.values()))
 
     def write_pending(self) -> None:

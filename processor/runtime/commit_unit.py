@@ -25,6 +25,7 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from processor.errors import ConfigError
+from processor.runtime import sink_tails
 
 log = logging.getLogger("processor.worker")
 
@@ -41,6 +42,10 @@ class CommitUnit:
         a unit: outputs advance positions; outbox records leave the outbox entry to delete.)"""
         if self._fatal is not None:
             return
+        if self._resumed and time.monotonic() - self._resumed_at > 5.0:
+            self._resumed.clear()   # (worker.py: the loop's guard after a restore)
+        if time.monotonic() - self._sink_floors_at > SINK_ENDS_REFRESH_S:
+            self._refresh_sink_floors()
         collector = self.collector
         units = []
         delivered = collector.delivered_ends
@@ -86,6 +91,26 @@ class CommitUnit:
         collector.begin()               # outbox records below go into the next transaction
         for task, writer, pos, outbox in units:
             task.finish_commit(pos, outbox, writer.committed_ends(pos))
+
+    def _refresh_sink_floors(self) -> None:
+        """Every ``SINK_ENDS_REFRESH_S``: the table sinks' ends now (high watermarks) become the
+        floor of every task's sink ends. Any end found before a record is sent is below it, so
+        this is always a valid floor; without it a partition this worker never writes would keep
+        the floor of the task's opening, and a reopening after a crash would read everything the
+        other workers wrote there since."""
+        self._sink_floors_at = time.monotonic()
+        writers = [w for w in self._writers.values() if w.sink_partitions]
+        if not writers:
+            return
+        topics = sorted({tp[0] for w in writers for tp in w.sink_partitions})
+        try:
+            ends = sink_tails.partition_ends(self.bootstrap_servers, topics,
+                                             {**self._restore_consumer_config(), "isolation.level": "read_uncommitted"})
+        except Exception as exc:   # an optimization: the floors kept are still valid
+            log.warning("refreshing the table sinks' ends failed (kept the previous ones): %s", exc)
+            return
+        for w in writers:
+            w.sink_floor = {tp: max(w.sink_floor.get(tp, 0), ends.get(tp, 0)) for tp in w.sink_partitions}
 
     def _commit_group_offsets(self, offsets: list) -> list:
         """At least once: commit the group offsets of durable units; returns those committed.

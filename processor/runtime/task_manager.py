@@ -101,7 +101,10 @@ class TaskManagement:
         if not keys:
             return
         topics = sorted({t for k in keys for t in self._table_sinks[k[0]]})
-        ends = sink_tails.partition_ends(self.bootstrap_servers, topics, self._restore_consumer_config())
+        # (a lower bound is all a floor needs: the high watermark, read uncommitted, never waits
+        # for an open transaction, this worker's own included)
+        ends = sink_tails.partition_ends(self.bootstrap_servers, topics,
+                                         {**self._restore_consumer_config(), "isolation.level": "read_uncommitted"})
         starts = {}
         for key in keys:
             writer = self._writers[key]
@@ -109,7 +112,7 @@ class TaskManagement:
             writer.sink_floor = {tp: ends[tp] for tp in writer.sink_partitions}
             if writer.sink_ends is not None:
                 starts[key] = {tp: writer.sink_ends.get(tp, 0) for tp in writer.sink_partitions}
-            elif not writer.has_commit:
+            else:   # no commit record, or one naming no sink ends (a backfill's, an older build's)
                 self._initial_commit_due = True
         if starts:
             found = sink_tails.read_tails(self.bootstrap_servers, self._restore_consumer_config(),
@@ -207,7 +210,8 @@ class TaskManagement:
             tp.offset = self._start_offset(tp.topic, tp.partition)
             self.consumer.seek(tp)
             # records fetched before the seek must not reach the task (the loop drops them)
-            self._resume_floor[(tp.topic, tp.partition)] = max(tp.offset, 0)
+            self._resumed.add((tp.topic, tp.partition))
+        self._resumed_at = time.monotonic()
         self.consumer.resume(r.partitions)
         log.info("restored and resumed %s after %.1f s; meanwhile the open tasks processed %d records",
                  ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in r.partitions),
@@ -240,7 +244,7 @@ class TaskManagement:
             for tp in partitions:
                 self._assigned.discard((tp.topic, tp.partition))
                 self._at_eof.discard((tp.topic, tp.partition))
-                self._resume_floor.pop((tp.topic, tp.partition), None)
+                self._resumed.discard((tp.topic, tp.partition))
             for key in keys:
                 task = self.tasks.pop(key, None)
                 if task is not None:
@@ -259,7 +263,7 @@ class TaskManagement:
         for tp in partitions:
             self._assigned.discard((tp.topic, tp.partition))
             self._at_eof.discard((tp.topic, tp.partition))
-            self._resume_floor.pop((tp.topic, tp.partition), None)
+            self._resumed.discard((tp.topic, tp.partition))
         self._close_tasks({(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions})
 
     def _close_tasks(self, keys, table=None):

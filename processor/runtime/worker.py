@@ -147,7 +147,11 @@ class Worker(TaskManagement, CommitUnit):
         self._parts: dict[str, int] = {}
         self._initial_commit_due = False
         self._restoring: list[_Restoration] = []   # restores under way, the first one running
-        self._resume_floor: dict[tuple[str, int], int] = {}   # partitions just restored: their start
+        # partitions just restored, for a few seconds: records below the task's position are
+        # dropped (fetched before the seek to it)
+        self._resumed: set[tuple[str, int]] = set()
+        self._resumed_at = 0.0
+        self._sink_floors_at = time.monotonic()   # commit_unit: the table sinks' floors refreshed
 
     # -- startup checks -----------------------------------------------------------------------
     def check_topics(self) -> dict[str, int]:
@@ -325,7 +329,7 @@ class Worker(TaskManagement, CommitUnit):
         sub_of = self._sub_of_topic
         stop = self._stop
         at_eof = self._at_eof
-        resume_floor = self._resume_floor
+        resumed = self._resumed
         started = time.monotonic()
         last_commit = started
         batch = self.batch_size
@@ -335,14 +339,15 @@ class Worker(TaskManagement, CommitUnit):
                     self._restore_step()
                 except RestoreInterrupted:
                     break
+            if self._initial_commit_due:
+                # tasks opened without a commit record naming their table sinks' ends: one does,
+                # before they send anything (processor/runtime/sink_tails.py); before the poll, so
+                # a rebuild after an aborted transaction never meets records fetched before it
+                self._initial_commit_due = False
+                self.commit()
             msgs = consumer.consume(batch, 0.0 if self._restoring else 0.1)
             if self._fatal is not None:
                 break
-            if self._initial_commit_due:
-                # tasks opened without a commit record: one names their table sinks' ends before
-                # they send anything (processor/runtime/sink_tails.py)
-                self._initial_commit_due = False
-                self.commit()
             if msgs and self.first_record_at is None:
                 self.first_record_at = time.monotonic()
             n = 0
@@ -364,11 +369,8 @@ class Worker(TaskManagement, CommitUnit):
                 task = tasks.get((sub_of[topic], part))
                 if task is None:  # revoked while in flight: not processed, not committed
                     continue
-                if resume_floor and (topic, part) in resume_floor:
-                    # just restored: anything below its position is already in its state
-                    if m.offset() < resume_floor[(topic, part)]:
-                        continue
-                    del resume_floor[(topic, part)]
+                if resumed and (topic, part) in resumed and m.offset() < task.positions.get((topic, part), 0):
+                    continue   # just restored: a record below its position is already in its state
                 task.process(topic, part, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
                 n += 1
                 if at_eof:

@@ -58,9 +58,11 @@ def _encode_map(m: dict) -> list[bytes]:
 
 
 def encode(rec: CommitRecord) -> bytes:
-    sinks = [b"\x00"] if rec.sink_ends is None else [b"\x01", *_encode_map(rec.sink_ends)]
+    """Version 1 when there are no sink ends (what an older build reads), else version 2."""
+    if rec.sink_ends is None:
+        return b"".join([_HEAD.pack(1, rec.unit), *_encode_map(rec.positions), *_encode_map(rec.changelog_ends)])
     return b"".join([_HEAD.pack(VERSION, rec.unit), *_encode_map(rec.positions), *_encode_map(rec.changelog_ends),
-                     *sinks])
+                     b"\x01", *_encode_map(rec.sink_ends)])
 
 
 def decode(data: bytes) -> CommitRecord:

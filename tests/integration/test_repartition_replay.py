@@ -320,6 +320,11 @@ def test_repartition_batches_produced_twice_while_processing(kafka_bootstrap, un
         quarter = half // 4
         second = records[half:]
         produce_interleaved(kafka_bootstrap, second[:quarter], timestamp0=1_000_000 + half, chunk=250, pause_s=0.05)
+        # (the join's sub-topology sends its repartition records at its commits: wait for some of
+        # this run's before the copies, so new records come before them)
+        wait_for(lambda: any(m.offset() >= first_ends[m.partition()]
+                             for m in kafka.read_topic(kafka_bootstrap, repartition)) or errors,
+                 30, "the second run's first repartition records")
         reproduce(kafka_bootstrap, old_batch)
         produce_interleaved(kafka_bootstrap, second[quarter:2 * quarter], timestamp0=1_000_000 + half + quarter,
                             chunk=250, pause_s=0.05)

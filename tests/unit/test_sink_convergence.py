@@ -99,7 +99,9 @@ def test_after_the_replay_reaches_the_targets_only_differing_tail_keys_are_sent_
 def test_commit_record_keeps_sink_ends_and_reads_version_1():
     rec = commit_record.CommitRecord(7, {("in", 3): 10}, {("cl", 3): 4}, {("out", 0): 12, ("out", 1): 0})
     assert commit_record.decode(commit_record.encode(rec)) == rec
+    assert commit_record.encode(rec)[0] == 2
     none = rec._replace(sink_ends=None)
+    assert commit_record.encode(none)[0] == 1           # what an older build reads
     assert commit_record.decode(commit_record.encode(none)) == none
-    v1 = b"\x01" + commit_record.encode(none)[1:-1]   # version 1: no sink byte
-    assert commit_record.decode(v1) == none
+    v2_without = b"\x02" + commit_record.encode(none)[1:] + b"\x00"   # version 2, sink byte 0
+    assert commit_record.decode(v2_without) == none
