@@ -153,6 +153,9 @@ class CommitUnit:
         log.warning("exactly_once: transaction aborted (%s); rebuilding tasks from their changelogs",
                     err.str())
         self.collector.abort()
+        # the rebuilt tasks resend their outboxes at once: into the next transaction (a
+        # transactional producer refuses a record outside one)
+        self.collector.begin()
         keys = sorted(self.tasks)
         for key in keys:
             self._writers.pop(key, None)
@@ -165,4 +168,5 @@ class CommitUnit:
             for tp in [tp for tp in self._assigned if (self._sub_of_topic[tp[0]], tp[1]) == key]:
                 off = task.positions.get(tp, 0)
                 self.consumer.seek(TopicPartition(tp[0], tp[1], off if off > 0 else OFFSET_BEGINNING))
-        self.collector.begin()
+                self._resumed.add(tp)   # records fetched before the seek must not reach the task
+        self._resumed_at = time.monotonic()

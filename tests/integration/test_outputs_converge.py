@@ -154,9 +154,57 @@ def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, 
            f"{sum(c[1] for c in converged)}, already equal {sum(c[2] for c in converged)}, sent again "
            f"{sum(c[3] for c in converged)}; keys whose final output differs from the driver: "
            f"{ {j: len(w) for j, w in wrong.items()} }")
+    staging = _staged_record_faults(kafka_bootstrap, f"{app}-carriers-repartition")
+    report(f"  repartition topic read by the aggregation: {staging}")
+    if any(wrong.values()):
+        _dump_topics(kafka_bootstrap, tmp_path / "topics", [orders, customers, shipments] + internal + list(outs.values()))
     for j in OUTS:
         assert want[j], j   # the scenario produces rows in every output
-        assert not wrong[j], (j, len(wrong[j]), [(k, got[j].get(k), want[j].get(k)) for k in wrong[j][:5]])
+        assert not wrong[j], (j, len(wrong[j]), [(k, got[j].get(k), want[j].get(k)) for k in wrong[j][:5]], staging)
+    # what staging guarantees the aggregation: one record per provenance, in provenance order
+    assert staging["conflicting"] == 0 and staging["out_of_order"] == 0, staging
+
+
+def _staged_record_faults(bootstrap, topic) -> dict:
+    """The invariant the aggregation's deduplication relies on, checked on its input topic: every
+    provenance (source topic, partition, offset, sequence) names one record (copies are equal:
+    ``conflicting`` counts provenances seen with different records), and in each partition the
+    provenances of one source only grow, copies aside (``out_of_order`` counts records the
+    deduplication would drop without having seen them)."""
+    from processor import provenance
+
+    seen, top = {}, {}
+    counts = {"records": 0, "copies": 0, "conflicting": 0, "out_of_order": 0}
+    for m in kafka.read_topic(bootstrap, topic, isolation_level="read_uncommitted"):
+        counts["records"] += 1
+        src = provenance.decode(provenance.find(m.headers()))
+        ident = (src.topic, src.partition, src.offset, src.sequence)
+        rec = (m.partition(), m.key(), m.value())
+        if ident in seen:
+            counts["copies"] += 1
+            if seen[ident] != rec:
+                counts["conflicting"] += 1
+            continue
+        seen[ident] = rec
+        mark = (m.partition(), src.topic, src.partition)
+        if mark in top and (src.offset, src.sequence) <= top[mark]:
+            counts["out_of_order"] += 1
+        top[mark] = max(top.get(mark, (-1, -1)), (src.offset, src.sequence))
+    return counts
+
+
+def _dump_topics(bootstrap, into, topics):
+    """On a failure: every record of ``topics`` (with headers) as JSON lines under ``into``, for
+    the post-mortem (the broker goes away with the test session)."""
+    import json
+
+    into.mkdir(parents=True, exist_ok=True)
+    for t in topics:
+        with open(into / f"{t}.jsonl", "w") as f:
+            for m in kafka.read_topic(bootstrap, t, isolation_level="read_uncommitted"):
+                f.write(json.dumps({"p": m.partition(), "o": m.offset(), "ts": m.timestamp()[1],
+                                    "k": (m.key() or b"").hex(), "v": None if m.value() is None else m.value().hex(),
+                                    "h": [(h, (v or b"").hex()) for h, v in (m.headers() or [])]}) + "\n")
 
 
 def _assignments(log) -> int:
