@@ -125,6 +125,12 @@ def _parser() -> argparse.ArgumentParser:
                         "in the state directory): a worker restarted within the session timeout gets "
                         "its partitions back without a rebalance; a stopped one keeps them until the "
                         "session timeout expires (README \"Static membership\")")
+    r.add_argument("--http-port", type=int, default=None, metavar="PORT",
+                   help="serve /metrics (Prometheus), /healthz, /readyz and interactive queries "
+                        "(/stores/<store>/<key>) on this port (default: off; 0: any free port)")
+    r.add_argument("--http-host", default="0.0.0.0", help="the address --http-port listens on (default: 0.0.0.0)")
+    r.add_argument("--health-timeout-s", type=float, default=60.0, metavar="S",
+                   help="/healthz answers 503 when the main loop has not iterated for S seconds (default: 60)")
 
     de = sub.add_parser("describe", help="print a topology's sub-topologies, processors and stores")
     de.add_argument("topology", metavar="MODULE:ATTR")
@@ -345,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                             client_config=config, **topic_settings_from_args(args),
                             startup_timeout_s=args.startup_timeout_s,
                             processing_guarantee=args.processing_guarantee,
-                            static_membership=args.static_membership)
+                            static_membership=args.static_membership, http_port=args.http_port,
+                            http_host=args.http_host, health_timeout_s=args.health_timeout_s)
             worker.run()
             logging.getLogger("processor.worker").info(
                 "stopped after %d records; counters: %s", worker.records_processed, worker.metrics())

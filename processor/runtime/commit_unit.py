@@ -60,6 +60,7 @@ class CommitUnit:
         if not units:
             self._retry_skipped_offsets()
             return
+        started = time.monotonic()
         for task, writer, pos, outbox in units:
             writer.write_pending()
         collector.flush()               # outputs, internal records, changelog records durable
@@ -91,6 +92,7 @@ class CommitUnit:
         collector.begin()               # outbox records below go into the next transaction
         for task, writer, pos, outbox in units:
             task.finish_commit(pos, outbox, writer.committed_ends(pos))
+        self.metrics_state.observe_commit(started)
 
     def _refresh_sink_floors(self) -> None:
         """Every ``SINK_ENDS_REFRESH_S``: the table sinks' ends now (high watermarks) become the
@@ -160,7 +162,7 @@ class CommitUnit:
         for key in keys:
             self._writers.pop(key, None)
             task = self.tasks.pop(key)
-            self.finished_tasks_metrics.append(task.metrics())
+            self.finished_tasks_metrics.append((task.id, task.metrics()))
             task.close()                 # closing never writes pending state
         self._open_tasks(keys)
         for key in keys:

@@ -62,7 +62,7 @@ def _entries(topology, application_id, state_dir, store=None, task=None):
             db.close()
 
 
-def _decode(spec, k: bytes, v: bytes) -> dict:
+def decode_entry(spec, k: bytes, v: bytes) -> dict:
     out = {"key": spec.key_serde.deserialize(k)}
     if spec.kind in ("version", "subscription"):      # a foreign-key join's own bytes
         out["key_hex"], out["value_hex"] = k.hex(), v.hex()
@@ -95,7 +95,7 @@ def dump(topology, application_id: str, state_dir, store: str | None = None, tas
                 line.update(key_hex=k.hex(), value_hex=v.hex())
             else:
                 try:
-                    line.update(_decode(spec, k, v))
+                    line.update(decode_entry(spec, k, v))
                 except Exception as exc:   # not this topology's bytes: show them as they are
                     line.update(key_hex=k.hex(), value_hex=v.hex(), undecoded=f"{type(exc).__name__}: {exc}")
             out.write(json.dumps(line, default=repr, sort_keys=False) + "\n")

@@ -160,6 +160,7 @@ class TaskManagement:
                             keys, ts, tps, restore_steps(ts, self._restore_consumer_config(), self._stop),
                             self.records_processed))
             consumer.assign(partitions)
+            self._ever_assigned = True
             if waiting:
                 consumer.pause(waiting)
             log.info("assigned %s%s", ", ".join(f"{tp.topic}[{tp.partition}]@{'restoring' if tp in waiting else tp.offset}"
@@ -273,7 +274,7 @@ class TaskManagement:
             task = table.pop(key, None)
             self._writers.pop(key, None)
             if task is not None:
-                self.finished_tasks_metrics.append(task.metrics())
+                self.finished_tasks_metrics.append((task.id, task.metrics()))
                 try:
                     task.close()
                 except Exception as exc:  # close the others before reporting

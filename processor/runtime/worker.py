@@ -49,6 +49,9 @@ from processor.runtime.state_lock import StateDirLock
 from processor.engine.task import dlq_topic_for
 from processor.runtime.collector import KafkaCollector
 from processor.runtime.task_manager import TaskManagement
+from processor.runtime.http_endpoint import WorkerHTTPEndpoint
+from processor.runtime.interactive_queries import StoreQueries, StoreView
+from processor.runtime.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics
 
 if TYPE_CHECKING:
     from processor.engine.task import Task
@@ -70,7 +73,8 @@ class Worker(TaskManagement, CommitUnit):
                  batch_size: int = 1000, startup_timeout_s: float = 10.0,
                  processing_guarantee: str = "at_least_once", client_config: ClientConfig | None = None,
                  replication_factor: int | None = None, topic_configs: dict[str, dict] | None = None,
-                 static_membership: bool = False):
+                 static_membership: bool = False, http_port: int | None = None, http_host: str = "0.0.0.0",
+                 health_timeout_s: float = 60.0):
         if processing_guarantee not in GUARANTEES:
             raise ConfigError(f"processing_guarantee must be one of {GUARANTEES}, not {processing_guarantee!r}")
         self.processing_guarantee = processing_guarantee
@@ -128,7 +132,16 @@ class Worker(TaskManagement, CommitUnit):
         self.last_record_at: float | None = None
         self.records_processed = 0
         self.restored_records = 0
-        self.finished_tasks_metrics: list[dict] = []
+        self.finished_tasks_metrics: list[tuple[str, dict]] = []   # (task id, counters) of closed tasks
+        # /metrics, /healthz, /readyz, interactive queries (processor/runtime/http_endpoint.py)
+        self.metrics_state = WorkerMetrics()
+        self.metrics_registry = self.metrics_state.registry
+        self._queries = StoreQueries(self)
+        self._ever_assigned = False
+        self.http_port = http_port
+        self._http_host = http_host
+        self._health_timeout_s = health_timeout_s
+        self.http_endpoint = None
         self._fatal: BaseException | None = None
         self._group_offsets: dict[tuple[str, int], int] = {}
         self._skipped_offsets: dict[tuple[str, int], int] = {}   # at least once, see commit()
@@ -241,12 +254,23 @@ class Worker(TaskManagement, CommitUnit):
     def metrics(self) -> dict:
         """Counters of every operator, summed over live and closed tasks."""
         total: dict[str, dict[str, int]] = {}
-        for m in self.finished_tasks_metrics + [t.metrics() for t in self.tasks.values()]:
+        for _, m in self.finished_tasks_metrics + [(t.id, t.metrics()) for t in self.tasks.values()]:
             for node, counters in m.items():
                 agg = total.setdefault(node, {})
                 for k, v in counters.items():
                     agg[k] = agg.get(k, 0) + v
         return total
+
+    def ready(self) -> bool:
+        """Assigned, and every task of the assignment restored and running (``/readyz``)."""
+        return (self._ever_assigned and not self._restoring and self._fatal is None and not self._stop.is_set()
+                and self._queries.loop_thread is not None)
+
+    def store(self, name: str) -> StoreView:
+        """Interactive queries of a key-value store (a table, an aggregate) while the worker runs,
+        from any thread: ``worker.store("totals").get("alice")`` (``KeyNotHosted`` names the
+        partition when another worker owns the key; ``processor/runtime/interactive_queries.py``)."""
+        return StoreView(self, name)
 
     def run(self, until_drained: bool = False, install_signal_handlers: bool = True,
             max_seconds: float | None = None) -> None:
@@ -256,8 +280,17 @@ class Worker(TaskManagement, CommitUnit):
         self._state_lock = StateDirLock(self.state_dir)
         self._state_lock.acquire()
         try:
+            if self.http_port is not None:
+                self.metrics_state.loop_beat = time.monotonic()
+                self.http_endpoint = WorkerHTTPEndpoint(self, self.http_port, self._http_host,
+                                                        self._health_timeout_s).start()
+            self._queries.loop_thread = threading.current_thread()
             self._run_locked(until_drained, install_signal_handlers, max_seconds)
         finally:
+            self._queries.loop_thread = None
+            self._queries.serve()   # (queries still waiting: answered "not running")
+            if self.http_endpoint is not None:
+                self.http_endpoint.stop()
             self._state_lock.release()
 
     def _run_locked(self, until_drained: bool, install_signal_handlers: bool,
@@ -333,7 +366,14 @@ class Worker(TaskManagement, CommitUnit):
         started = time.monotonic()
         last_commit = started
         batch = self.batch_size
+        metrics = self.metrics_state
+        queries = self._queries
         while not stop.is_set():
+            beat = metrics.loop_beat = time.monotonic()
+            if queries.pending():
+                queries.serve()
+            if beat - metrics.published_at >= PUBLISH_INTERVAL_S:
+                metrics.publish(self, beat)
             if self._restoring:
                 try:
                     self._restore_step()

@@ -227,3 +227,37 @@ def restore_topology():
     b.table(os.environ["APP_INPUT"], key_serde=Serdes.string(), value_serde=Serdes.json(),
             store_name="in-store").to_stream().to(os.environ["APP_OUTPUT"])
     return b.build()
+
+
+def _region_of(key, v):
+    if v.get("sleep_s"):   # the health test: a user function that hangs for a while
+        import time
+
+        time.sleep(v["sleep_s"])
+    return v["region"], v
+
+
+def _region_init():
+    return {"accounts": 0, "balance": 0}
+
+
+def _region_add(key, v, agg):
+    return {"accounts": agg["accounts"] + 1, "balance": agg["balance"] + v["balance"]}
+
+
+def _region_sub(key, v, agg):
+    return {"accounts": agg["accounts"] - 1, "balance": agg["balance"] - v["balance"]}
+
+
+def http_topology():
+    """Accounts (``$APP_INPUT``, a table in store ``accounts``, keys placed by confluent-kafka's
+    default partitioner) aggregated per region into ``by-region`` (through a repartition topic,
+    -> ``$APP_OUTPUT``). An account value with ``sleep_s`` makes the region selector sleep that
+    long (a stuck user function)."""
+    b = StreamsBuilder()
+    accounts = b.table(os.environ["APP_INPUT"], key_serde=Serdes.string(), value_serde=Serdes.json(),
+                       store_name="accounts", partitioner="consistent_random")
+    accounts.group_by(_region_of, key_serde=Serdes.string(), value_serde=Serdes.json()) \
+        .aggregate(_region_init, _region_add, _region_sub, name="by-region") \
+        .to_stream().to(os.environ["APP_OUTPUT"])
+    return b.build()

@@ -1,0 +1,162 @@
+"""Interactive queries: read a running worker's stores (Kafka Streams' interactive queries).
+
+``worker.store(name).get(key)`` and ``.prefix(p)`` from Python; ``GET /stores/<store>/<key>`` and
+``GET /stores/<store>?prefix=...`` over HTTP (``processor/runtime/http_endpoint.py``).
+
+Invariants:
+- A query is answered by the main loop, between two batches (``StoreQueries.serve``): a store is
+  only ever read by the thread that writes it, and a query sees what the task itself would
+  read (the unit's pending writes included, as Kafka Streams' caching stores do).
+- A key is looked up only in the task that owns it: the partition its sub-topology's input
+  topics put it in (their partitioners, as the worker checks them). A key owned by a task this
+  worker does not run raises ``KeyNotHosted`` naming the partition and task (HTTP 404); one
+  whose task is being restored raises ``StoreNotReady`` (HTTP 503).
+- Values come back decoded with the topology's serdes, as ``processor state dump`` prints them
+  (``{"key", "value", "timestamp"}``); only key-value stores (tables, aggregates) are queryable.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+
+from processor.errors import ProcessorError
+from processor.runtime.state_inspect import decode_entry
+
+QUERYABLE_KINDS = ("kv", "aggregate")
+# a prefix scan returns at most this many entries unless asked for fewer
+DEFAULT_LIMIT = 1000
+
+
+class QueryError(ProcessorError):
+    http_status = 400
+
+
+class NoSuchStore(QueryError):
+    http_status = 404
+
+
+class KeyNotHosted(QueryError):
+    """The key's partition is owned by a task this worker does not run."""
+    http_status = 404
+
+    def __init__(self, message: str, partition: int, task: str):
+        super().__init__(message)
+        self.partition = partition
+        self.task = task
+
+
+class StoreNotReady(QueryError):
+    http_status = 503
+
+
+class StoreQueries:
+    """The queue between querying threads and the main loop."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.loop_thread: threading.Thread | None = None   # set by the worker's run()
+
+    def pending(self) -> bool:
+        return not self._queue.empty()
+
+    def serve(self) -> None:
+        """Main loop: answer every query waiting."""
+        while True:
+            try:
+                fn, fut = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+    def call(self, fn, timeout_s: float = 10.0):
+        """Run ``fn`` on the main loop (at once when called from it) and return its result."""
+        if threading.current_thread() is self.loop_thread or self.loop_thread is None:
+            if self.loop_thread is None:
+                raise StoreNotReady("the worker is not running")
+            return fn()
+        fut: Future = Future()
+        self._queue.put((fn, fut))
+        try:
+            return fut.result(timeout_s)
+        except TimeoutError:
+            fut.cancel()
+            raise StoreNotReady(f"the worker's main loop did not answer within {timeout_s:.0f} s") from None
+
+
+class StoreView:
+    """``worker.store(name)``: reads of one store across this worker's tasks."""
+
+    def __init__(self, worker, name: str):
+        spec = worker.topology.stores.get(name)
+        queryable = sorted(n for n, s in worker.topology.stores.items() if s.kind in QUERYABLE_KINDS)
+        if spec is None or spec.kind not in QUERYABLE_KINDS:
+            raise NoSuchStore(f"no queryable store named {name!r} (queryable stores: {queryable})")
+        self.worker = worker
+        self.name = name
+        self.spec = spec
+        self.sub = next(s for s in sorted(set(worker._sub_of_topic.values()))
+                        if any(x.name == name for x in worker.topology.stores_of(s)))
+
+    # -- what a caller uses ----------------------------------------------------------------
+    def get(self, key):
+        """The value for ``key`` (None: no row); ``KeyNotHosted`` if another worker owns it."""
+        entry = self.entry(key)
+        return None if entry is None else entry["value"]
+
+    def entry(self, key, timeout_s: float = 10.0) -> dict | None:
+        """``{"key", "value", "timestamp", "partition", "task"}`` for ``key``, or None."""
+        kb = self.spec.key_serde.serialize(key)
+        return self.worker._queries.call(lambda: self._lookup(kb), timeout_s)
+
+    def prefix(self, prefix, limit: int = DEFAULT_LIMIT, timeout_s: float = 10.0) -> list[dict]:
+        """Entries whose key bytes start with ``prefix``'s (a ``str`` is taken as UTF-8, ``bytes``
+        as they are), over every task of this store this worker runs, in key order per task."""
+        pb = prefix.encode() if isinstance(prefix, str) else bytes(prefix)
+        return self.worker._queries.call(lambda: self._scan(pb, limit), timeout_s)
+
+    # -- main loop -------------------------------------------------------------------------
+    def owner_partition(self, kb: bytes) -> int:
+        w = self.worker
+        topics = sorted(t for t, s in w._sub_of_topic.items() if s == self.sub)
+        for t in topics:
+            p = w.routing.partitioner_of(t)
+            if p.places(kb):
+                return p.partition(kb, w._parts[t])
+        raise QueryError(f"store {self.name!r}: no input topic of its sub-topology places key {kb!r}")
+
+    def _lookup(self, kb: bytes) -> dict | None:
+        w = self.worker
+        part = self.owner_partition(kb)
+        task_id = f"{self.sub}_{part}"
+        task = w.tasks.get((self.sub, part))
+        if task is None:
+            if any((self.sub, part) in r.keys for r in w._restoring):
+                raise StoreNotReady(f"store {self.name!r}: task {task_id} (partition {part}) is being restored")
+            raise KeyNotHosted(f"store {self.name!r}: the key belongs to partition {part} (task {task_id}), "
+                               f"which this worker does not run", part, task_id)
+        raw = task.stores.store(self.name).get(kb)
+        if raw is None:
+            return None
+        return {**decode_entry(self.spec, kb, raw), "partition": part, "task": task_id}
+
+    def _scan(self, pb: bytes, limit: int) -> list[dict]:
+        w = self.worker
+        out = []
+        for (sub, part), task in sorted(w.tasks.items()):
+            if sub != self.sub:
+                continue
+            for k, v in task.stores.store(self.name).prefix(pb):
+                if v is None:
+                    continue
+                out.append({**decode_entry(self.spec, k, v), "partition": part, "task": task.id})
+                if len(out) >= limit:
+                    return out
+        return out
