@@ -100,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--run-id", default=None, help="suffix of the demo's topics and application id "
                    "(default: the time); `processor backfill processor.demo:topology_from_env` with "
                    "DEMO_RUN=<run id> rebuilds its stores")
+    d.add_argument("--describe", action="store_true",
+                   help="also print the topology and every operator's counters")
 
     r = sub.add_parser("run", help="run a topology as a consumer-group worker")
     r.add_argument("topology", metavar="MODULE:ATTR")
@@ -332,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from processor.demo import run_demo
 
-            return run_demo(args.bootstrap_servers, args.records, run_id=args.run_id)
+            return run_demo(args.bootstrap_servers, args.records, run_id=args.run_id, describe=args.describe)
         if args.command == "describe":
             topo = resolve_topology(args.topology)
             if args.application_id:
