@@ -357,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                             http_host=args.http_host, health_timeout_s=args.health_timeout_s)
             worker.run()
             logging.getLogger("processor.worker").info(
-                "stopped after %d records; counters: %s", worker.records_processed, worker.metrics())
+                "stopped after %d records; fetch gaps read again: %d, accepted: %d; counters: %s",
+                worker.records_processed, worker.fetch_gaps_refetched, worker.fetch_gaps_accepted, worker.metrics())
             return 0
         if args.command == "state":
             from processor.runtime import state_inspect

@@ -35,7 +35,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, TopicPartition
 
 from processor.engine.routing import Routing
 from processor.errors import ConfigError
@@ -64,6 +64,10 @@ _EOF = KafkaError._PARTITION_EOF
 
 
 GUARANTEES = ("at_least_once", "exactly_once")
+# a gap in an internal partition that persists this long and over this many fetches is accepted
+GAP_ACCEPT_S = 5.0
+GAP_RETRIES = 20
+MARKER_GAP = 16
 
 
 class Worker(TaskManagement, CommitUnit):
@@ -155,6 +159,18 @@ class Worker(TaskManagement, CommitUnit):
         self._commits_with_records = 0
         self._sent_at_drain_check = 0
         self._internal_topics = set(topology.internal_topics())
+        # Internal topics are written by this application's producers only, so their offsets are
+        # contiguous except for transaction markers; when no transaction writes them (at least
+        # once) or the broker writes no markers (exactly once read uncommitted: Tansu), an offset
+        # after a task's position means the broker's fetch skipped records (seen on Tansu while
+        # another producer's batch was being appended): read them again (``_refetch_gap``).
+        self._gap_guard = self._internal_topics if self._stage_internal else frozenset()
+        # under exactly once a gap this long may be transaction markers (one per producer whose
+        # transaction ended between two records); at least once writes none
+        self._marker_gap = MARKER_GAP if processing_guarantee == "exactly_once" else 0
+        self._gaps: dict[tuple[str, int], tuple[int, int, float]] = {}
+        self.fetch_gaps_refetched = 0
+        self.fetch_gaps_accepted = 0
         self._processed_at_last_commit = 0
         self._table_sinks: dict[int, list[str]] = {}
         self._parts: dict[str, int] = {}
@@ -239,6 +255,44 @@ class Worker(TaskManagement, CommitUnit):
                                                   isolation_level=self.isolation_level)
         self._at_eof -= more
         return not more
+
+    def _check_gap(self, topic: str, part: int, pos: int | None, offset: int) -> bool:
+        """An internal partition's record at ``offset``, the task at ``pos``: True when the caller
+        must drop it (and the rest of the partition's batch) because the worker sought back to
+        read a gap again. A gap the broker returns again on the next fetch is accepted at once
+        when it is no longer than ``self._marker_gap`` (transaction markers, one per producer
+        whose transaction ended there), after ``GAP_RETRIES`` fetches over ``GAP_ACCEPT_S``
+        otherwise (with a warning); records found in it were skipped by the broker's fetch
+        (logged, ``fetch_gaps_refetched``)."""
+        key = (topic, part)
+        g = self._gaps.get(key)
+        if g is not None:
+            g_pos, g_off, attempts, since = g
+            if offset < g_off or g_pos != pos:
+                del self._gaps[key]
+                if g_pos == pos and offset < g_off:
+                    self.fetch_gaps_refetched += 1
+                    log.warning("%s[%d]: the broker's fetch had skipped offsets %d..%d (records are there when "
+                                "read again); reading them", topic, part, pos, g_off - 1)
+                return False if offset <= pos else self._check_gap(topic, part, pos, offset)
+            if offset == g_off:
+                now = time.monotonic()
+                if g_off - pos <= self._marker_gap or (attempts >= GAP_RETRIES and now - since >= GAP_ACCEPT_S):
+                    del self._gaps[key]
+                    self.fetch_gaps_accepted += 1
+                    if g_off - pos > self._marker_gap:
+                        log.warning("%s[%d]: offsets %d..%d returned no record in %d fetches over %.1f s; going on "
+                                    "at %d", topic, part, pos, g_off - 1, attempts, now - since, g_off)
+                    return False
+                self._gaps[key] = (pos, g_off, attempts + 1, since)
+                time.sleep(min(0.05 * attempts, 0.5))   # the broker may still be appending that batch
+                self.consumer.seek(TopicPartition(topic, part, pos))
+                return True
+        if pos is None or offset <= pos:
+            return False
+        self._gaps[key] = (pos, offset, 1, time.monotonic())
+        self.consumer.seek(TopicPartition(topic, part, pos))
+        return True
 
     # -- main loop ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -363,6 +417,8 @@ class Worker(TaskManagement, CommitUnit):
         stop = self._stop
         at_eof = self._at_eof
         resumed = self._resumed
+        guarded = self._gap_guard
+        gaps = self._gaps
         started = time.monotonic()
         last_commit = started
         batch = self.batch_size
@@ -391,6 +447,7 @@ class Worker(TaskManagement, CommitUnit):
             if msgs and self.first_record_at is None:
                 self.first_record_at = time.monotonic()
             n = 0
+            refetching = None
             for m in msgs:
                 if stop.is_set():
                     break
@@ -411,6 +468,15 @@ class Worker(TaskManagement, CommitUnit):
                     continue
                 if resumed and (topic, part) in resumed and m.offset() < task.positions.get((topic, part), 0):
                     continue   # just restored: a record below its position is already in its state
+                if topic in guarded:
+                    if refetching and (topic, part) in refetching:
+                        continue   # fetched before the seek back to a gap
+                    pos = task.positions.get((topic, part))
+                    if (gaps or (pos is not None and m.offset() > pos)) and \
+                            self._check_gap(topic, part, pos, m.offset()):
+                        refetching = refetching or set()
+                        refetching.add((topic, part))
+                        continue
                 task.process(topic, part, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
                 n += 1
                 if at_eof:

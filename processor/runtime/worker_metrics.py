@@ -14,6 +14,8 @@ Metric names (README "Metrics"):
   every task (``records_in``, ``noop_updates_skipped``, ``emissions_deferred``,
   ``late_records_dropped``, ``stale_responses_dropped``, ...) and the task's own (operator
   ``task``: ``processed``, ``dead_lettered``, ``skipped_poison``, ``duplicates_dropped``).
+- ``processor_fetch_gaps_refetched_total``, ``processor_fetch_gaps_accepted_total``: internal-topic
+  offsets a fetch skipped and the worker read again, and gaps accepted as transaction markers.
 - ``processor_consumer_lag_records{topic, partition}``: the fetch high watermark minus the
   task's position, per assigned input partition.
 - ``processor_restore_remaining_records{task}``, ``processor_restore_restored_records{task}``
@@ -86,6 +88,7 @@ class WorkerMetrics:
         started = min((r.started for r in worker._restoring), default=None)
         self.snapshot = {
             "records_processed": worker.records_processed,
+            "gaps": (worker.fetch_gaps_refetched, worker.fetch_gaps_accepted),
             "tasks": tasks,
             "lag": lag,
             "restore": restore,
@@ -118,6 +121,13 @@ class _SnapshotCollector:
                                         "Input records processed by this worker")
         processed.add_metric([], s["records_processed"])
         yield processed
+        for name, what, v in (("processor_fetch_gaps_refetched", "Internal-topic offsets skipped by a fetch and read "
+                               "again (Worker._refetch_gap)", s["gaps"][0]),
+                              ("processor_fetch_gaps_accepted", "Internal-topic gaps that held no readable record "
+                               "(transaction markers)", s["gaps"][1])):
+            c = CounterMetricFamily(name, what)
+            c.add_metric([], v)
+            yield c
         events = CounterMetricFamily("processor_task_events",
                                      "Counters of every operator of every task (operator 'task': the task's own)",
                                      labels=["task", "operator", "event"])

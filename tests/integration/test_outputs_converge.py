@@ -152,7 +152,8 @@ def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, 
            f"{drained_s:.1f} s; output records / final rows {sizes}; sink convergence in {len(converged)} "
            f"task reopening(s) with a tail: tail keys {sum(c[0] for c in converged)}, rewritten by the replay "
            f"{sum(c[1] for c in converged)}, already equal {sum(c[2] for c in converged)}, sent again "
-           f"{sum(c[3] for c in converged)}; keys whose final output differs from the driver: "
+           f"{sum(c[3] for c in converged)}; internal-topic fetch gaps read again: "
+           f"{text.count('fetch had skipped offsets')}; keys whose final output differs from the driver: "
            f"{ {j: len(w) for j, w in wrong.items()} }")
     staging = _staged_record_faults(kafka_bootstrap, f"{app}-carriers-repartition")
     report(f"  repartition topic read by the aggregation: {staging}")
