@@ -140,6 +140,17 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
     sub_topic = f"{base}-subscription-registration-topic"
     resp_topic = f"{base}-subscription-response-topic"
     lks, rks, rvs = left.key_serde, right.key_serde, right.value_serde
+    from processor.topology import _holds_registry_serde
+
+    for what, serde in (("key", rks), ("value", rvs)):
+        if _holds_registry_serde(serde):
+            # (the response topic carries the right row re-serialized with it, and a registry
+            # serde is bound to a topic only for sources, sinks and stores)
+            raise TopologyError(
+                f"join_on_foreign_key {base!r}: the right table's {what} serde {serde!r} is a Schema "
+                f"Registry serde, which a foreign-key join cannot use yet (it sends right rows through "
+                f"its response topic); read the right table with a fixed-schema Serdes.avro(schema) or "
+                f"Serdes.json(), or map it into a table of such values first")
     vs = value_serde or Serdes.json()
     raw = Serdes.bytes()
 

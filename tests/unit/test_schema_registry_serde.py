@@ -208,3 +208,27 @@ def test_fixed_schema_avro_is_unchanged():
     assert fixed.serialize(O1)[:5] == b"\x00\x00\x00\x00\x07"
     with pytest.raises(ValueError, match="schema_id is for the fixed-schema serde"):
         Serdes.avro("order", 7, registry="mock://x")
+
+
+def test_a_foreign_key_join_refuses_a_registry_right_table_and_joins_one_mapped_first(url):
+    """The join sends right rows through its response topic; a registry serde is bound to a topic
+    only for sources, sinks and stores: refused when the join is built, naming the remedy, which
+    works (the right table mapped into a table of JSON values)."""
+    customer = json.loads((SCHEMAS_DIR / "customer.avsc").read_text())
+
+    def build(mapped):
+        b = StreamsBuilder()
+        orders = b.table("orders", key_serde=Serdes.string(), value_serde=Serdes.json())
+        customers = b.table("customers", key_serde=Serdes.string(), value_serde=Serdes.avro("customer", registry=url))
+        right = customers.map_values(lambda v: v) if mapped else customers
+        orders.join_on_foreign_key(right, lambda o: o["customer"], lambda o, c: {"n": o["n"], "name": c["name"]},
+                                   name="enriched").to_stream().to("out")
+        return b.build()
+
+    with pytest.raises(TopologyError, match="right table's value serde .* Schema Registry serde.*map it"):
+        build(mapped=False)
+    with TopologyTestDriver(build(mapped=True)) as d:
+        d.pipe_raw("customers", b"c1", writer(url, customer, "customers")({"id": "c1", "name": "Ann", "region": "eu"}), 1)
+        d.pipe_raw("orders", b"o1", json.dumps({"customer": "c1", "n": 5}).encode(), 2)
+        assert [(r.key, r.value) for r in d.read_output("out")] == [("o1", {"n": 5, "name": "Ann"})]
+        assert d.metrics()["task"]["dead_lettered"] == 0
