@@ -150,7 +150,8 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
                 f"join_on_foreign_key {base!r}: the right table's {what} serde {serde!r} is a Schema "
                 f"Registry serde, which a foreign-key join cannot use yet (it sends right rows through "
                 f"its response topic); read the right table with a fixed-schema Serdes.avro(schema) or "
-                f"Serdes.json(), or map it into a table of such values first")
+                f"Serdes.json()" + (", or map it into a table of such values first (right.map_values("
+                                      "lambda v: v))" if what == "value" else ""))
     vs = value_serde or Serdes.json()
     raw = Serdes.bytes()
 

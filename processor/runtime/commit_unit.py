@@ -155,6 +155,7 @@ class CommitUnit:
         log.warning("exactly_once: transaction aborted (%s); rebuilding tasks from their changelogs",
                     err.str())
         self.collector.abort()
+        self._gaps.clear()
         # the rebuilt tasks resend their outboxes at once: into the next transaction (a
         # transactional producer refuses a record outside one)
         self.collector.begin()

@@ -126,7 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(404, {"error": f"no row for key {key_text!r} in store {view.name!r}",
                                  "partition": view.worker._queries.call(
                                      lambda: view.owner_partition(view.spec.key_serde.serialize(key))),
-                                 "hosted_here": True})
+                                 "hosted_here": True})   # (serialized by the main loop)
             else:
                 self._json(200, entry)
             return

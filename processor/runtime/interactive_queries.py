@@ -76,6 +76,16 @@ class StoreQueries:
             except BaseException as exc:
                 fut.set_exception(exc)
 
+    def fail_waiting(self) -> None:
+        """The loop stopped: every query still waiting gets ``StoreNotReady``."""
+        while True:
+            try:
+                _, fut = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(StoreNotReady("the worker is not running"))
+
     def call(self, fn, timeout_s: float = 10.0):
         """Run ``fn`` on the main loop (at once when called from it) and return its result."""
         if threading.current_thread() is self.loop_thread or self.loop_thread is None:
@@ -113,8 +123,8 @@ class StoreView:
 
     def entry(self, key, timeout_s: float = 10.0) -> dict | None:
         """``{"key", "value", "timestamp", "partition", "task"}`` for ``key``, or None."""
-        kb = self.spec.key_serde.serialize(key)
-        return self.worker._queries.call(lambda: self._lookup(kb), timeout_s)
+        # (serialized by the main loop too: a serde may keep client state)
+        return self.worker._queries.call(lambda: self._lookup(self.spec.key_serde.serialize(key)), timeout_s)
 
     def prefix(self, prefix, limit: int = DEFAULT_LIMIT, timeout_s: float = 10.0) -> list[dict]:
         """Entries whose key bytes start with ``prefix``'s (a ``str`` is taken as UTF-8, ``bytes``
@@ -125,8 +135,10 @@ class StoreView:
     # -- main loop -------------------------------------------------------------------------
     def owner_partition(self, kb: bytes) -> int:
         w = self.worker
-        topics = sorted(t for t, s in w._sub_of_topic.items() if s == self.sub)
-        for t in topics:
+        # the user topics first: foreign-key subscription and response topics follow their
+        # readers' partitioning, not the internal partitioner routing names for them
+        topics = sorted((t in w._internal_topics, t) for t, s in w._sub_of_topic.items() if s == self.sub)
+        for _, t in topics:
             p = w.routing.partitioner_of(t)
             if p.places(kb):
                 return p.partition(kb, w._parts[t])
@@ -156,7 +168,7 @@ class StoreView:
             for k, v in task.stores.store(self.name).prefix(pb):
                 if v is None:
                     continue
-                out.append({**decode_entry(self.spec, k, v), "partition": part, "task": task.id})
                 if len(out) >= limit:
                     return out
+                out.append({**decode_entry(self.spec, k, v), "partition": part, "task": task.id})
         return out

@@ -246,6 +246,7 @@ class TaskManagement:
                 self._assigned.discard((tp.topic, tp.partition))
                 self._at_eof.discard((tp.topic, tp.partition))
                 self._resumed.discard((tp.topic, tp.partition))
+            self._forget_gaps((tp.topic, tp.partition) for tp in partitions)
             for key in keys:
                 task = self.tasks.pop(key, None)
                 if task is not None:
@@ -265,6 +266,7 @@ class TaskManagement:
             self._assigned.discard((tp.topic, tp.partition))
             self._at_eof.discard((tp.topic, tp.partition))
             self._resumed.discard((tp.topic, tp.partition))
+        self._forget_gaps((tp.topic, tp.partition) for tp in partitions)
         self._close_tasks({(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions})
 
     def _close_tasks(self, keys, table=None):

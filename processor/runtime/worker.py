@@ -67,7 +67,10 @@ GUARANTEES = ("at_least_once", "exactly_once")
 # a gap in an internal partition that persists this long and over this many fetches is accepted
 GAP_ACCEPT_S = 5.0
 GAP_RETRIES = 20
+# a gap of at most this many offsets (transaction markers: one per producer whose transaction
+# ended between two records) is accepted after this many fetches return it
 MARKER_GAP = 16
+SMALL_GAP_FETCHES = 3
 
 
 class Worker(TaskManagement, CommitUnit):
@@ -163,12 +166,9 @@ class Worker(TaskManagement, CommitUnit):
         # contiguous except for transaction markers; when no transaction writes them (at least
         # once) or the broker writes no markers (exactly once read uncommitted: Tansu), an offset
         # after a task's position means the broker's fetch skipped records (seen on Tansu while
-        # another producer's batch was being appended): read them again (``_refetch_gap``).
+        # another producer's batch was being appended): read them again (``_check_gap``).
         self._gap_guard = self._internal_topics if self._stage_internal else frozenset()
-        # under exactly once a gap this long may be transaction markers (one per producer whose
-        # transaction ended between two records); at least once writes none
-        self._marker_gap = MARKER_GAP if processing_guarantee == "exactly_once" else 0
-        self._gaps: dict[tuple[str, int], tuple[int, int, float]] = {}
+        self._gaps: dict[tuple[str, int], tuple[int, int, int, float]] = {}   # (position, offset, fetches, since)
         self.fetch_gaps_refetched = 0
         self.fetch_gaps_accepted = 0
         self._processed_at_last_commit = 0
@@ -259,33 +259,34 @@ class Worker(TaskManagement, CommitUnit):
     def _check_gap(self, topic: str, part: int, pos: int | None, offset: int) -> bool:
         """An internal partition's record at ``offset``, the task at ``pos``: True when the caller
         must drop it (and the rest of the partition's batch) because the worker sought back to
-        read a gap again. A gap the broker returns again on the next fetch is accepted at once
-        when it is no longer than ``self._marker_gap`` (transaction markers, one per producer
-        whose transaction ended there), after ``GAP_RETRIES`` fetches over ``GAP_ACCEPT_S``
-        otherwise (with a warning); records found in it were skipped by the broker's fetch
-        (logged, ``fetch_gaps_refetched``)."""
+        read a gap again. Records found in the gap when it is read again were skipped by the
+        broker's fetch (logged, ``fetch_gaps_refetched``). A gap the broker keeps returning is
+        accepted (``fetch_gaps_accepted``): after ``SMALL_GAP_FETCHES`` fetches when it spans at
+        most ``MARKER_GAP`` offsets (transaction markers, one per producer whose transaction
+        ended there), else after ``GAP_RETRIES`` fetches over ``GAP_ACCEPT_S`` (with a warning).
+        The loop never sleeps here: other partitions go on meanwhile."""
         key = (topic, part)
         g = self._gaps.get(key)
         if g is not None:
             g_pos, g_off, attempts, since = g
-            if offset < g_off or g_pos != pos:
+            if pos is None or g_pos != pos or offset < g_off:
                 del self._gaps[key]
-                if g_pos == pos and offset < g_off:
+                if pos is not None and g_pos == pos and offset < g_off:
                     self.fetch_gaps_refetched += 1
                     log.warning("%s[%d]: the broker's fetch had skipped offsets %d..%d (records are there when "
                                 "read again); reading them", topic, part, pos, g_off - 1)
-                return False if offset <= pos else self._check_gap(topic, part, pos, offset)
+                return False if pos is None or offset <= pos else self._check_gap(topic, part, pos, offset)
             if offset == g_off:
                 now = time.monotonic()
-                if g_off - pos <= self._marker_gap or (attempts >= GAP_RETRIES and now - since >= GAP_ACCEPT_S):
+                small = g_off - pos <= MARKER_GAP
+                if (small and attempts >= SMALL_GAP_FETCHES) or (attempts >= GAP_RETRIES and now - since >= GAP_ACCEPT_S):
                     del self._gaps[key]
                     self.fetch_gaps_accepted += 1
-                    if g_off - pos > self._marker_gap:
+                    if not small:
                         log.warning("%s[%d]: offsets %d..%d returned no record in %d fetches over %.1f s; going on "
                                     "at %d", topic, part, pos, g_off - 1, attempts, now - since, g_off)
                     return False
                 self._gaps[key] = (pos, g_off, attempts + 1, since)
-                time.sleep(min(0.05 * attempts, 0.5))   # the broker may still be appending that batch
                 self.consumer.seek(TopicPartition(topic, part, pos))
                 return True
         if pos is None or offset <= pos:
@@ -293,6 +294,11 @@ class Worker(TaskManagement, CommitUnit):
         self._gaps[key] = (pos, offset, 1, time.monotonic())
         self.consumer.seek(TopicPartition(topic, part, pos))
         return True
+
+    def _forget_gaps(self, partitions) -> None:
+        """Revoked, lost or rebuilt partitions: their gap checks start over."""
+        for tp in partitions:
+            self._gaps.pop(tp, None)
 
     # -- main loop ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -342,7 +348,7 @@ class Worker(TaskManagement, CommitUnit):
             self._run_locked(until_drained, install_signal_handlers, max_seconds)
         finally:
             self._queries.loop_thread = None
-            self._queries.serve()   # (queries still waiting: answered "not running")
+            self._queries.fail_waiting()   # queries still waiting: "the worker is not running"
             if self.http_endpoint is not None:
                 self.http_endpoint.stop()
             self._state_lock.release()
@@ -454,7 +460,8 @@ class Worker(TaskManagement, CommitUnit):
                 err = m.error()
                 if err is not None:
                     if err.code() == _EOF:
-                        self._at_eof.add((m.topic(), m.partition()))
+                        if not (refetching and (m.topic(), m.partition()) in refetching):
+                            self._at_eof.add((m.topic(), m.partition()))
                         continue
                     if err.fatal():
                         raise ConfigError(f"fatal Kafka error: {err.str()}")
@@ -476,6 +483,7 @@ class Worker(TaskManagement, CommitUnit):
                             self._check_gap(topic, part, pos, m.offset()):
                         refetching = refetching or set()
                         refetching.add((topic, part))
+                        at_eof.discard((topic, part))   # not at its end: the gap is read again
                         continue
                 task.process(topic, part, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
                 n += 1
