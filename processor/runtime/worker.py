@@ -68,9 +68,9 @@ GUARANTEES = ("at_least_once", "exactly_once")
 GAP_ACCEPT_S = 5.0
 GAP_RETRIES = 20
 # a gap of at most this many offsets (transaction markers: one per producer whose transaction
-# ended between two records) is accepted after this many fetches return it
+# ended between two records) is accepted when this many fetches back to it return it again
 MARKER_GAP = 16
-SMALL_GAP_FETCHES = 3
+SMALL_GAP_FETCHES = 2
 
 
 class Worker(TaskManagement, CommitUnit):
