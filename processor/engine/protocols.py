@@ -19,8 +19,8 @@ class StoreProvider(Protocol):
     writer: object  # provenance (topic, partition, offset) of the record in hand, for changelog headers
     stores: dict    # name -> the stores opened so far
     # None, or the task's journal: every store (opened so far and from now on) appends
-    # ``(store, key, previous entry, previous writer)`` to it before a write, and ``store.undo(key,
-    # previous, writer)`` puts the entry back (a failed record leaves no write behind)
+    # ``(store, key, previous entry)`` to it before a write, and ``store.undo(key, previous)``
+    # puts the entry back (a failed record leaves no write behind)
     journal: list | None
 
     def store(self, name: str) -> KeyValueStore: ...

@@ -345,8 +345,8 @@ class Task:
         anything had changed (their in-memory state follows the stores)."""
         journal = self._journal
         changed = bool(journal or self._record_sends or len(self.context.outbox) > outbox_len)
-        for store, key, previous, writer in reversed(journal):
-            store.undo(key, previous, writer)
+        for store, key, previous in reversed(journal):
+            store.undo(key, previous)
         journal.clear()
         self._record_sends.clear()
         del self.context.outbox[outbox_len:]

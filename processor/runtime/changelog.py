@@ -44,6 +44,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from processor import provenance
 from processor.errors import ChangelogMismatch, KafkaIOError
 from processor.state import commit_record
+from processor.state.change_logging import ChangeLoggingStores
 from processor.state.store import TASK_STORE
 from processor.runtime import kafka
 
@@ -57,14 +58,15 @@ STALL_S = 60.0
 
 
 class ChangelogWriter:
-    """Produces one task's commit units to its changelog topics."""
+    """Produces one task's commit units to its changelog topics; the task's stores are
+    ``ChangeLoggingStores`` (``processor/state/change_logging.py``) around its database."""
 
     def __init__(self, task, changelogs: dict[str, str], produce):
         self.task = task
         self.partition = task.partition
         self.changelogs = changelogs         # store name -> changelog topic
         self.produce = produce               # produce(topic, key, value, partition, headers, on_delivery)
-        self.db = task.stores
+        self.db = task.stores                # ChangeLoggingStores
         raw = self.db.store(TASK_STORE).get(commit_record.COMMIT_KEY)
         last = commit_record.decode(raw) if raw is not None else None
         self.unit = last.unit if last else 0
@@ -111,22 +113,20 @@ class ChangelogWriter:
 
     def has_work(self, positions) -> bool:
         return (positions != self._committed_positions or (self.sink_ends is None and bool(self.sink_partitions))
-                or any(s.pending for s in self.db.stores.values()))
+                or self.db.has_changes())
 
     def write_pending(self) -> None:
-        """Step 1: every pending write of every store, to its changelog."""
+        """Step 1: every store's changes since the last commit, to its changelog."""
         part = self.partition
         header = provenance.HEADER
         encode = provenance.encode
         for name, store in self.db.stores.items():
-            if not store.pending:
+            if not store.changes:
                 continue
             topic = self.changelogs[name]
-            writers = store.writers
-            items = list(store.pending.items())
+            items = store.changed()
             last = len(items) - 1
-            for i, (k, v) in enumerate(items):
-                w = writers.get(k)
+            for i, (k, v, w) in enumerate(items):
                 headers = [(header, encode(w[0], w[1], w[2], 0))] if w else None
                 if i == last:
                     self._awaiting += 1
@@ -193,6 +193,9 @@ class RestoreTarget:
         self.starts: dict = {}
         self.restored_to: dict = {}
         self.tails: dict[str, list[bytes]] = {}
+        # the task's view of the database: writes through it go to the changelog at the next
+        # commit (the restore itself writes to ``db``, which logs nothing)
+        self.stores = ChangeLoggingStores(db)
 
 
 def restore_tasks(targets: list[RestoreTarget], consumer_config: dict, stop=None) -> None:
@@ -316,11 +319,12 @@ def _finish(t: RestoreTarget, seconds: float) -> None:
     if t._unit:
         t.tails.setdefault(TASK_STORE, []).extend(t._unit)
         t.tail_records += len(t._unit)
-    db.writer = (f"__restore:{t.task_id}", t.partition, 0)
+    t.stores.writer = (f"__restore:{t.task_id}", t.partition, 0)
     for name, keys in t.tails.items():
-        store = db.store(name)
+        committed = db.store(name).committed
+        store = t.stores.store(name)
         for k in dict.fromkeys(keys):
-            v = store.committed(k)
+            v = committed(k)
             if v is None:
                 store.delete(k)
             else:

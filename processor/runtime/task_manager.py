@@ -83,7 +83,7 @@ class TaskManagement:
         """Tasks over restored databases; then the table sinks' tails of those that have some."""
         for (sub, partition), t in zip(keys, targets):
             self.restored_records += t.restored
-            task = Task(self.topology, sub, partition, t.db, self.collector, lambda: int(time.time() * 1000),
+            task = Task(self.topology, sub, partition, t.stores, self.collector, lambda: int(time.time() * 1000),
                         on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing,
                         max_record_bytes=max_record_bytes_of(self._producer_config),
                         origin=self.application_id if self._table_sinks.get(sub) else None,

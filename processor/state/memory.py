@@ -28,18 +28,18 @@ class MemoryStore:
 
     def put(self, key, value):
         if self.journal is not None:
-            self.journal.append((self, key, self._data.get(key, _MISSING), None))
+            self.journal.append((self, key, self._data.get(key, _MISSING)))
         if self._sorted is not None and key not in self._data:
             self._sorted.add(key)
         self._data[key] = value
 
     def delete(self, key):
         if self.journal is not None:
-            self.journal.append((self, key, self._data.get(key, _MISSING), None))
+            self.journal.append((self, key, self._data.get(key, _MISSING)))
         if self._data.pop(key, _MISSING) is not _MISSING and self._sorted is not None:
             self._sorted.remove(key)
 
-    def undo(self, key, previous, _writer=None) -> None:
+    def undo(self, key, previous) -> None:
         """Put ``key`` back as a journal entry found it (see ``RocksDBStore.undo``)."""
         journal, self.journal = self.journal, None
         try:

@@ -57,19 +57,17 @@ def _options() -> rocksdict.Options:
 
 class RocksDBStore:
     """One store: a column family plus the writes pending since the last commit (the task's
-    write buffer: reads see them at once; the commit writes them to the changelog and then to
-    RocksDB). ``writers`` keeps, per pending key, the provenance of the record that wrote it
-    last (``database.writer`` at the time of the write), for the changelog record's header.
-    ``journal`` (None, or a list the task owns) receives ``(store, key, previous pending entry,
-    previous writer)`` before each write, so the writes of one record can be undone."""
+    write buffer: reads see them at once; the commit writes them to RocksDB). The changelog
+    side is not this class's concern: the worker wraps the database in
+    ``processor/state/change_logging.py``. ``journal`` (None, or a list the task owns) receives
+    ``(store, key, previous pending entry)`` before each write, so the writes of one record
+    can be undone."""
 
-    def __init__(self, name: str, cf, database):
+    def __init__(self, name: str, cf):
         self.name = name
         self.journal: list | None = None
         self._cf = cf
-        self._database = database
         self.pending: dict[bytes, bytes | None] = {}
-        self.writers: dict[bytes, tuple] = {}
 
     def get(self, key):
         v = self.pending.get(key, _MISSING)
@@ -79,34 +77,29 @@ class RocksDBStore:
 
     def put(self, key, value):
         if self.journal is not None:
-            self.journal.append((self, key, self.pending.get(key, _MISSING), self.writers.get(key)))
+            self.journal.append((self, key, self.pending.get(key, _MISSING)))
         self.pending[key] = value
-        self.writers[key] = self._database.writer
 
     def delete(self, key):
         if self.journal is not None:
-            self.journal.append((self, key, self.pending.get(key, _MISSING), self.writers.get(key)))
+            self.journal.append((self, key, self.pending.get(key, _MISSING)))
         self.pending[key] = None
-        self.writers[key] = self._database.writer
 
     def put_all(self, entries):
-        writer = self._database.writer
         journal = self.journal
+        pending = self.pending
         for k, v in entries:
             if journal is not None:
-                journal.append((self, k, self.pending.get(k, _MISSING), self.writers.get(k)))
-            self.pending[k] = v
-            self.writers[k] = writer
+                journal.append((self, k, pending.get(k, _MISSING)))
+            pending[k] = v
 
-    def undo(self, key, pending, writer) -> None:
+    def undo(self, key, pending) -> None:
         """Put ``key`` back as a journal entry found it (``processor/engine/task.py``: a record
         that fails under ``on_error`` dlq/skip leaves no write behind)."""
         if pending is _MISSING:
             self.pending.pop(key, None)
-            self.writers.pop(key, None)
         else:
             self.pending[key] = pending
-            self.writers[key] = writer
 
     def committed(self, key):
         """The value as of the last commit (pending writes ignored)."""
@@ -157,8 +150,6 @@ class RocksDBDatabase:
             raise StateError(f"cannot open state database {self.path}: {exc}") from exc
         self._cfs: dict[str, object] = {}
         self.stores: dict[str, RocksDBStore] = {}
-        # provenance (topic, partition, offset) of the record being processed; set by the task
-        self.writer: tuple | None = None
         self.journal: list | None = None   # given to every store opened (see RocksDBStore)
         meta = self._cf(_META)
         version = meta.get(b"format_version")
@@ -191,7 +182,7 @@ class RocksDBDatabase:
         s = self.stores.get(name)
         if s is None:
             cf = self._cf(name)
-            s = RocksDBStore(name, cf, self)
+            s = RocksDBStore(name, cf)
             s.journal = self.journal
             self.stores[name] = s
         return s
@@ -229,7 +220,6 @@ class RocksDBDatabase:
                 raise StateError(f"cannot write state database {self.path}: {exc}") from exc
         for s in self.stores.values():
             s.pending.clear()
-            s.writers.clear()
 
     def close(self) -> None:
         for cf in self._cfs.values():

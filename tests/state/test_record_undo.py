@@ -1,12 +1,15 @@
-"""A failed record's writes undone on a real RocksDB task database (``RocksDBStore.undo``).
+"""A failed record's writes undone on a real RocksDB task database, seen as the worker's task
+sees it: ``ChangeLoggingStores`` around a ``RocksDBDatabase`` (``undo`` of both).
 
 The journal must put back what the record overwrote among the writes still pending since the
-last commit (value and the writer that the changelog header names), and drop what it added; the
+last commit (the pending value, and the change entry with the writer that the changelog header
+names), and drop what it added; the
 database committed afterwards equals the one a history without the failed records commits.
 """
 
 from processor import StreamsBuilder
 from processor.engine.task import Task
+from processor.state.change_logging import ChangeLoggingStores
 from processor.state.rocksdb import RocksDBDatabase
 
 
@@ -52,7 +55,7 @@ def contract(path):
 
 def run(path, history, on_error, commit_every):
     topo = topology()
-    db = RocksDBDatabase(path)
+    db = ChangeLoggingStores(RocksDBDatabase(path))
     collector = ListCollector()
     task = Task(topo, 0, 0, db, collector, lambda: 0, on_error=on_error, dlq_topic="app-dlq")
     seen = []
@@ -60,7 +63,7 @@ def run(path, history, on_error, commit_every):
         task.process("items", 0, offset, offset, f'"{key}"'.encode(), f'{{"n": {n}}}'.encode())
         if (offset + 1) % commit_every == 0:
             task.commit()
-        seen.append({name: (dict(s.pending), dict(s.writers)) for name, s in db.stores.items()})
+        seen.append({name: (dict(s.inner.pending), dict(s.changes)) for name, s in db.stores.items()})
     task.commit()
     task.close()
     return collector.records, seen
