@@ -22,7 +22,7 @@ import os
 import signal
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.errors import ConfigError
 from processor.runtime import sink_tails
@@ -170,6 +170,6 @@ class CommitUnit:
             task = self.tasks[key]
             for tp in [tp for tp in self._assigned if (self._sub_of_topic[tp[0]], tp[1]) == key]:
                 off = task.positions.get(tp, 0)
-                self.consumer.seek(TopicPartition(tp[0], tp[1], off if off > 0 else OFFSET_BEGINNING))
+                self.consumer.seek(TopicPartition(tp[0], tp[1], off))   # concrete: see _start_offset
                 self._resumed.add(tp)   # records fetched before the seek must not reach the task
         self._resumed_at = time.monotonic()

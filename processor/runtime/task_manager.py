@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import OFFSET_BEGINNING
+from confluent_kafka import TopicPartition
 
 from processor.engine.task import Task, max_record_bytes_of
 from processor.errors import ChangelogMismatch
@@ -172,7 +172,11 @@ class TaskManagement:
 
     def _start_offset(self, topic: str, partition: int) -> int:
         """Where a task resumes an input partition: its committed position (a group offset beyond
-        it means the changelogs lost data)."""
+        it means the changelogs lost data). Always a concrete offset, 0 for a task that never
+        committed: a logical one (OFFSET_BEGINNING) makes librdkafka look the offset up first,
+        and that lookup waits behind the fetch in flight (a long poll of ``fetch.wait.max.ms`` when
+        the other partitions are at their end). An offset below the log start is reset by
+        ``auto.offset.reset`` (earliest by default)."""
         task = self.tasks[(self._sub_of_topic[topic], partition)]
         start = task.positions.get((topic, partition), 0)
         group = self._group_offsets.get((topic, partition), 0)
@@ -182,7 +186,7 @@ class TaskManagement:
                 f"{group}, but the task's changelogs reflect it only up to {start}; the changelog "
                 f"topics were deleted or recreated: reset the application (its group offsets "
                 f"and state) to rebuild")
-        return start if start > 0 else OFFSET_BEGINNING
+        return start
 
     def _restore_step(self, budget_s: float = RESTORE_STEP_S) -> None:
         """Restore for up to ``budget_s`` (whole batches); when done, the tasks are built and
@@ -214,9 +218,21 @@ class TaskManagement:
             self._resumed.add((tp.topic, tp.partition))
         self._resumed_at = time.monotonic()
         self.consumer.resume(r.partitions)
+        self._wake_fetchers(r.partitions)
         log.info("restored and resumed %s after %.1f s; meanwhile the open tasks processed %d records",
                  ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in r.partitions),
                  time.monotonic() - r.started, meanwhile)
+
+    def _wake_fetchers(self, partitions) -> None:
+        """librdkafka's fetcher (one thread per broker) sees a resumed partition only at its next
+        wake-up, up to a second later when it has nothing else to fetch; a request to the
+        partition's leader wakes it at once. One offsets query per topic (its answer is not used;
+        a failure costs nothing but the wait)."""
+        for tp in {tp.topic: tp for tp in partitions}.values():
+            try:
+                self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=1, cached=False)
+            except Exception:
+                pass
 
     def _abort_restoration(self) -> None:
         """A revocation (or a stop, or an error) during a restore: drop it; what it restored up to

@@ -21,6 +21,63 @@ def test_json_is_canonical():
         j.serialize({"x": float("nan")})
 
 
+_STDLIB_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _stdlib_encode(value):
+    try:
+        return ("ok", _STDLIB_ENCODER.encode(value).encode("utf-8"))
+    except (TypeError, ValueError) as exc:     # ValueError: NaN; UnicodeEncodeError: lone surrogates
+        return ("refused", type(exc).__name__)
+
+
+def _our_encode(value):
+    try:
+        return ("ok", Serdes.json().serialize(value))
+    except (TypeError, ValueError) as exc:
+        return ("refused", type(exc).__name__)
+
+
+_encodable = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(10 ** 25), max_value=10 ** 25)
+    | st.floats() | st.floats(min_value=-1e-3, max_value=1e-3) | st.text() | st.sampled_from(["e-mail", "null", "0.00001"]),
+    lambda kids: st.lists(kids, max_size=4) | st.tuples(kids, kids)
+    | st.dictionaries(st.text(max_size=5), kids, max_size=4)
+    | st.dictionaries(st.integers(0, 3), kids, max_size=2),
+    max_leaves=12)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_encodable.filter(lambda v: v is not None))     # (None is a tombstone: no bytes)
+def test_json_encodes_exactly_as_the_standard_library(value):
+    """orjson's fast path gives the standard library's canonical bytes, and refuses what it refuses."""
+    assert _our_encode(value) == _stdlib_encode(value)
+
+
+@pytest.mark.parametrize("value", [
+    1e-05, 1.5e-07, -2.5e-300, 5e-324, 1e16, 1e22, 0.0001, 0.00012, 2 ** 64, -(2 ** 63) - 1, 2 ** 63,
+    float("nan"), float("inf"), {"x": float("-inf")}, "\ud800", {1: "a", 2: "b"}, {"é": 1, "e": 2, "z": 3},
+    [[[[[]]]]] * 3, {"a": None}, True, ("t", 1)])
+def test_json_encodes_edge_cases_as_the_standard_library(value):
+    assert _our_encode(value) == _stdlib_encode(value)
+
+
+def test_json_refuses_subclasses_and_objects_as_the_standard_library():
+    import dataclasses
+    import datetime
+
+    class MyInt(int):
+        def __repr__(self):
+            return "MyInt"
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+
+    for value in [MyInt(3), {"k": MyInt(4)}, Point(1), datetime.date(2026, 1, 1), object(), {"a": {1, 2}}]:
+        assert _our_encode(value) == _stdlib_encode(value), value
+
+
 def _same(a, b) -> bool:
     """Equal values of equal types all the way down (1 == 1.0 == True in Python; NaN != NaN)."""
     if type(a) is not type(b):
