@@ -35,6 +35,9 @@ class Provenance(NamedTuple):
     sequence: int
 
 
+pack_head = _HEAD.pack   # pack_head(VERSION, partition, offset, sequence) + topic bytes: the header
+
+
 def encode(topic: str, partition: int, offset: int, sequence: int) -> bytes:
     return _HEAD.pack(VERSION, partition, offset, sequence) + topic.encode("utf-8")
 

@@ -61,11 +61,14 @@ class ChangelogWriter:
     """Produces one task's commit units to its changelog topics; the task's stores are
     ``ChangeLoggingStores`` (``processor/state/change_logging.py``) around its database."""
 
-    def __init__(self, task, changelogs: dict[str, str], produce):
+    def __init__(self, task, changelogs: dict[str, str], produce, produce_records):
         self.task = task
         self.partition = task.partition
         self.changelogs = changelogs         # store name -> changelog topic
         self.produce = produce               # produce(topic, key, value, partition, headers, on_delivery)
+        # produce_records(topic, partition, [(key, value, headers)...], on_delivery of the last)
+        self.produce_records = produce_records
+        self._topic_bytes: dict[str, bytes] = {}   # provenance headers: source topic -> UTF-8
         self.db = task.stores                # ChangeLoggingStores
         raw = self.db.store(TASK_STORE).get(commit_record.COMMIT_KEY)
         last = commit_record.decode(raw) if raw is not None else None
@@ -117,23 +120,26 @@ class ChangelogWriter:
 
     def write_pending(self) -> None:
         """Step 1: every store's changes since the last commit, to its changelog."""
-        part = self.partition
         header = provenance.HEADER
-        encode = provenance.encode
+        pack = provenance.pack_head
+        version = provenance.VERSION
+        topics = self._topic_bytes
         for name, store in self.db.stores.items():
             if not store.changes:
                 continue
-            topic = self.changelogs[name]
-            items = store.changed()
-            last = len(items) - 1
-            for i, (k, v, w) in enumerate(items):
-                headers = [(header, encode(w[0], w[1], w[2], 0))] if w else None
-                if i == last:
-                    self._awaiting += 1
-                    self.produce(topic, k, v, part, headers, self._on_delivery)
+            records = []
+            append = records.append
+            for k, v, w in store.changed():
+                if w is None:
+                    append((k, v, None))
                 else:
-                    self.produce(topic, k, v, part, headers, None)
-            self.records_written += len(items)
+                    tb = topics.get(w[0])
+                    if tb is None:
+                        tb = topics[w[0]] = w[0].encode("utf-8")
+                    append((k, v, [(header, pack(version, w[1], w[2], 0) + tb)]))
+            self._awaiting += 1
+            self.produce_records(self.changelogs[name], self.partition, records, self._on_delivery)
+            self.records_written += len(records)
 
     def write_commit_record(self, positions) -> None:
         """Step 3 (after the host's flush): the commit record, last, to the task changelog."""

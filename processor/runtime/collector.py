@@ -85,6 +85,27 @@ class KafkaCollector:
             except BufferError:
                 self.changelog_producer.poll(0.05)
 
+    def send_changelog_records(self, topic, partition, records, on_last_delivery) -> None:
+        """``records`` (``(key, value, headers)``) to one changelog partition, in order; the last
+        one reports its delivery to ``on_last_delivery``."""
+        producer = self.changelog_producer
+        produce = producer.produce
+        end = len(records) - 1
+        i = 0
+        while i < end:
+            j = i
+            try:
+                for j in range(i, end):
+                    k, v, h = records[j]
+                    produce(topic, v, k, partition=partition, headers=h)
+                i = end
+            except BufferError:
+                i = j
+                producer.poll(0.05)
+        if end >= 0:
+            k, v, h = records[end]
+            self.send_changelog(topic, k, v, partition, h, on_last_delivery)
+
     def on_delivery_error(self, err, msg):
         if err is not None:
             self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")

@@ -88,7 +88,8 @@ class TaskManagement:
                         max_record_bytes=max_record_bytes_of(self._producer_config),
                         origin=self.application_id if self._table_sinks.get(sub) else None,
                         stage_internal=self._stage_internal)
-            self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog)
+            self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog,
+                                                            self.collector.send_changelog_records)
             self.tasks[(sub, partition)] = task
         self._open_table_sinks(keys)
 
