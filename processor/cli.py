@@ -127,6 +127,11 @@ def _parser() -> argparse.ArgumentParser:
                         "in the state directory): a worker restarted within the session timeout gets "
                         "its partitions back without a rebalance; a stopped one keeps them until the "
                         "session timeout expires (README \"Static membership\")")
+    r.add_argument("--state-block-cache-mb", type=int, default=None, metavar="MB",
+                   help="RocksDB block cache shared by every task's database (default: 128)")
+    r.add_argument("--state-write-buffer-mb", type=int, default=None, metavar="MB",
+                   help="RocksDB write buffer (memtable) per store and task (default: RocksDB's 64; "
+                        "up to two per store exist at once)")
     r.add_argument("--http-port", type=int, default=None, metavar="PORT",
                    help="serve /metrics (Prometheus), /healthz, /readyz and interactive queries "
                         "(/stores/<store>/<key>) on this port (default: off; 0: any free port)")
@@ -348,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
             topology = resolve_topology(args.topology)
             if not config.is_empty():
                 logging.getLogger("processor.worker").info("Kafka client settings: %s", config.describe())
+            from processor.state.rocksdb import configure_memory
+
+            configure_memory(args.state_block_cache_mb, args.state_write_buffer_mb)
             worker = Worker(topology, args.bootstrap_servers, args.application_id, args.state_dir,
                             commit_interval_ms=args.commit_interval_ms, on_error=args.on_error,
                             client_config=config, **topic_settings_from_args(args),

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import rocksdict
 
-from processor.errors import StateError
+from processor.errors import ConfigError, StateError
 from processor.state.store import merge_sorted, prefix_upper_bound
 
 # 2: operator bookkeeping (stream times, high-water marks, outbox counter) moved from ``__task``
@@ -38,15 +38,34 @@ _OFFSET = struct.Struct(">q")
 _MISSING = object()
 
 _block_cache = None
+DEFAULT_BLOCK_CACHE_MB = 128
+_memory = {"block_cache_mb": DEFAULT_BLOCK_CACHE_MB, "write_buffer_mb": None}
+
+
+def configure_memory(block_cache_mb: int | None = None, write_buffer_mb: int | None = None) -> None:
+    """Memory of the databases this process opens from now on: the block cache all of them share
+    (MB; None: 128) and each column family's write buffer (memtable, MB; None: RocksDB's 64 MB,
+    of which up to two per column family exist at once). ``processor run --state-block-cache-mb
+    / --state-write-buffer-mb``; ``benchmarks/memory.py`` measures a worker's RSS with the defaults."""
+    global _block_cache
+    for name, v in (("--state-block-cache-mb", block_cache_mb), ("--state-write-buffer-mb", write_buffer_mb)):
+        if v is not None and v < 1:
+            raise ConfigError(f"{name} must be at least 1 (MB), not {v}")
+    cache_mb = DEFAULT_BLOCK_CACHE_MB if block_cache_mb is None else block_cache_mb
+    if cache_mb != _memory["block_cache_mb"]:
+        _block_cache = None
+    _memory.update(block_cache_mb=cache_mb, write_buffer_mb=write_buffer_mb)
 
 
 def _options() -> rocksdict.Options:
     global _block_cache
     if _block_cache is None:
-        _block_cache = rocksdict.Cache(128 << 20)
+        _block_cache = rocksdict.Cache(_memory["block_cache_mb"] << 20)
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    if _memory["write_buffer_mb"] is not None:
+        opts.set_write_buffer_size(_memory["write_buffer_mb"] << 20)
     table = rocksdict.BlockBasedOptions()
     table.set_bloom_filter(10, False)
     table.set_block_cache(_block_cache)
