@@ -2,6 +2,7 @@
 
     python benchmarks/fk_join.py                  # local Tansu broker, 100,000 order updates
     python benchmarks/fk_join.py --orders 300000 --customers 20000 --bootstrap-servers host:9092
+    python benchmarks/fk_join.py --fanout 10       # right updates, each joined to 10 left rows
 
 Loads C customers (right table) and N order updates (left table: 20,000 orders whose customer
 changes now and then, 5 % deletes) into two 4-partition topics, then runs
@@ -10,6 +11,13 @@ update is consumed, turned into a subscription (produced, consumed, stored under
 answered by a response produced to the left row's partition, consumed, version-checked and
 joined). Throughput is input records (orders + customers) per second from the first record
 processed to the last (the group join excluded).
+
+``--fanout F`` measures the right side instead: C customers and F orders per customer (each
+order's customer fixed), joined once; then every customer is updated ``--right-updates`` times
+and a second run of the same worker (its state kept) processes only those updates: each one
+answers F subscriptions with F responses and F joined rows. Throughput is right updates per
+second (target, issue 16: 10,000/s with F=10), and the output is checked: every order's last
+joined row carries its customer's last name.
 """
 
 from __future__ import annotations
@@ -61,6 +69,54 @@ def load(bootstrap, orders, customers, n, c):
     p.flush()
 
 
+def load_fanout(bootstrap, orders, customers, c, fanout):
+    p = Producer(kafka.producer_defaults(bootstrap))
+    for i in range(c):
+        produce(p, customers, f"cust-{i}".encode(),
+                json.dumps({"name": f"customer {i} v0", "tier": i % 3}, separators=(",", ":")).encode(), 1)
+    for j in range(c * fanout):
+        v = json.dumps({"customer": f"cust-{j % c}", "amount": j % 10_000}, separators=(",", ":")).encode()
+        produce(p, orders, f"order-{j}".encode(), v, 2)
+    p.flush()
+
+
+def update_customers(bootstrap, customers, c, rounds):
+    p = Producer(kafka.producer_defaults(bootstrap))
+    for r in range(1, rounds + 1):
+        for i in range(c):
+            produce(p, customers, f"cust-{i}".encode(),
+                    json.dumps({"name": f"customer {i} v{r}", "tier": i % 3}, separators=(",", ":")).encode(), 10 + r)
+    p.flush()
+
+
+def fanout(bootstrap, args, run_id):
+    orders, customers, out = f"bench-orders-{run_id}", f"bench-customers-{run_id}", f"bench-enriched-{run_id}"
+    kafka.create_topics(bootstrap, {orders: 4, customers: 4, out: 4})
+    c, f = args.customers, args.fanout
+    load_fanout(bootstrap, orders, customers, c, f)
+    print(f"loaded {c:,} customers and {c * f:,} orders ({f} per customer)")
+    conf = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+    with tempfile.TemporaryDirectory() as state:
+        w = Worker(topology(orders, customers, out), bootstrap, f"bench-{run_id}", state, consumer_config=conf)
+        w.run(until_drained=True, install_signal_handlers=False)
+        print(f"joined once: {w.records_processed:,} records processed")
+        update_customers(bootstrap, customers, c, args.right_updates)
+        updates = c * args.right_updates
+        w = Worker(topology(orders, customers, out), bootstrap, f"bench-{run_id}", state, consumer_config=conf)
+        w.run(until_drained=True, install_signal_handlers=False)
+        dt = w.last_record_at - w.first_record_at
+    last = {}
+    for m in kafka.read_topic(bootstrap, out):
+        last[m.key()] = m.value()
+    want = f"v{args.right_updates}"
+    wrong = sum(1 for v in last.values() if v is None or not json.loads(v)["customer"].endswith(want))
+    print(f"worker: {updates:,} right updates -> {w.records_processed:,} records processed (updates + "
+          f"responses) in {dt:.2f} s; orders whose last row is not their customer's last version: {wrong} of {len(last):,}")
+    print(f"foreign-key join, fan-out {f}: {updates / dt:,.0f} right updates/s")
+    if wrong or len(last) != c * f:
+        sys.exit("wrong result")
+
+
 def topology(orders, customers, out):
     b = StreamsBuilder()
     b.table(orders).join_on_foreign_key(
@@ -74,6 +130,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--orders", type=int, default=100_000)
     ap.add_argument("--customers", type=int, default=5_000)
+    ap.add_argument("--fanout", type=int, default=0, help="measure right updates fanning out to F left rows")
+    ap.add_argument("--right-updates", type=int, default=5, help="with --fanout: updates per customer")
     ap.add_argument("--bootstrap-servers")
     args = ap.parse_args()
     broker = None
@@ -84,6 +142,8 @@ def main():
         bootstrap = args.bootstrap_servers
     try:
         run_id = int(time.time())
+        if args.fanout:
+            return fanout(bootstrap, args, run_id)
         orders, customers, out = f"bench-orders-{run_id}", f"bench-customers-{run_id}", f"bench-enriched-{run_id}"
         kafka.create_topics(bootstrap, {orders: 4, customers: 4, out: 4})
         t0 = time.monotonic()
