@@ -130,8 +130,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--state-block-cache-mb", type=int, default=None, metavar="MB",
                    help="RocksDB block cache shared by every task's database (default: 128)")
     r.add_argument("--state-write-buffer-mb", type=int, default=None, metavar="MB",
-                   help="RocksDB write buffer (memtable) per store and task (default: RocksDB's 64; "
-                        "up to two per store exist at once)")
+                   help="RocksDB write buffer (memtable) per column family of each task's database: "
+                        "every store, and two small bookkeeping ones (default: RocksDB's 64; up to two "
+                        "per column family exist at once)")
     r.add_argument("--http-port", type=int, default=None, metavar="PORT",
                    help="serve /metrics (Prometheus), /healthz, /readyz and interactive queries "
                         "(/stores/<store>/<key>) on this port (default: off; 0: any free port)")

@@ -168,8 +168,8 @@ class CommitUnit:
         self._open_tasks(keys)
         for key in keys:
             task = self.tasks[key]
-            for tp in [tp for tp in self._assigned if (self._sub_of_topic[tp[0]], tp[1]) == key]:
-                off = task.positions.get(tp, 0)
-                self.consumer.seek(TopicPartition(tp[0], tp[1], off))   # concrete: see _start_offset
+            tps = [tp for tp in self._assigned if (self._sub_of_topic[tp[0]], tp[1]) == key]
+            for tp, off in self._seek_offsets({tp: task.positions.get(tp, 0) for tp in tps}).items():
+                self.consumer.seek(TopicPartition(tp[0], tp[1], off))
                 self._resumed.add(tp)   # records fetched before the seek must not reach the task
         self._resumed_at = time.monotonic()

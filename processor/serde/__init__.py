@@ -113,8 +113,9 @@ def _may_hold_long_integer(data) -> bool:
 # refuses). Its output is kept unless it holds ``e-``, ``0.0000`` or ``null`` (every such float
 # writes one of these: checked over 2M random floats); then, and for whatever orjson refuses
 # (integers beyond 64 bits, non-string keys, subclasses of built-in types, dataclasses, dates),
-# the standard library decides, so the bytes and the errors are its own. (Enums and UUIDs, which
-# the standard library refuses, orjson writes as their values.)
+# the standard library decides, so the bytes and the errors are its own. One difference, on
+# purpose: enum members and UUIDs, which the standard library refuses, are written (an enum as its
+# value, a UUID as its canonical string), as orjson writes them, and so is an ``orjson.Fragment``.
 _ORJSON_OPTIONS = (orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS
                    | orjson.OPT_PASSTHROUGH_DATETIME)
 
@@ -135,7 +136,8 @@ def _encode_json(value) -> bytes:
 
 
 class JsonSerde(Serde):
-    """Canonical JSON: sorted keys, compact, UTF-8, no NaN/Infinity."""
+    """Canonical JSON: sorted keys, compact, UTF-8, no NaN/Infinity (the standard library's
+    bytes; enum members and UUIDs are written too: see ``_encode_json``)."""
 
     name = "json"
 

@@ -51,3 +51,29 @@ def test_main_returns_the_error_class_exit_code_on_one_line(monkeypatch, capsys,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("processor: error: ")
     assert err.strip() == "processor: error: " + " ".join(str(exc).splitlines())
+
+
+def test_state_memory_flags_reach_rocksdb_and_bad_sizes_are_2(monkeypatch, capsys):
+    """``--state-block-cache-mb`` / ``--state-write-buffer-mb`` are handed to
+    ``configure_memory`` before the worker starts; a size below 1 MB is a usage error."""
+    from processor import StreamsBuilder
+    from processor.runtime import worker as worker_module
+    from processor.state import rocksdb
+
+    b = StreamsBuilder()
+    b.stream("in").to("out")
+    monkeypatch.setattr(cli, "resolve_topology", lambda spec: b.build())
+    seen = {}
+
+    def no_worker(*args, **kwargs):
+        seen.update(rocksdb._memory)
+        raise ConfigError("stopped before any broker: the test only checks the settings")
+    monkeypatch.setattr(worker_module, "Worker", no_worker)
+    try:
+        assert cli.main(run_args() + ["--state-block-cache-mb", "16", "--state-write-buffer-mb", "8"]) == 2
+        assert seen == {"block_cache_mb": 16, "write_buffer_mb": 8}
+        capsys.readouterr()
+        assert cli.main(run_args() + ["--state-write-buffer-mb", "0"]) == 2
+        assert "--state-write-buffer-mb must be at least 1" in capsys.readouterr().err
+    finally:
+        rocksdb.configure_memory()

@@ -50,7 +50,8 @@ _encodable = st.recursive(
 @settings(max_examples=1500, deadline=None)
 @given(_encodable.filter(lambda v: v is not None))     # (None is a tombstone: no bytes)
 def test_json_encodes_exactly_as_the_standard_library(value):
-    """orjson's fast path gives the standard library's canonical bytes, and refuses what it refuses."""
+    """orjson's fast path gives the standard library's canonical bytes, and refuses what it
+    refuses (the values generated here hold no enums or UUIDs: see below)."""
     assert _our_encode(value) == _stdlib_encode(value)
 
 
@@ -60,6 +61,22 @@ def test_json_encodes_exactly_as_the_standard_library(value):
     [[[[[]]]]] * 3, {"a": None}, True, ("t", 1)])
 def test_json_encodes_edge_cases_as_the_standard_library(value):
     assert _our_encode(value) == _stdlib_encode(value)
+
+
+def test_json_writes_enums_and_uuids_where_the_standard_library_refuses_them():
+    """The one documented difference (``processor/serde/__init__.py``): orjson writes enum
+    members as their values and UUIDs as strings; the bytes are still canonical."""
+    import enum
+    import uuid
+
+    class Tier(enum.Enum):
+        GOLD = {"b": 1, "a": 2}
+        SILVER = "é"
+
+    j = Serdes.json()
+    assert j.serialize({"t": Tier.GOLD, "s": Tier.SILVER}) == '{"s":"é","t":{"a":2,"b":1}}'.encode()
+    assert j.serialize([uuid.UUID(int=1)]) == b'["00000000-0000-0000-0000-000000000001"]'
+    assert _stdlib_encode(Tier.GOLD)[0] == "refused" and _stdlib_encode(uuid.UUID(int=1))[0] == "refused"
 
 
 def test_json_refuses_subclasses_and_objects_as_the_standard_library():
