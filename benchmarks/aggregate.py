@@ -33,7 +33,8 @@ from confluent_kafka import Producer  # noqa: E402
 
 from processor import Emit, StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
-from processor.runtime.local_broker import LocalBroker  # noqa: E402
+
+from bench_broker import broker  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 
 POLICIES = {"on_update": Emit.on_update(), "on_change": Emit.on_change(), "every": Emit.every(1000)}
@@ -92,13 +93,7 @@ def main():
     ap.add_argument("--commit-interval-ms", type=int, default=1000)
     ap.add_argument("--bootstrap-servers")
     args = ap.parse_args()
-    broker = None
-    if not args.bootstrap_servers:
-        broker = LocalBroker().start()
-        bootstrap = broker.bootstrap_servers
-    else:
-        bootstrap = args.bootstrap_servers
-    try:
+    with broker(args.bootstrap_servers) as bootstrap:
         run_id = int(time.time())
         inp, out = f"bench-clicks-{run_id}", f"bench-page-views-{run_id}"
         kafka.create_topics(bootstrap, {inp: 4})
@@ -114,9 +109,6 @@ def main():
         if len(rates) == 2:
             print(f"exactly_once costs {rates['at_least_once'] / rates['exactly_once']:.2f}x at_least_once "
                   f"({rates['exactly_once']:,.0f} vs {rates['at_least_once']:,.0f} input records/s)")
-    finally:
-        if broker:
-            broker.stop()
 
 
 if __name__ == "__main__":

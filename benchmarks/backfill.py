@@ -55,7 +55,8 @@ from confluent_kafka import Producer  # noqa: E402
 
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
-from processor.runtime.local_broker import LocalBroker  # noqa: E402
+
+from bench_broker import broker  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 
 T0 = 1_700_000_000_000
@@ -312,15 +313,8 @@ def main():
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    broker = None
-    if not args.bootstrap_servers:
-        broker = LocalBroker().start()
-        bootstrap = broker.bootstrap_servers
-        suffix = ""
-    else:
-        bootstrap = args.bootstrap_servers
-        suffix = f"-{int(time.time())}"
-    try:
+    suffix = f"-{int(time.time())}" if args.bootstrap_servers else ""
+    with broker(args.bootstrap_servers) as bootstrap:
         run_id = int(time.time())
         orders, customers, out = (f"bench-orders-{run_id}", f"bench-customers-{run_id}",
                                   f"bench-revenue-{run_id}")
@@ -363,9 +357,6 @@ def main():
                 print("the stores agree: every contract column family, same keys and value bytes (timestamps "
                       "aside where noted" + (f"; {doc:,} documented difference(s)" if doc else "")
                       + ")")
-    finally:
-        if broker:
-            broker.stop()
 
 
 if __name__ == "__main__":

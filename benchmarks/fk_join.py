@@ -36,7 +36,8 @@ from confluent_kafka import Producer  # noqa: E402
 
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
-from processor.runtime.local_broker import LocalBroker  # noqa: E402
+
+from bench_broker import broker  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 
 
@@ -134,13 +135,7 @@ def main():
     ap.add_argument("--right-updates", type=int, default=5, help="with --fanout: updates per customer")
     ap.add_argument("--bootstrap-servers")
     args = ap.parse_args()
-    broker = None
-    if not args.bootstrap_servers:
-        broker = LocalBroker().start()
-        bootstrap = broker.bootstrap_servers
-    else:
-        bootstrap = args.bootstrap_servers
-    try:
+    with broker(args.bootstrap_servers) as bootstrap:
         run_id = int(time.time())
         if args.fanout:
             return fanout(bootstrap, args, run_id)
@@ -167,9 +162,6 @@ def main():
               f"{dt:.2f} s (group join and startup {w.first_record_at - t0:.1f} s excluded)")
         print("  " + ", ".join(f"{k}={v:,}" for k, v in sorted(fk.items()) if k != "left_version"))
         print(f"foreign-key join: {total / dt:,.0f} input records/s")
-    finally:
-        if broker:
-            broker.stop()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ from confluent_kafka import Producer  # noqa: E402
 
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
-from processor.runtime.local_broker import LocalBroker  # noqa: E402
+
+from bench_broker import add_child_arguments, broker  # noqa: E402
 
 
 def load(bootstrap, topic, n):
@@ -78,22 +79,12 @@ def main():
     ap.add_argument("--bootstrap-servers")
     ap.add_argument("--block-cache-mb", type=int, default=None, help="as processor run --state-block-cache-mb")
     ap.add_argument("--write-buffer-mb", type=int, default=None, help="as processor run --state-write-buffer-mb")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--topic", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    ap.add_argument("--app", help=argparse.SUPPRESS)
-    ap.add_argument("--state", help=argparse.SUPPRESS)
+    add_child_arguments(ap)
     args = ap.parse_args()
     if args.child:
         child(args)
         return
-    broker = None
-    if not args.bootstrap_servers:
-        broker = LocalBroker().start()
-        bootstrap = broker.bootstrap_servers
-    else:
-        bootstrap = args.bootstrap_servers
-    try:
+    with broker(args.bootstrap_servers) as bootstrap:
         run_id = int(time.time())
         inp, out = f"bench-accounts-{run_id}", f"bench-even-{run_id}"
         kafka.create_topics(bootstrap, {inp: 4, out: 4})
@@ -119,9 +110,6 @@ def main():
                     f"block cache {args.block_cache_mb or 128} MB, write buffer {args.write_buffer_mb or 64} MB")
         print(f"memory with {settings}: peak RSS {r['hwm_kb'] / mb:,.0f} MB, RSS at the end "
               f"{r['rss_kb'] / mb:,.0f} MB (target: under 500 MB)")
-    finally:
-        if broker:
-            broker.stop()
 
 
 if __name__ == "__main__":

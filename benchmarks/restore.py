@@ -32,8 +32,9 @@ from confluent_kafka import Producer  # noqa: E402
 
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
+
+from bench_broker import broker  # noqa: E402
 from processor.runtime.changelog import RestoreTarget, restore_tasks  # noqa: E402
-from processor.runtime.local_broker import LocalBroker  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 from processor.serde import Serdes  # noqa: E402
 from processor.state.rocksdb import RocksDBDatabase  # noqa: E402
@@ -77,13 +78,7 @@ def main():
     ap.add_argument("--keys", type=int, default=500_000)
     ap.add_argument("--bootstrap-servers")
     args = ap.parse_args()
-    broker = None
-    if args.bootstrap_servers:
-        bootstrap = args.bootstrap_servers
-    else:
-        broker = LocalBroker().start()
-        bootstrap = broker.bootstrap_servers
-    try:
+    with broker(args.bootstrap_servers) as bootstrap:
         run_id = time.time_ns()
         inp, app = f"restore-bench-in-{run_id}", f"restore-bench-{run_id}"
         kafka.create_topics(bootstrap, {inp: PARTS})
@@ -116,9 +111,6 @@ def main():
         print(f"restore_tasks: {direct_n:,} records in {direct_s:.2f} s = {direct_n / direct_s:,.0f} records/s")
         print(f"worker main-loop restore: {loop_n:,} records in {loop_s:.2f} s = {loop_n / loop_s:,.0f} records/s "
               f"(target >= 200,000)")
-    finally:
-        if broker is not None:
-            broker.stop()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ from confluent_kafka import Producer  # noqa: E402
 
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
-from processor.runtime.local_broker import LocalBroker  # noqa: E402
+
+from bench_broker import add_child_arguments, broker  # noqa: E402
 
 
 def load(bootstrap, topic, n):
@@ -85,22 +86,12 @@ def main():
     ap.add_argument("--records", type=int, default=400_000)
     ap.add_argument("--workers", default="1,2", help="worker counts to compare (default 1,2)")
     ap.add_argument("--bootstrap-servers")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--topic", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    ap.add_argument("--app", help=argparse.SUPPRESS)
-    ap.add_argument("--state", help=argparse.SUPPRESS)
+    add_child_arguments(ap)
     args = ap.parse_args()
     if args.child:
         child(args)
         return
-    broker = None
-    if not args.bootstrap_servers:
-        broker = LocalBroker().start()
-        bootstrap = broker.bootstrap_servers
-    else:
-        bootstrap = args.bootstrap_servers
-    try:
+    with broker(args.bootstrap_servers) as bootstrap:
         run_id = int(time.time())
         topic = f"bench-scale-orders-{run_id}"
         kafka.create_topics(bootstrap, {topic: 4})
@@ -117,9 +108,6 @@ def main():
         for n, r in sorted(rates.items()):
             if n != base:
                 print(f"{n} workers vs {base}: {r / rates[base]:.2f}x")
-    finally:
-        if broker:
-            broker.stop()
 
 
 if __name__ == "__main__":

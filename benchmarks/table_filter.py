@@ -27,7 +27,8 @@ from confluent_kafka import Consumer, Producer  # noqa: E402
 
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
-from processor.runtime.local_broker import LocalBroker  # noqa: E402
+
+from bench_broker import broker  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 from processor.serde import Serdes  # noqa: E402
 
@@ -91,13 +92,7 @@ def main():
                          "input (dlq and skip journal every store write so a failed record can be undone; "
                          "fail does not), e.g. dlq,fail")
     args = ap.parse_args()
-    broker = None
-    if not args.bootstrap_servers:
-        broker = LocalBroker().start()
-        bootstrap = broker.bootstrap_servers
-    else:
-        bootstrap = args.bootstrap_servers
-    try:
+    with broker(args.bootstrap_servers) as bootstrap:
         run_id = int(time.time())
         inp, out, raw_out = f"bench-orders-{run_id}", f"bench-big-orders-{run_id}", f"bench-raw-out-{run_id}"
         kafka.create_topics(bootstrap, {inp: 4, out: 4, raw_out: 4})
@@ -135,9 +130,6 @@ def main():
             raw = raw_loop(bootstrap, inp, raw_out, args.records)
             print(f"bare consume-filter-produce loop (no state, no serdes): {raw:,.0f} records/s; "
                   f"worker/bare = {rate / raw:.2f}")
-    finally:
-        if broker:
-            broker.stop()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+"""What the benchmarks here share: the broker a run uses, and the hidden arguments of a
+benchmark that runs its worker in a child process (so that nothing of the loader is counted)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from processor.runtime.local_broker import LocalBroker  # noqa: E402
+
+
+@contextlib.contextmanager
+def broker(bootstrap_servers: str | None):
+    """``bootstrap_servers``, or a local Tansu broker started for the run and stopped after it."""
+    if bootstrap_servers:
+        yield bootstrap_servers
+        return
+    local = LocalBroker().start()
+    try:
+        yield local.bootstrap_servers
+    finally:
+        local.stop()
+
+
+def add_child_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--child`` (run the worker), with its input and output topics, application id and state."""
+    for flag in ("--topic", "--out", "--app", "--state"):
+        ap.add_argument(flag, help=argparse.SUPPRESS)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
