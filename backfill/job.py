@@ -795,7 +795,7 @@ class _RowCollector:
         # subscription record for that pair (see ``_supersede``)
         self._subscriptions: dict[tuple, tuple[list, int]] = {}
         self.superseded = 0
-        self._decode_subscription = wire.decode_subscription
+        self._subscription_pk = wire.subscription_pk
         self._partitions: dict[tuple[str, bytes], int] = {}   # (internal topic, key) -> partition
 
     def send(self, topic, key, value, timestamp, headers, partition=None):
@@ -846,9 +846,8 @@ class _RowCollector:
         Subscription records touch no other state (their sources are not deduplicated, so no
         high-water mark). With each table reduced to its last two changes per key, this halves
         the foreign-key round trips of a backfill."""
-        try:
-            pk = self._decode_subscription(value).pk
-        except ValueError:
+        pk = self._subscription_pk(value)
+        if pk is None:
             return   # not ours to judge: the receiver stops on it
         pair = (topic, partition, fkb, pk)
         prev = self._subscriptions.get(pair)

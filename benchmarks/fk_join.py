@@ -18,6 +18,11 @@ and a second run of the same worker (its state kept) processes only those update
 answers F subscriptions with F responses and F joined rows. Throughput is right updates per
 second (target, issue 16: 10,000/s with F=10), and the output is checked: every order's last
 joined row carries its customer's last name.
+
+``--coalesce on|off|both``: the worker holds foreign-key join records until its commit, a later
+one of the same pair replacing an earlier (``processor/engine/fk_join_coalescing.py``); ``off``
+sends every one, ``both`` (the default) runs the benchmark twice, on then off, each on its
+own topics loaded the same way.
 """
 
 from __future__ import annotations
@@ -90,30 +95,51 @@ def update_customers(bootstrap, customers, c, rounds):
     p.flush()
 
 
-def fanout(bootstrap, args, run_id):
-    orders, customers, out = f"bench-orders-{run_id}", f"bench-customers-{run_id}", f"bench-enriched-{run_id}"
+def modes(choice):
+    return {"on": [True], "off": [False], "both": [True, False]}[choice]
+
+
+def fk_counters(metrics):
+    """The foreign-key join's counters, summed over its operators and tasks."""
+    fk = {}
+    for node, counters in metrics.items():
+        if node.startswith("KTABLE-FK-JOIN-") or "records_coalesced" in counters:
+            for k, v in counters.items():
+                fk[k] = fk.get(k, 0) + v
+    return ", ".join(f"{k}={v:,}" for k, v in sorted(fk.items()))
+
+
+def fanout(bootstrap, args, run_id, coalesce):
+    tag = f"{run_id}-{'coalesce' if coalesce else 'each'}"
+    orders, customers, out = f"bench-orders-{tag}", f"bench-customers-{tag}", f"bench-enriched-{tag}"
     kafka.create_topics(bootstrap, {orders: 4, customers: 4, out: 4})
     c, f = args.customers, args.fanout
     load_fanout(bootstrap, orders, customers, c, f)
     print(f"loaded {c:,} customers and {c * f:,} orders ({f} per customer)")
     conf = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
     with tempfile.TemporaryDirectory() as state:
-        w = Worker(topology(orders, customers, out), bootstrap, f"bench-{run_id}", state, consumer_config=conf)
+        w = Worker(topology(orders, customers, out), bootstrap, f"bench-{tag}", state, consumer_config=conf,
+                   coalesce_fk_records=coalesce)
         w.run(until_drained=True, install_signal_handlers=False)
         print(f"joined once: {w.records_processed:,} records processed")
         update_customers(bootstrap, customers, c, args.right_updates)
         updates = c * args.right_updates
-        w = Worker(topology(orders, customers, out), bootstrap, f"bench-{run_id}", state, consumer_config=conf)
+        w = Worker(topology(orders, customers, out), bootstrap, f"bench-{tag}", state, consumer_config=conf,
+                   coalesce_fk_records=coalesce)
         w.run(until_drained=True, install_signal_handlers=False)
         dt = w.last_record_at - w.first_record_at
+        m = w.metrics()
     last = {}
-    for m in kafka.read_topic(bootstrap, out):
-        last[m.key()] = m.value()
+    for msg in kafka.read_topic(bootstrap, out):
+        last[msg.key()] = msg.value()
     want = f"v{args.right_updates}"
     wrong = sum(1 for v in last.values() if v is None or not json.loads(v)["customer"].endswith(want))
-    print(f"worker: {updates:,} right updates -> {w.records_processed:,} records processed (updates + "
-          f"responses) in {dt:.2f} s; orders whose last row is not their customer's last version: {wrong} of {len(last):,}")
-    print(f"foreign-key join, fan-out {f}: {updates / dt:,.0f} right updates/s")
+    on = "on" if coalesce else "off"
+    print(f"worker (coalescing {on}): {updates:,} right updates -> {w.records_processed:,} records processed "
+          f"(updates + responses) in {dt:.2f} s; orders whose last row is not their customer's last version: "
+          f"{wrong} of {len(last):,}")
+    print("  " + fk_counters(m))
+    print(f"foreign-key join, fan-out {f}, coalescing {on}: {updates / dt:,.0f} right updates/s")
     if wrong or len(last) != c * f:
         sys.exit("wrong result")
 
@@ -133,35 +159,41 @@ def main():
     ap.add_argument("--customers", type=int, default=5_000)
     ap.add_argument("--fanout", type=int, default=0, help="measure right updates fanning out to F left rows")
     ap.add_argument("--right-updates", type=int, default=5, help="with --fanout: updates per customer")
+    ap.add_argument("--coalesce", choices=("on", "off", "both"), default="both",
+                    help="foreign-key join records held until the commit (default: both, on then off)")
     ap.add_argument("--bootstrap-servers")
     args = ap.parse_args()
     with broker(args.bootstrap_servers) as bootstrap:
         run_id = int(time.time())
-        if args.fanout:
-            return fanout(bootstrap, args, run_id)
-        orders, customers, out = f"bench-orders-{run_id}", f"bench-customers-{run_id}", f"bench-enriched-{run_id}"
-        kafka.create_topics(bootstrap, {orders: 4, customers: 4, out: 4})
+        for coalesce in modes(args.coalesce):
+            if args.fanout:
+                fanout(bootstrap, args, run_id, coalesce)
+            else:
+                left_updates(bootstrap, args, run_id, coalesce)
+
+
+def left_updates(bootstrap, args, run_id, coalesce):
+    tag = f"{run_id}-{'coalesce' if coalesce else 'each'}"
+    orders, customers, out = f"bench-orders-{tag}", f"bench-customers-{tag}", f"bench-enriched-{tag}"
+    kafka.create_topics(bootstrap, {orders: 4, customers: 4, out: 4})
+    t0 = time.monotonic()
+    load(bootstrap, orders, customers, args.orders, args.customers)
+    total = args.orders + args.customers
+    print(f"loaded {args.orders:,} order updates and {args.customers:,} customers (4 partitions each) "
+          f"in {time.monotonic() - t0:.1f} s")
+    with tempfile.TemporaryDirectory() as state:
+        w = Worker(topology(orders, customers, out), bootstrap, f"bench-{tag}", state,
+                   consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+                   coalesce_fk_records=coalesce)
         t0 = time.monotonic()
-        load(bootstrap, orders, customers, args.orders, args.customers)
-        total = args.orders + args.customers
-        print(f"loaded {args.orders:,} order updates and {args.customers:,} customers (4 partitions each) "
-              f"in {time.monotonic() - t0:.1f} s")
-        with tempfile.TemporaryDirectory() as state:
-            w = Worker(topology(orders, customers, out), bootstrap, f"bench-{run_id}", state,
-                       consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
-            t0 = time.monotonic()
-            w.run(until_drained=True, install_signal_handlers=False)
-            dt = w.last_record_at - w.first_record_at
-            m = w.metrics()
-        fk = {}
-        for node, counters in m.items():
-            if node.startswith("KTABLE-FK-JOIN-"):
-                for k, v in counters.items():
-                    fk[k] = fk.get(k, 0) + v
-        print(f"worker: {w.records_processed:,} records processed (input + subscriptions + responses) in "
-              f"{dt:.2f} s (group join and startup {w.first_record_at - t0:.1f} s excluded)")
-        print("  " + ", ".join(f"{k}={v:,}" for k, v in sorted(fk.items()) if k != "left_version"))
-        print(f"foreign-key join: {total / dt:,.0f} input records/s")
+        w.run(until_drained=True, install_signal_handlers=False)
+        dt = w.last_record_at - w.first_record_at
+        m = w.metrics()
+    on = "on" if coalesce else "off"
+    print(f"worker (coalescing {on}): {w.records_processed:,} records processed (input + subscriptions + "
+          f"responses) in {dt:.2f} s (group join and startup {w.first_record_at - t0:.1f} s excluded)")
+    print("  " + fk_counters(m))
+    print(f"foreign-key join, coalescing {on}: {total / dt:,.0f} input records/s")
 
 
 if __name__ == "__main__":

@@ -100,6 +100,9 @@ class SinkAttrs(NodeAttrs):
     # topics, ``route_like_topics``.
     route_like: str | None = None
     route_like_topics: tuple[str, ...] = ()
+    # "subscription" / "response": a foreign-key join's internal topic whose records a task may
+    # hold until its commit, a later one replacing an earlier (processor/engine/fk_join_coalescing.py)
+    coalesce: str | None = None
     # Set by the ``Topology``: the sink forwards its source's value bytes unchanged (every node
     # between them preserves the value object and the serdes are the same).
     passthrough: bool = False

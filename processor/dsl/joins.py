@@ -155,7 +155,7 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
     vs = value_serde or Serdes.json()
     raw = Serdes.bytes()
 
-    def internal_sink(topic, parents, route_like=None):
+    def internal_sink(topic, parents, coalesce, route_like=None):
         # Subscriptions go to the right table's partition of the foreign key under the RIGHT
         # TABLE'S partitioner (``route_like``, resolved to its source topics by the topology);
         # responses name the left row's partition themselves (``Routed``).
@@ -164,7 +164,7 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
             factory=lambda n: Sink(n.name, n.sink_topic, raw, raw, internal=True,
                                    route_like=(n.attrs.route_like_topics or (None,))[0]),
             attrs=SinkAttrs(key_serde=raw, value_serde=raw, internal_topic=topic, partitions_from="reader",
-                            route_like=route_like))
+                            route_like=route_like, coalesce=coalesce))
         b.add_node(node, *parents)
         return node
 
@@ -183,7 +183,7 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
                                                           version_store, result_store, vs),
         stores=[version_store, result_store])
     b.add_node(send, left._node)
-    internal_sink(sub_topic, [send], route_like=right._node.name)
+    internal_sink(sub_topic, [send], "subscription", route_like=right._node.name)
     sub_source = internal_source(sub_topic, dedup=False)
     receive = LogicalNode(
         name=b.new_name("KTABLE-FK-JOIN-SUBSCRIPTION-RECEIVE"), kind="processor",
@@ -194,7 +194,7 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
         name=b.new_name("KTABLE-FK-JOIN-RESPOND"), kind="processor",
         factory=lambda n: ForeignKeyJoinResponder(n.name, sub_store, rks, rvs), stores=[sub_store])
     b.add_node(respond, right._node)
-    internal_sink(resp_topic, [receive, respond])
+    internal_sink(resp_topic, [receive, respond], "response")
     resp_source = internal_source(resp_topic, dedup=False)
     resolve = LogicalNode(
         name=b.new_name("KTABLE-FK-JOIN-RESOLVE"), kind="processor",

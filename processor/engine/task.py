@@ -53,6 +53,7 @@ import traceback
 from processor import provenance
 from processor.logs import record_fields
 from processor.engine.routing import Routing, misplaced_key
+from processor.engine.fk_join_coalescing import ForeignKeyJoinRecordCoalescer
 from processor.engine.sink_convergence import SinkConvergence
 from processor.errors import (DeserializationError, OutputError, ProcessingError, ProcessorError, RecordError,
                               SerializationError, UserFunctionError)
@@ -118,7 +119,8 @@ class Task:
     def __init__(self, topology, sub_id: int, partition: int, stores, collector, wall_clock,
                  on_error: str = "dlq", dlq_topic: str | None = None, routing: Routing | None = None,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, journal: bool | None = None,
-                 origin: str | None = None, stage_internal: bool = False):
+                 origin: str | None = None, stage_internal: bool = False,
+                 coalesce_fk_records: bool = False):
         if on_error not in ERROR_POLICIES:
             raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {on_error!r}")
         if on_error == "dlq" and not dlq_topic:
@@ -166,6 +168,16 @@ class Task:
                 if n.attrs.internal:
                     self._internal_sources.add(n.source_topic)
         self._build_operators()
+        # foreign-key join records held until the commit, a later one of the same pair replacing
+        # an earlier (processor/engine/fk_join_coalescing.py)
+        self._coalescer = None
+        self._send = collector.send
+        if coalesce_fk_records and journal is not False:
+            topics = {n.sink_topic: n.attrs.coalesce for n in topology.subtopologies[sub_id]
+                      if n.sink_topic and getattr(n.attrs, "coalesce", None)}
+            if topics:
+                self._coalescer = ForeignKeyJoinRecordCoalescer(topics, collector)
+                self._send = self._coalescer.send
         if stage_internal and len(self.sources) > 1:
             deduplicated = topology.deduplicated_topics()
             self.context.staged_topics = frozenset(
@@ -287,7 +299,7 @@ class Task:
         if sends:
             if self._convergence is not None:
                 self._convergence.saw(sends)
-            send = self.collector.send
+            send = self._send
             for r in sends:
                 send(*r)
             sends.clear()
@@ -309,7 +321,7 @@ class Task:
     def _send_record_outputs(self) -> None:
         if self._convergence is not None:
             self._convergence.saw(self._record_sends)
-        send = self.collector.send
+        send = self._send
         for r in self._record_sends:
             send(*r)
         self._record_sends.clear()
@@ -483,6 +495,11 @@ class Task:
         for k, v in conv.metrics().items():
             self._convergence_metrics[k] = self._convergence_metrics.get(k, 0) + v
 
+    @property
+    def holds_records(self) -> bool:
+        """Foreign-key join records wait for the next commit (``fk_join_coalescing``)."""
+        return self._coalescer is not None and bool(self._coalescer.held)
+
     def prepare_commit(self):
         """First half of a commit: settle the outbox into the task store's pending writes.
         Returns ``(positions, outbox records)``; every store write of this unit is now pending.
@@ -490,6 +507,8 @@ class Task:
         belong to this unit)."""
         if self._convergence is not None:
             self._converge_if_caught_up()
+        if self._coalescer is not None:
+            self._coalescer.flush()   # before the positions of the records that caused them commit
         pos = dict(self.positions)
         self.stores.writer = (f"__commit:{self.sub_id}", self.partition, self._outbox_counter + 1)
         if self._outbox_unconfirmed:  # the host flushed the collector before this commit
@@ -501,6 +520,8 @@ class Task:
         self._punctuation_sequence = 0
         if records:
             self.context.outbox = []
+            if self._coalescer is not None:
+                records = self._coalescer.supersede(records)
             self._outbox_counter += 1
             source = f"__punctuation:{self.sub_id}"
             n = 0
@@ -537,6 +558,10 @@ class Task:
                        "skipped_poison": self.skipped_poison, "duplicates_dropped": self.duplicates_dropped}
         if self._convergence_metrics:
             out["sink convergence"] = dict(self._convergence_metrics)
+        if self._coalescer is not None:   # on the sink of the topic: what its records_out did not send
+            for name, op in self.ops.items():
+                if getattr(op, "topic", None) in self._coalescer.coalesced and op.kind == "sink":
+                    out.setdefault(name, {})["records_coalesced"] = self._coalescer.coalesced[op.topic]
         return out
 
     def close(self) -> None:

@@ -87,7 +87,8 @@ class TaskManagement:
                         on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing,
                         max_record_bytes=max_record_bytes_of(self._producer_config),
                         origin=self.application_id if self._table_sinks.get(sub) else None,
-                        stage_internal=self._stage_internal)
+                        stage_internal=self._stage_internal,
+                        coalesce_fk_records=self.coalesce_fk_records)
             self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog,
                                                             self.collector.send_changelog_records)
             self.tasks[(sub, partition)] = task

@@ -81,7 +81,7 @@ class Worker(TaskManagement, CommitUnit):
                  processing_guarantee: str = "at_least_once", client_config: ClientConfig | None = None,
                  replication_factor: int | None = None, topic_configs: dict[str, dict] | None = None,
                  static_membership: bool = False, http_port: int | None = None, http_host: str = "0.0.0.0",
-                 health_timeout_s: float = 60.0):
+                 health_timeout_s: float = 60.0, coalesce_fk_records: bool = True):
         if processing_guarantee not in GUARANTEES:
             raise ConfigError(f"processing_guarantee must be one of {GUARANTEES}, not {processing_guarantee!r}")
         self.processing_guarantee = processing_guarantee
@@ -119,6 +119,9 @@ class Worker(TaskManagement, CommitUnit):
         # A sub-topology reading several topics replays them in another interleaving after a
         # crash; its repartition records wait for the commit (Task ``stage_internal``) unless the
         # readers never see an uncommitted record (exactly once, read_committed).
+        # foreign-key join subscriptions and responses wait for the commit, a later one of the
+        # same pair replacing an earlier (processor/engine/fk_join_coalescing.py)
+        self.coalesce_fk_records = coalesce_fk_records
         self._stage_internal = not (processing_guarantee == "exactly_once" and self.isolation_level == "read_committed")
         from processor.engine.partitioners import INTERNAL, PARTITIONERS
 
@@ -235,6 +238,8 @@ class Worker(TaskManagement, CommitUnit):
         reads after the records it wrote itself reached the broker."""
         if self._restoring:
             return False
+        if any(t.holds_records for t in self.tasks.values()):
+            self.commit()   # foreign-key join records held until the commit: sends them
         if self.collector.sent == self._sent_at_drain_check:
             return True
         if self.collector.transactional:
@@ -426,7 +431,12 @@ class Worker(TaskManagement, CommitUnit):
         guarded = self._gap_guard
         gaps = self._gaps
         started = time.monotonic()
+        # A commit is due commit_interval after the last one, or, once records were processed
+        # since, commit_interval after the first of them: a backlog that starts after a quiet
+        # spell (or the group join) is not cut after its first batch, which would send a
+        # foreign-key subscription per update of a key that the rest of the unit updates again
         last_commit = started
+        work_since = None
         batch = self.batch_size
         metrics = self.metrics_state
         queries = self._queries
@@ -492,14 +502,17 @@ class Worker(TaskManagement, CommitUnit):
             if n:
                 self.records_processed += n
                 self.last_record_at = time.monotonic()
+                if work_since is None:
+                    work_since = self.last_record_at
             if self._wall_punctuation:
                 now_ms = int(time.time() * 1000)
                 for task in tasks.values():
                     task.punctuate_wall(now_ms)
             now = time.monotonic()
-            if now - last_commit >= self.commit_interval_s:
+            if now - (last_commit if work_since is None else work_since) >= self.commit_interval_s:
                 self.commit()
                 last_commit = now
+                work_since = None
             else:
                 self.collector.poll()
             if until_drained and self._assigned and self._at_eof >= self._assigned and self._drained():

@@ -87,6 +87,13 @@ def decode_subscription(data: bytes) -> Subscription:
     return Subscription(instr, part, data[_SUB.size:])
 
 
+def subscription_pk(data) -> bytes | None:
+    """The primary key of a subscription record this build writes (None: it is not one)."""
+    if data is None or len(data) < _SUB.size or data[0] != VERSION or data[1] not in INSTRUCTIONS:
+        return None
+    return data[_SUB.size:]
+
+
 class Response(NamedTuple):
     fk: bytes             # the foreign key (right key bytes) this response is about
     value: bytes | None   # the right row's value bytes; None: no right row
