@@ -70,6 +70,10 @@ class Sink(Processor):
         self.passthrough = passthrough
         self.records_out = 0
 
+    def init(self, context):
+        super().init(context)
+        self._topic_bytes: dict[str, bytes] = {}   # the provenance header's topic part, per input topic
+
     def process(self, key, value, timestamp):
         ctx = self.context
         partition, extra = None, ()
@@ -92,11 +96,19 @@ class Sink(Processor):
         if self.route_like is not None and partition is None:
             partition = ctx.routing.route(self.route_like, self.topic, kb)
         if self.internal:
-            headers = [h for h in ctx.headers or () if h[0] not in provenance.INTERNAL_HEADERS]
-            headers.extend(extra)
-            if ctx.topic is not None:  # None only when hosted outside a Task
-                headers.append((provenance.HEADER, provenance.encode(ctx.topic, ctx.partition, ctx.offset,
-                                                                      ctx.sequence)))
+            headers = ctx.headers
+            if headers:
+                headers = [h for h in headers if h[0] not in provenance.INTERNAL_HEADERS]
+                headers.extend(extra)
+            else:
+                headers = list(extra)
+            topic = ctx.topic
+            if topic is not None:  # None only when hosted outside a Task
+                tb = self._topic_bytes.get(topic)
+                if tb is None:
+                    tb = self._topic_bytes[topic] = topic.encode("utf-8")
+                headers.append((provenance.HEADER, provenance.pack_head(provenance.VERSION, ctx.partition, ctx.offset,
+                                                                        ctx.sequence) + tb))
                 ctx.sequence += 1
             ctx.send_internal(self.topic, kb, vb, timestamp, headers or None, partition)
         else:

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import rocksdict
+from sortedcontainers import SortedList
 
 from processor.errors import ConfigError, StateError
 from processor.state.store import merge_sorted, prefix_upper_bound
@@ -87,6 +88,11 @@ class RocksDBStore:
         self.journal: list | None = None
         self._cf = cf
         self.pending: dict[bytes, bytes | None] = {}
+        # the pending keys in byte order, built on the first ordered read since the last commit
+        # and kept up to date from then on (a prefix or range scan then costs O(log n) in the
+        # pending writes, not a sort of all of them: a foreign-key responder's or a window
+        # store's scan per record, with a commit interval's writes pending)
+        self._sorted: SortedList | None = None
 
     def get(self, key):
         v = self.pending.get(key, _MISSING)
@@ -97,38 +103,57 @@ class RocksDBStore:
     def put(self, key, value):
         if self.journal is not None:
             self.journal.append((self, key, self.pending.get(key, _MISSING)))
+        if self._sorted is not None and key not in self.pending:
+            self._sorted.add(key)
         self.pending[key] = value
 
     def delete(self, key):
         if self.journal is not None:
             self.journal.append((self, key, self.pending.get(key, _MISSING)))
+        if self._sorted is not None and key not in self.pending:
+            self._sorted.add(key)
         self.pending[key] = None
 
     def put_all(self, entries):
         journal = self.journal
         pending = self.pending
+        ordered = self._sorted
         for k, v in entries:
             if journal is not None:
                 journal.append((self, k, pending.get(k, _MISSING)))
+            if ordered is not None and k not in pending:
+                ordered.add(k)
             pending[k] = v
 
     def undo(self, key, pending) -> None:
         """Put ``key`` back as a journal entry found it (``processor/engine/task.py``: a record
         that fails under ``on_error`` dlq/skip leaves no write behind)."""
         if pending is _MISSING:
-            self.pending.pop(key, None)
+            if self.pending.pop(key, _MISSING) is not _MISSING and self._sorted is not None:
+                self._sorted.remove(key)
         else:
+            if self._sorted is not None and key not in self.pending:
+                self._sorted.add(key)
             self.pending[key] = pending
+
+    def clear_pending(self) -> None:
+        """The pending writes are in the column family now (``RocksDBDatabase.commit``)."""
+        self.pending.clear()
+        self._sorted = None
 
     def committed(self, key):
         """The value as of the last commit (pending writes ignored)."""
         return self._cf.get(key)
 
     def range(self, lo=None, hi=None):
-        overlay = sorted(
-            (k, v) for k, v in self.pending.items()
-            if (lo is None or k >= lo) and (hi is None or k < hi)
-        )
+        pending = self.pending
+        if not pending:
+            return self._base_range(lo, hi)
+        if self._sorted is None:
+            self._sorted = SortedList(pending)
+        overlay = [(k, pending[k]) for k in self._sorted.irange(lo, hi, inclusive=(True, False))]
+        if not overlay:
+            return self._base_range(lo, hi)
         return merge_sorted(self._base_range(lo, hi), overlay)
 
     def _base_range(self, lo, hi):
@@ -238,7 +263,7 @@ class RocksDBDatabase:
             except Exception as exc:
                 raise StateError(f"cannot write state database {self.path}: {exc}") from exc
         for s in self.stores.values():
-            s.pending.clear()
+            s.clear_pending()
 
     def close(self) -> None:
         for cf in self._cfs.values():

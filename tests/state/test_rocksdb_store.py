@@ -117,3 +117,51 @@ def test_memory_store_matches_rocksdb_order_under_interleaved_writes_and_scans(t
     assert list(mem.items()) == list(rocks.items())
     assert len(mem) == len(list(rocks.items()))
     db.close()
+
+
+def test_scans_agree_with_the_memory_store_across_commits_and_undone_writes(tmp_path):
+    """Differential, with the pending writes' sorted index in play: scans between commits, writes
+    undone through the journal (a failed record) and commits that empty the pending writes."""
+    import random
+
+    rng = random.Random(11)
+    db = RocksDBDatabase(tmp_path / "t")
+    rocks, mem = db.store("s"), MemoryStore("s")
+    rocks.journal, mem.journal = [], []
+    keys = [bytes([rng.randrange(256) for _ in range(rng.randrange(1, 3))]) for _ in range(40)]
+    scans = 0
+    for step in range(4000):
+        op = rng.random()
+        k = rng.choice(keys)
+        if op < 0.4:
+            v = str(step).encode()
+            rocks.put(k, v)
+            mem.put(k, v)
+        elif op < 0.55:
+            rocks.delete(k)
+            mem.delete(k)
+        elif op < 0.6:
+            batch = [(rng.choice(keys), rng.choice([None, b"b%d" % step])) for _ in range(4)]
+            rocks.put_all(batch)
+            mem.put_all(batch)
+        elif op < 0.7:   # a failed record: its writes undone, newest first
+            n = rng.randrange(len(rocks.journal) + 1)
+            for journal in (rocks.journal, mem.journal):
+                for store, key, previous in reversed(journal[len(journal) - n:]):
+                    store.undo(key, previous)
+                del journal[len(journal) - n:]
+        elif op < 0.75:
+            db.commit({})
+            assert rocks.pending == {}
+            rocks.journal.clear()
+            mem.journal.clear()
+        else:
+            lo, hi = sorted(rng.sample(keys, 2))
+            assert list(mem.range(lo, hi)) == list(rocks.range(lo, hi)), step
+            assert list(mem.prefix(k[:1])) == list(rocks.prefix(k[:1])), step
+            scans += 1
+    assert scans > 500
+    assert list(mem.items()) == list(rocks.items())
+    db.commit({})
+    assert list(mem.items()) == list(rocks.items())
+    db.close()
