@@ -228,19 +228,31 @@ class Topology:
                 raise TopologyError(f"store {s.name!r} belongs to unknown node {s.owner!r}")
 
     def _mark_passthrough_sinks(self) -> None:
+        """A sink whose value comes, through value-preserving steps only (filters, to_stream), from
+        a source or an aggregate with the same value serde writes the bytes it was read from or
+        stored as, instead of serializing the value again (``Sink.passthrough``)."""
+        from processor.graph import AggregateAttrs
+
+        def origin(cur):
+            return cur.kind in ("source", "table-source") or isinstance(cur.attrs, AggregateAttrs)
+
         for n in self.nodes:
             if n.kind != "sink":
                 continue
             cur, ok = n, True
-            while cur.kind not in ("source", "table-source"):
+            while not origin(cur):
                 if len(cur.parents) != 1:
                     ok = False
                     break
                 cur = cur.parents[0]
-                if cur.kind not in ("source", "table-source") and not cur.value_preserving:
+                if not origin(cur) and not cur.value_preserving:
                     ok = False
                     break
-            n.attrs = replace(n.attrs, passthrough=ok and n.attrs.value_serde is cur.attrs.value_serde)
+            if ok:
+                serde = self.stores[cur.stores[0]].value_serde if isinstance(cur.attrs, AggregateAttrs) \
+                    else cur.attrs.value_serde
+                ok = n.attrs.value_serde is serde
+            n.attrs = replace(n.attrs, passthrough=ok)
 
     def _mark_table_sinks(self) -> None:
         from processor.graph import ToStreamAttrs, getter_spec

@@ -32,8 +32,14 @@ TS = timestamped.TIMESTAMP_SIZE
 
 
 class AggregateEmitter:
-    def __init__(self, emit, store, emitted_store, value_serde, key_of, forward, clock):
+    def __init__(self, emit, store, emitted_store, value_serde, key_of, forward, clock, context=None,
+                 send_old: bool = True):
         self.emit = emit
+        # ``send_old`` False: no consumer reads ``Change.old`` (every child is a to_stream), so it
+        # is not deserialized (None). ``context``: the task's, where an emission leaves its new
+        # value's bytes for a sink that writes them unchanged (``Sink.passthrough``).
+        self.context = context
+        self.send_old = send_old
         self.mode = emit.mode
         self.interval = emit.interval_ms
         self.store = store
@@ -94,8 +100,23 @@ class AggregateEmitter:
             self.emitted.put(kb, emitted_codec.encode(new_bytes, ts, now))
         d = self.value_serde.deserialize
         self.records_emitted += 1
-        self._forward(self.key_of(kb), Change(None if new_bytes is None else d(new_bytes),
-                                              None if old_bytes is None else d(old_bytes)), ts)
+        self._forward_change(kb, new_bytes, None if old_bytes is None or not self.send_old else d(old_bytes), ts)
+
+    def _forward_change(self, kb, new_bytes, old, ts) -> None:
+        """Forward ``Change(new, old)``, the new value deserialized from ``new_bytes``; while it
+        travels, the context names ``new_bytes`` as that object's bytes (a sink reached through
+        value-preserving steps writes them as they are: they are the store's)."""
+        new = None if new_bytes is None else self.value_serde.deserialize(new_bytes)
+        ctx = self.context
+        if ctx is None:
+            self._forward(self.key_of(kb), Change(new, old), ts)
+            return
+        saved = ctx.source_value, ctx.source_value_bytes, ctx.source_value_serde
+        ctx.source_value, ctx.source_value_bytes, ctx.source_value_serde = new, new_bytes, self.value_serde
+        try:
+            self._forward(self.key_of(kb), Change(new, old), ts)
+        finally:
+            ctx.source_value, ctx.source_value_bytes, ctx.source_value_serde = saved
 
     def _emit_current(self, kb, ts_if_deleted, now) -> None:
         """Forward ``kb``'s current value if it differs from its last emission."""
@@ -145,7 +166,7 @@ class AggregateEmitter:
     def window_closed(self, kb: bytes, value_bytes: bytes, ts: int) -> None:
         """``Emit.on_window_close``: forward the final value of a window, once."""
         self.records_emitted += 1
-        self._forward(self.key_of(kb), Change(self.value_serde.deserialize(value_bytes), None), ts)
+        self._forward_change(kb, value_bytes, None, ts)
 
     def _rebuild_pending(self) -> None:
         """After a restart: every key whose current value differs from its last emission is due
