@@ -72,7 +72,7 @@ class _Aggregate(Processor):
             clock = context.wall_clock
         else:
             clock = lambda: self.observed_time  # noqa: E731
-        send_old = not all(isinstance(c, TableToStream) for c in self.children)
+        send_old = not all(type(c) is TableToStream for c in self.children)   # (a subclass might read old)
         self.emitter = AggregateEmitter(self.emit, self.store, context.get_store(self.store_name + ".emitted"),
                                         self.value_serde, self._key_of, self.forward, clock, context, send_old)
 

@@ -163,7 +163,7 @@ class CommitUnit:
         for key in keys:
             self._writers.pop(key, None)
             task = self.tasks.pop(key)
-            self.finished_tasks_metrics.append((task.id, task.metrics()))
+            self._retire_metrics(task)
             task.close()                 # closing never writes pending state
         self._open_tasks(keys)
         for key in keys:

@@ -327,7 +327,7 @@ class TaskManagement:
             task = table.pop(key, None)
             self._writers.pop(key, None)
             if task is not None:
-                self.finished_tasks_metrics.append((task.id, task.metrics()))
+                self._retire_metrics(task)
                 try:
                     task.close()
                 except Exception as exc:  # close the others before reporting

@@ -51,7 +51,7 @@ from processor.runtime.collector import KafkaCollector
 from processor.runtime.task_manager import TaskManagement
 from processor.runtime.http_endpoint import WorkerHTTPEndpoint
 from processor.runtime.interactive_queries import StoreQueries, StoreView
-from processor.runtime.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics
+from processor.runtime.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics, add_counters
 
 if TYPE_CHECKING:
     from processor.engine.task import Task
@@ -142,7 +142,9 @@ class Worker(TaskManagement, CommitUnit):
         self.last_record_at: float | None = None
         self.records_processed = 0
         self.restored_records = 0
-        self.finished_tasks_metrics: list[tuple[str, dict]] = []   # (task id, counters) of closed tasks
+        # task id -> counters of its closed instances, summed (bounded by the task ids: a long-lived
+        # worker through many rebalances keeps one entry per task, not one per closing)
+        self.finished_tasks_metrics: dict[str, dict[str, dict[str, int]]] = {}
         # /metrics, /healthz, /readyz, interactive queries (processor/runtime/http_endpoint.py)
         self.metrics_state = WorkerMetrics()
         self.metrics_registry = self.metrics_state.registry
@@ -319,12 +321,13 @@ class Worker(TaskManagement, CommitUnit):
     def metrics(self) -> dict:
         """Counters of every operator, summed over live and closed tasks."""
         total: dict[str, dict[str, int]] = {}
-        for _, m in self.finished_tasks_metrics + [(t.id, t.metrics()) for t in self.tasks.values()]:
-            for node, counters in m.items():
-                agg = total.setdefault(node, {})
-                for k, v in counters.items():
-                    agg[k] = agg.get(k, 0) + v
+        for m in [*self.finished_tasks_metrics.values(), *(t.metrics() for t in self.tasks.values())]:
+            add_counters(total, m)
         return total
+
+    def _retire_metrics(self, task) -> None:
+        """Keep a closing task's counters (summed into its id's entry)."""
+        add_counters(self.finished_tasks_metrics.setdefault(task.id, {}), task.metrics())
 
     def ready(self) -> bool:
         """Assigned, and every task of the assignment restored and running (``/readyz``)."""

@@ -38,6 +38,14 @@ PUBLISH_INTERVAL_S = 1.0
 _COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+def add_counters(total: dict[str, dict[str, int]], metrics: dict[str, dict[str, int]]) -> None:
+    """Add a task's ``{operator: {counter: n}}`` into ``total``."""
+    for node, counters in metrics.items():
+        agg = total.setdefault(node, {})
+        for k, v in counters.items():
+            agg[k] = agg.get(k, 0) + v
+
+
 class WorkerMetrics:
     def __init__(self):
         self.registry = CollectorRegistry()
@@ -62,12 +70,8 @@ class WorkerMetrics:
         """Main loop only: a snapshot of what a scrape reports."""
         self.published_at = now
         tasks: dict[str, dict[str, dict[str, int]]] = {}
-        for task_id, m in worker.finished_tasks_metrics + [(t.id, t.metrics()) for t in worker.tasks.values()]:
-            per = tasks.setdefault(task_id, {})
-            for node, counters in m.items():
-                agg = per.setdefault(node, {})
-                for k, v in counters.items():
-                    agg[k] = agg.get(k, 0) + v
+        for task_id, m in [*worker.finished_tasks_metrics.items(), *((t.id, t.metrics()) for t in worker.tasks.values())]:
+            add_counters(tasks.setdefault(task_id, {}), m)
         lag = {}
         consumer = getattr(worker, "consumer", None)
         if consumer is not None:
