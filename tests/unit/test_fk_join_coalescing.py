@@ -16,6 +16,7 @@ from processor.engine.task import Task
 from processor.serde import subscription as wire
 from processor.state.memory import MemoryStores
 from processor.testing import TopologyTestDriver, _MemoryCollector
+from tests.integration.helpers import final_table_values
 
 SUB, RESP, OTHER = "app-j-subscription-registration-topic", "app-j-subscription-response-topic", "out"
 
@@ -183,16 +184,6 @@ def from_scratch(left, right, how):
     return res
 
 
-def final_table(records):
-    t = {}
-    for r in records:
-        if r.value is None:
-            t.pop(r.key, None)
-        else:
-            t[r.key] = r.value
-    return t
-
-
 ops = st.lists(st.tuples(
     st.sampled_from(["orders", "orders", "customers"]),
     st.sampled_from(["k0", "k1", "k2", "k3"]),
@@ -220,7 +211,7 @@ def test_coalescing_ends_in_the_same_join_and_stores_and_never_sends_more(ops, h
     for coalesce in (False, True):
         with UnitDriver(build(how), every, coalesce) as d:
             d.pipe_all(records)
-            runs[coalesce] = (final_table(d.read_output("out")), d.raw_store("oc-version-store"),
+            runs[coalesce] = (final_table_values(d.read_output("out")), d.raw_store("oc-version-store"),
                               d.raw_store("oc-subscription-store"), d.get_store("oc").items(), d.internal_sent)
     want = from_scratch(left, right, how)
     for coalesce, (table, versions, subscriptions, result, sent) in runs.items():
