@@ -125,6 +125,10 @@ class TableAttrs(NodeAttrs):
     cannot be looked up)."""
 
     getter: GetterSpec | None = None
+    # The store holding the bytes of every value this node forwards (a foreign-key join's result):
+    # a sink below it through value-preserving steps with that store's serde writes those bytes
+    # (``Sink.passthrough``; the operator names them while it forwards, ``MaterializedResult.emit``).
+    result_store: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

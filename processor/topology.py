@@ -229,12 +229,14 @@ class Topology:
 
     def _mark_passthrough_sinks(self) -> None:
         """A sink whose value comes, through value-preserving steps only (filters, to_stream), from
-        a source or an aggregate with the same value serde writes the bytes it was read from or
-        stored as, instead of serializing the value again (``Sink.passthrough``)."""
+        a source, an aggregate or a materialized join result with the same value serde writes the
+        bytes it was read from or stored as, instead of serializing the value again
+        (``Sink.passthrough``)."""
         from processor.graph import AggregateAttrs
 
         def origin(cur):
-            return cur.kind in ("source", "table-source") or isinstance(cur.attrs, AggregateAttrs)
+            return (cur.kind in ("source", "table-source") or isinstance(cur.attrs, AggregateAttrs)
+                    or getattr(cur.attrs, "result_store", None) is not None)
 
         for n in self.nodes:
             if n.kind != "sink":
@@ -249,8 +251,12 @@ class Topology:
                     ok = False
                     break
             if ok:
-                serde = self.stores[cur.stores[0]].value_serde if isinstance(cur.attrs, AggregateAttrs) \
-                    else cur.attrs.value_serde
+                if isinstance(cur.attrs, AggregateAttrs):
+                    serde = self.stores[cur.stores[0]].value_serde
+                elif getattr(cur.attrs, "result_store", None) is not None:
+                    serde = self.stores[cur.attrs.result_store].value_serde
+                else:
+                    serde = cur.attrs.value_serde
                 ok = n.attrs.value_serde is serde
             n.attrs = replace(n.attrs, passthrough=ok)
 

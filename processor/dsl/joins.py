@@ -204,7 +204,7 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
     b.add_node(resolve, resp_source)
     output = LogicalNode(name=b.new_name("KTABLE-FK-JOIN-OUTPUT"), kind="processor",
                          factory=lambda n: PassThrough(n.name), value_preserving=True,
-                         attrs=TableAttrs(getter=_store_getter(result_store, vs)))
+                         attrs=TableAttrs(getter=_store_getter(result_store, vs), result_store=result_store))
     b.add_node(output, send, resolve)
     b.add_store(StoreSpec(result_store, send.name, None, lks, vs))
     b.add_store(StoreSpec(version_store, send.name, None, lks, None, kind="version"))

@@ -35,7 +35,7 @@ import struct
 
 from processor.operators.base import Processor
 from processor.operators.emission import AggregateEmitter
-from processor.operators.sink import TableToStream
+from processor.operators.sink import reads_old_values
 from processor.records import Windowed
 from processor.state import timestamped
 from processor.state import window_key
@@ -72,7 +72,7 @@ class _Aggregate(Processor):
             clock = context.wall_clock
         else:
             clock = lambda: self.observed_time  # noqa: E731
-        send_old = not all(type(c) is TableToStream for c in self.children)   # (a subclass might read old)
+        send_old = reads_old_values(self.children)
         self.emitter = AggregateEmitter(self.emit, self.store, context.get_store(self.store_name + ".emitted"),
                                         self.value_serde, self._key_of, self.forward, clock, context, send_old)
 

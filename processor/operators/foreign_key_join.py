@@ -50,7 +50,7 @@ import inspect
 from processor import provenance
 from processor.errors import ProcessingError, SerializationError
 from processor.operators.base import Processor, describe_function
-from processor.operators.sink import Routed, Sink
+from processor.operators.sink import Routed, Sink, reads_old_values
 from processor.operators.table_join import MaterializedResult
 from processor.operators.value_getter import table_getter
 from processor.serde import subscription as wire
@@ -119,7 +119,12 @@ class ForeignKeyJoinSubscriptionSender(Processor):
         self.sinks = [c for c in self.children if isinstance(c, Sink)]
         self.results = [c for c in self.children if not isinstance(c, Sink)]
         self.versions = context.get_store(self.version_store_name)
-        self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde, self)
+        self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde, self,
+                                         send_old=reads_old_values(self.results))
+
+    def _to_results(self, key, change, timestamp):
+        for c in self.results:
+            c.process(key, change, timestamp)
 
     def _fk(self, key, value):
         return extract_fk(self, self.fk_extractor, self.fk_arity, self.right_key_serde, key, value)
@@ -158,8 +163,7 @@ class ForeignKeyJoinSubscriptionSender(Processor):
             if out is None:
                 self.unchanged_skipped += 1
             else:
-                for c in self.results:
-                    c.process(key, out, timestamp)
+                self.result.emit(self._to_results, key, out, timestamp)
             return
         if self.how == "left" or self.result.store.get(pk) is not None:
             instruction = wire.SUBSCRIBE_AND_RESPOND
@@ -279,7 +283,8 @@ class ForeignKeyJoinResponseResolver(Processor):
         super().init(context)
         self.left = table_getter(self.left_node, context)
         self.versions = context.get_store(self.version_store_name)
-        self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde, self)
+        self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde, self,
+                                         send_old=reads_old_values(self.children))
 
     def process(self, pk, data, timestamp):
         if pk is None:
@@ -317,7 +322,7 @@ class ForeignKeyJoinResponseResolver(Processor):
         if out is None:
             self.unchanged_skipped += 1
         else:
-            self.forward(key, out, timestamp)
+            self.result.emit(self.forward, key, out, timestamp)
 
     def metrics(self):
         return {"stale_responses_dropped": self.stale_responses_dropped,

@@ -54,6 +54,18 @@ class TableToStream(Processor):
         self.forward(key, change.new, timestamp)
 
 
+def reads_old_values(children) -> bool:
+    """Whether a consumer among ``children`` (through pass-throughs) reads ``Change.old``: no
+    when every path ends in a to_stream (exact types: a subclass might read it)."""
+    for c in children:
+        if type(c) is TableToStream:
+            continue
+        if type(c) is PassThrough and not reads_old_values(c.children):
+            continue
+        return True
+    return False
+
+
 class Sink(Processor):
     kind = "sink"
 

@@ -44,10 +44,13 @@ def join_values(how, joiner, left, right, step):
 class MaterializedResult:
     """A join's result table: compare-and-set by value bytes, returning what to forward."""
 
-    def __init__(self, store, value_serde, step):
+    def __init__(self, store, value_serde, step, send_old: bool = True):
         self.store = store
         self.value_serde = value_serde
         self.step = step              # the operator that owns it (errors name it)
+        # False: no consumer reads ``Change.old`` (``reads_old_values``): it is not deserialized
+        self.send_old = send_old
+        self.new_bytes = None         # the bytes of the last update's new value
 
     def update(self, kb: bytes, new, timestamp: int):
         """Store ``new`` for ``kb``; the Change to forward, or None when the row is unchanged."""
@@ -56,13 +59,29 @@ class MaterializedResult:
             if old_raw is None:
                 return None
             self.store.delete(kb)
-            return Change(None, self.value_serde.deserialize(old_raw[timestamped.TIMESTAMP_SIZE:]))
+            self.new_bytes = None
+            return Change(None, self._old(old_raw))
         nb = self.step.serialize(self.value_serde, new, "join result")
         if old_raw is not None and old_raw[timestamped.TIMESTAMP_SIZE:] == nb:
             return None
         self.store.put(kb, timestamped.encode(timestamp, nb))
-        old = None if old_raw is None else self.value_serde.deserialize(old_raw[timestamped.TIMESTAMP_SIZE:])
-        return Change(new, old)
+        self.new_bytes = nb
+        return Change(new, None if old_raw is None else self._old(old_raw))
+
+    def _old(self, old_raw):
+        return self.value_serde.deserialize(old_raw[timestamped.TIMESTAMP_SIZE:]) if self.send_old else None
+
+    def emit(self, forward, key, change, timestamp: int) -> None:
+        """``forward(key, change, timestamp)`` for the Change ``update`` just returned; meanwhile
+        the context names the stored bytes as its new value's (a sink reached through
+        value-preserving steps writes them instead of serializing the value again)."""
+        ctx = self.step.context
+        saved = ctx.source_value, ctx.source_value_bytes, ctx.source_value_serde
+        ctx.source_value, ctx.source_value_bytes, ctx.source_value_serde = change.new, self.new_bytes, self.value_serde
+        try:
+            forward(key, change, timestamp)
+        finally:
+            ctx.source_value, ctx.source_value_bytes, ctx.source_value_serde = saved
 
 
 class TableJoinSide(Processor):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from processor import StreamsBuilder, provenance
+from processor.serde import Serdes
 from processor.serde import subscription as wire
 from processor.testing import TopologyTestDriver
 
@@ -263,3 +264,33 @@ def test_every_step_forwards_exactly_the_change_of_the_from_scratch_join(ops, ho
             assert out(d) == expected_changes(before, after, out_ts)
         assert sorted(d.get_store("oc").items()) == sorted(from_scratch(left, right, how).items())
         assert d.metrics()["KTABLE-FK-JOIN-RESOLVE-0000000010"]["stale_responses_dropped"] == 0
+
+
+def test_the_result_sink_writes_the_stored_bytes_and_a_table_consumer_still_gets_old_values():
+    """The join's sink (through to_stream) writes the result store's bytes instead of serializing
+    again; a filter on the result table still sees old values: a result that stops passing
+    forwards a tombstone, which needs the old side."""
+    def build_with(after):
+        b = StreamsBuilder()
+        res = b.table("orders").join_on_foreign_key(b.table("customers"), lambda v: v.get("c"), joiner, name="oc")
+        after(res).to("out")
+        return b.build()
+
+    plain = build_with(lambda r: r.to_stream())
+    filtered = build_with(lambda r: r.filter(lambda k, v: v["c"] != "bob").to_stream())
+    mapped = build_with(lambda r: r.to_stream().map_values(lambda v: dict(v, m=1)))
+    marks = [next(n for n in t.nodes if n.sink_topic == "out").attrs.passthrough for t in (plain, filtered, mapped)]
+    assert marks == [True, True, False]
+    for topo, want in ((plain, [("o1", j(1, "ann")), ("o1", j(1, "bob"))]),
+                       (filtered, [("o1", j(1, "ann")), ("o1", None)]),
+                       (mapped, [("o1", dict(j(1, "ann"), m=1)), ("o1", dict(j(1, "bob"), m=1))])):
+        with TopologyTestDriver(topo) as d:
+            d.pipe_input("customers", "c1", {"name": "ann"}, timestamp=1)
+            d.pipe_input("orders", "o1", {"n": 1, "c": "c1"}, timestamp=2)
+            d.pipe_input("customers", "c1", {"name": "bob"}, timestamp=3)
+            assert [(r.key, r.value) for r in d.read_output("out")] == want
+        with TopologyTestDriver(topo) as d:   # the bytes: the store's, canonical JSON
+            d.pipe_input("customers", "c1", {"name": "ann"}, timestamp=1)
+            d.pipe_input("orders", "o1", {"n": 1, "c": "c1"}, timestamp=2)
+            raw = d.read_output("out", key_serde=Serdes.string(), value_serde=Serdes.bytes())
+            assert [r.value for r in raw] == [Serdes.json().serialize(want[0][1])]
