@@ -4,8 +4,9 @@ Invariant: the join forwards exactly the changes of its result table. The result
 materialized (``result_store``, timestamped layout); a side's change recomputes the key's
 result from the changed side's new value and the other side's current value (its value getter),
 compares the result's bytes with the stored ones, and forwards ``Change(new, stored)`` only when
-they differ. So there is no ``(None<-None)``, no re-emission of equal bytes, and the old value
-is always the result as it was forwarded, even when one record changes both sides at once (a
+they differ. So there is no ``(None<-None)`` (except where no consumer reads old values, which
+are then not decoded: ``MaterializedResult.send_old``), no re-emission of equal bytes, and the
+old value is always the result as it was forwarded, even when one record changes both sides at once (a
 table joined with itself, unoptimized: the second side finds nothing left to change).
 
 Result rows:  inner: ``joiner(l, r)`` when both exist;  left: when ``l`` exists (``r`` may be

@@ -79,8 +79,6 @@ class BytesSerde(Serde):
     name = "bytes"
 
     def serialize(self, value):
-        if value.__class__ is bytes:   # (internal records' keys and values: no copy)
-            return value
         if value is None:
             return None
         if not isinstance(value, (bytes, bytearray, memoryview)):
