@@ -116,12 +116,12 @@ class Worker(TaskManagement, CommitUnit):
         self.isolation_level = self._consumer_config.get(
             "isolation.level", "read_committed" if processing_guarantee == "exactly_once" else "read_uncommitted")
         self._producer_config = config.for_kind("producer")
-        # A sub-topology reading several topics replays them in another interleaving after a
-        # crash; its repartition records wait for the commit (Task ``stage_internal``) unless the
-        # readers never see an uncommitted record (exactly once, read_committed).
         # foreign-key join subscriptions and responses wait for the commit, a later one of the
         # same pair replacing an earlier (processor/engine/fk_join_coalescing.py)
         self.coalesce_fk_records = coalesce_fk_records
+        # A sub-topology reading several topics replays them in another interleaving after a
+        # crash; its repartition records wait for the commit (Task ``stage_internal``) unless the
+        # readers never see an uncommitted record (exactly once, read_committed).
         self._stage_internal = not (processing_guarantee == "exactly_once" and self.isolation_level == "read_committed")
         from processor.engine.partitioners import INTERNAL, PARTITIONERS
 
