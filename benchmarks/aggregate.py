@@ -34,7 +34,7 @@ from confluent_kafka import Producer  # noqa: E402
 from processor import Emit, StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
 
-from bench_broker import broker  # noqa: E402
+from bench_broker import broker, produce  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 
 POLICIES = {"on_update": Emit.on_update(), "on_change": Emit.on_change(), "every": Emit.every(1000)}
@@ -48,12 +48,7 @@ def load(bootstrap, topic, n):
     chosen = rnd.choices(pages, weights, k=n)
     for i in range(n):
         v = json.dumps({"page": chosen[i], "ms": rnd.randrange(5000)}, separators=(",", ":")).encode()
-        while True:
-            try:
-                p.produce(topic, v, f"user-{rnd.randrange(20_000)}".encode(), timestamp=1_700_000_000_000 + i)
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce(p, topic, v, f"user-{rnd.randrange(20_000)}".encode(), 1_700_000_000_000 + i)
     p.flush()
 
 

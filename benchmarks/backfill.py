@@ -56,7 +56,7 @@ from confluent_kafka import Producer  # noqa: E402
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
 
-from bench_broker import broker  # noqa: E402
+from bench_broker import broker, produce  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 
 T0 = 1_700_000_000_000
@@ -73,18 +73,12 @@ def load(bootstrap, orders, customers, n, keys, c, seed=42) -> dict[str, int]:
     conf = kafka.producer_defaults(bootstrap)
     conf.update({"linger.ms": 50, "queue.buffering.max.kbytes": 1 << 20})   # big batches
     p = Producer(conf)
-    produce = p.produce
     ts = T0
     sent = {orders: 0, customers: 0}
 
     def send(topic, key, value):
         nonlocal ts
-        while True:
-            try:
-                produce(topic, value, key, timestamp=ts)
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce(p, topic, value, key, ts)
         ts += 1
         sent[topic] += 1
 

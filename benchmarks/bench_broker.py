@@ -26,6 +26,17 @@ def broker(bootstrap_servers: str | None):
         local.stop()
 
 
+def produce(p, topic: str, value, key, timestamp: int | None = None) -> None:
+    """``p.produce`` that waits for room in the producer's queue instead of failing."""
+    kw = {} if timestamp is None else {"timestamp": timestamp}
+    while True:
+        try:
+            p.produce(topic, value, key, **kw)
+            return
+        except BufferError:
+            p.poll(0.05)
+
+
 def add_child_arguments(ap: argparse.ArgumentParser) -> None:
     """``--child`` (run the worker), with its input and output topics, application id and state."""
     for flag in ("--topic", "--out", "--app", "--state"):

@@ -42,47 +42,38 @@ from confluent_kafka import Producer  # noqa: E402
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
 
-from bench_broker import broker  # noqa: E402
+from bench_broker import broker, produce  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
-
-
-def produce(p, topic, key, value, ts):
-    while True:
-        try:
-            p.produce(topic, value, key, timestamp=ts)
-            return
-        except BufferError:
-            p.poll(0.05)
 
 
 def load(bootstrap, orders, customers, n, c):
     rnd = random.Random(42)
     p = Producer(kafka.producer_defaults(bootstrap))
     for i in range(c):
-        produce(p, customers, f"cust-{i}".encode(),
-                json.dumps({"name": f"customer {i}", "tier": i % 3}, separators=(",", ":")).encode(), 1)
+        produce(p, customers, json.dumps({"name": f"customer {i}", "tier": i % 3}, separators=(",", ":")).encode(),
+                f"cust-{i}".encode(), 1)
     owner = {}
     for i in range(n):
         k = f"order-{rnd.randrange(20_000)}"
         if k in owner and rnd.random() < 0.05:
             del owner[k]
-            produce(p, orders, k.encode(), None, 2 + i)
+            produce(p, orders, None, k.encode(), 2 + i)
             continue
         if k not in owner or rnd.random() < 0.2:
             owner[k] = f"cust-{rnd.randrange(c)}"
         v = json.dumps({"customer": owner[k], "amount": rnd.randrange(10_000)}, separators=(",", ":")).encode()
-        produce(p, orders, k.encode(), v, 2 + i)
+        produce(p, orders, v, k.encode(), 2 + i)
     p.flush()
 
 
 def load_fanout(bootstrap, orders, customers, c, fanout):
     p = Producer(kafka.producer_defaults(bootstrap))
     for i in range(c):
-        produce(p, customers, f"cust-{i}".encode(),
-                json.dumps({"name": f"customer {i} v0", "tier": i % 3}, separators=(",", ":")).encode(), 1)
+        produce(p, customers, json.dumps({"name": f"customer {i} v0", "tier": i % 3}, separators=(",", ":")).encode(),
+                f"cust-{i}".encode(), 1)
     for j in range(c * fanout):
         v = json.dumps({"customer": f"cust-{j % c}", "amount": j % 10_000}, separators=(",", ":")).encode()
-        produce(p, orders, f"order-{j}".encode(), v, 2)
+        produce(p, orders, v, f"order-{j}".encode(), 2)
     p.flush()
 
 
@@ -90,8 +81,8 @@ def update_customers(bootstrap, customers, c, rounds):
     p = Producer(kafka.producer_defaults(bootstrap))
     for r in range(1, rounds + 1):
         for i in range(c):
-            produce(p, customers, f"cust-{i}".encode(),
-                    json.dumps({"name": f"customer {i} v{r}", "tier": i % 3}, separators=(",", ":")).encode(), 10 + r)
+            produce(p, customers, json.dumps({"name": f"customer {i} v{r}", "tier": i % 3},
+                                             separators=(",", ":")).encode(), f"cust-{i}".encode(), 10 + r)
     p.flush()
 
 

@@ -29,19 +29,14 @@ from confluent_kafka import Producer  # noqa: E402
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
 
-from bench_broker import add_child_arguments, broker  # noqa: E402
+from bench_broker import add_child_arguments, broker, produce  # noqa: E402
 
 
 def load(bootstrap, topic, n):
     p = Producer(kafka.producer_defaults(bootstrap))
     for i in range(n):
         v = json.dumps({"n": i, "owner": f"customer-{i % 5000}", "balance": i % 977}, separators=(",", ":")).encode()
-        while True:
-            try:
-                p.produce(topic, v, f"account-{i:08d}".encode())
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce(p, topic, v, f"account-{i:08d}".encode())
     p.flush()
 
 

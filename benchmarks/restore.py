@@ -33,7 +33,7 @@ from confluent_kafka import Producer  # noqa: E402
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
 
-from bench_broker import broker  # noqa: E402
+from bench_broker import broker, produce  # noqa: E402
 from processor.runtime.changelog import RestoreTarget, restore_tasks  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 from processor.serde import Serdes  # noqa: E402
@@ -47,12 +47,7 @@ def load(bootstrap, topic, keys):
     for i in range(keys):
         v = json.dumps({"amount": i % 977, "customer": f"customer-{i % 5000:05d}", "seq": i, "note": "x" * 20},
                        sort_keys=True, separators=(",", ":")).encode()
-        while True:
-            try:
-                p.produce(topic, v, f"key-{i:08d}".encode(), timestamp=1_700_000_000_000 + i)
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce(p, topic, v, f"key-{i:08d}".encode(), 1_700_000_000_000 + i)
     p.flush()
 
 

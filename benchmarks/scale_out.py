@@ -30,7 +30,7 @@ from confluent_kafka import Producer  # noqa: E402
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
 
-from bench_broker import add_child_arguments, broker  # noqa: E402
+from bench_broker import add_child_arguments, broker, produce  # noqa: E402
 
 
 def load(bootstrap, topic, n):
@@ -39,12 +39,7 @@ def load(bootstrap, topic, n):
     for i in range(n):
         v = json.dumps({"order": i, "customer": f"c-{rnd.randrange(10_000)}", "amount": rnd.randrange(1000),
                         "items": [rnd.randrange(100) for _ in range(3)]}, separators=(",", ":")).encode()
-        while True:
-            try:
-                p.produce(topic, v, f"order-{i}".encode())
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce(p, topic, v, f"order-{i}".encode())
     p.flush()
 
 

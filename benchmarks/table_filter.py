@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, Producer  # noqa: E402
 from processor import StreamsBuilder  # noqa: E402
 from processor.runtime import kafka  # noqa: E402
 
-from bench_broker import broker  # noqa: E402
+from bench_broker import broker, produce  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 from processor.serde import Serdes  # noqa: E402
 
@@ -40,12 +40,7 @@ def load(bootstrap, topic, n, keys):
         k = f"order-{rnd.randrange(keys)}"
         v = json.dumps({"amount": rnd.randrange(200), "customer": f"c{rnd.randrange(1000)}", "seq": i},
                        sort_keys=True, separators=(",", ":")).encode()
-        while True:
-            try:
-                p.produce(topic, v, k.encode(), timestamp=1_700_000_000_000 + i)
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce(p, topic, v, k.encode(), 1_700_000_000_000 + i)
     p.flush()
 
 
