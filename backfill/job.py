@@ -1239,7 +1239,10 @@ def _write_task(ctx, sub, partition, stores, t0) -> dict:
         else:
             positions[(t, partition)] = ctx.snapshot[(t, partition)][1]
     changelogs = ctx.topo.changelogs_of(sub)
-    contents = {name: list(stores.store(name).items()) for name in changelogs}
+    # (a table whose changelog is its source topic: its store is in the database only; the
+    # offsets the tasks rejected, which a restore from the topic skips, are in the task store)
+    contents = {name: list(stores.store(name).items())
+                for name in (*changelogs, *ctx.topo.source_changelogs_of(sub))}
     # high-water marks of records whose source is an internal topic: those records were rows
     # of a shuffle, never in Kafka, so no replay of them can come; their (virtual) offsets must
     # not hold back the records the worker sends to those topics from their real end on

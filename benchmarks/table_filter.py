@@ -8,6 +8,10 @@ Loads N JSON records (50,000 keys, so most are updates) into a 4-partition topic
 drained. Throughput is measured from the first record processed to the last (the group join is
 excluded). For scale, the same run also times a bare confluent-kafka consume-filter-produce loop
 with no state, no deserialization and no table semantics (the ceiling of any Python worker here).
+
+``--reuse-source-topics both`` (the default) runs the worker twice over the same input: with the
+table's own changelog topic, and with the source topic as its changelog
+(``build(reuse_source_topics=True)``: no changelog record per update).
 """
 
 from __future__ import annotations
@@ -44,11 +48,11 @@ def load(bootstrap, topic, n, keys):
     p.flush()
 
 
-def topology(inp, out):
+def topology(inp, out, reuse_source_topics=False):
     b = StreamsBuilder()
     b.table(inp, key_serde=Serdes.string(), value_serde=Serdes.json()) \
         .filter(lambda k, v: v["amount"] > 100).to_stream().to(out)
-    return b.build()
+    return b.build(reuse_source_topics=reuse_source_topics)
 
 
 def raw_loop(bootstrap, inp, out, n):
@@ -86,7 +90,11 @@ def main():
                     help="on-error policy, or several comma-separated: one worker run each over the same "
                          "input (dlq and skip journal every store write so a failed record can be undone; "
                          "fail does not), e.g. dlq,fail")
+    ap.add_argument("--reuse-source-topics", choices=("off", "on", "both"), default="both",
+                    help="the table's changelog: its own topic (off), the source topic (on), or one run "
+                         "of each (both, the default)")
     args = ap.parse_args()
+    reuse = {"off": [False], "on": [True], "both": [False, True]}[args.reuse_source_topics]
     with broker(args.bootstrap_servers) as bootstrap:
         run_id = int(time.time())
         inp, out, raw_out = f"bench-orders-{run_id}", f"bench-big-orders-{run_id}", f"bench-raw-out-{run_id}"
@@ -95,32 +103,34 @@ def main():
         load(bootstrap, inp, args.records, args.keys)
         print(f"loaded {args.records:,} records into {inp} (4 partitions) in {time.monotonic() - t0:.1f} s")
         rates = {}
-        for i, policy in enumerate(args.on_error.split(",")):
+        runs = [(policy, r) for policy in args.on_error.split(",") for r in reuse]
+        for i, (policy, r) in enumerate(runs):
+            label = f"--on-error {policy}, changelog: {'the source topic' if r else 'its own topic'}"
             sink_topic = out if i == 0 else f"{out}-{policy}-{i}"
             if i:
                 kafka.create_topics(bootstrap, {sink_topic: 4})
             with tempfile.TemporaryDirectory() as state:
-                w = Worker(topology(inp, sink_topic), bootstrap, f"bench-{run_id}-{i}", state, on_error=policy,
+                w = Worker(topology(inp, sink_topic, r), bootstrap, f"bench-{run_id}-{i}", state, on_error=policy,
                            consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
                 t0 = time.monotonic()
                 w.run(until_drained=True, install_signal_handlers=False)
                 dt = w.last_record_at - w.first_record_at
                 rate = w.records_processed / dt
-                rates.setdefault(policy, []).append(rate)
+                rates.setdefault(label, []).append(rate)
                 m = w.metrics()
-            print(f"worker (--on-error {policy}): {w.records_processed:,} records in {dt:.2f} s (group join "
+            print(f"worker ({label}): {w.records_processed:,} records in {dt:.2f} s (group join "
                   f"and startup {w.first_record_at - t0:.1f} s excluded)")
             src = next(v for k, v in m.items() if k.startswith("KTABLE-SOURCE"))
             flt = next(v for k, v in m.items() if k.startswith("KTABLE-FILTER"))
             sink = next(v for k, v in m.items() if k.startswith("KSTREAM-SINK"))
             print(f"  no-op updates skipped: {src['noop_updates_skipped']:,}; filtered on both sides: "
                   f"{flt['skipped_both_fail']:,}; records out: {sink['records_out']:,}")
-            print(f"table filter through the worker (--on-error {policy}): {rate:,.0f} records/s")
+            print(f"table filter through the worker ({label}): {rate:,.0f} records/s")
         if len(rates) > 1:
             med = {p: statistics.median(r) for p, r in rates.items()}
             first = next(iter(med))
-            print("  medians in this run: " + ", ".join(f"{p} {r:,.0f} records/s ({r / med[first]:.2f}x {first})"
-                                                     for p, r in med.items()))
+            print("  in this run: " + "; ".join(f"{p}: {r:,.0f} records/s ({r / med[first]:.2f}x the first)"
+                                               for p, r in med.items()))
         if not args.no_baseline:
             raw = raw_loop(bootstrap, inp, raw_out, args.records)
             print(f"bare consume-filter-produce loop (no state, no serdes): {raw:,.0f} records/s; "

@@ -159,12 +159,16 @@ OPTIMIZATION_PASSES: list[tuple[str, Callable[["Topology"], int]]] = [
 
 
 class Topology:
-    def __init__(self, nodes: list[LogicalNode], stores: dict[str, StoreSpec], optimize: bool = True):
+    def __init__(self, nodes: list[LogicalNode], stores: dict[str, StoreSpec], optimize: bool = True,
+                 reuse_source_topics: bool = False):
         # Optimization passes rewrite the graph in place: work on a copy, so a builder's nodes
         # (and a topology built from them without optimization) stay as they were.
         self.nodes = _clone_graph(nodes) if optimize else list(nodes)
         self.stores = dict(stores)
         self.optimize = optimize
+        # a table source's store restored from its (user) source topic instead of a changelog
+        # (Kafka Streams' reuse.ktable.source.topics): ``source_changelogs_of``
+        self.reuse_source_topics = reuse_source_topics
         self.application_id: str | None = None
         self.applied_passes: list[tuple[str, int]] = []
         self.check()
@@ -331,6 +335,7 @@ class Topology:
         bound.nodes = nodes
         bound.stores = dict(self.stores)
         bound.optimize = self.optimize
+        bound.reuse_source_topics = self.reuse_source_topics
         bound.application_id = application_id
         bound.applied_passes = list(self.applied_passes)
         bound.subtopologies = bound._split()
@@ -523,11 +528,35 @@ class Topology:
         return f"{app}-{store}-changelog"
 
     def changelogs_of(self, sub_id: int) -> dict[str, str]:
-        """Store name -> changelog topic, for every store of the sub-topology's tasks."""
-        out = {s.name: self.changelog_topic(s.name) for s in self.stores_of(sub_id)}
+        """Store name -> changelog topic, for every store of the sub-topology's tasks (but those
+        restored from their source topic: ``source_changelogs_of``)."""
+        reused = self.source_changelogs_of(sub_id)
+        out = {s.name: self.changelog_topic(s.name) for s in self.stores_of(sub_id) if s.name not in reused}
         out[BOOKKEEPING_STORE] = self.changelog_topic(BOOKKEEPING_STORE, sub_id)
         out[TASK_STORE] = self.changelog_topic(TASK_STORE, sub_id)
         return out
+
+    def source_changelogs_of(self, sub_id: int) -> dict[str, str]:
+        """Store name -> source topic, for the table-source stores of the sub-topology that have no
+        changelog of their own under ``reuse_source_topics``: a table read from a user topic as
+        it is holds exactly that topic's records (key bytes -> timestamp + value bytes, no-ops
+        skipped), so the topic up to the task's committed position is its changelog. Tables read
+        through our own repartition topic keep a changelog (that topic's replays are dropped by
+        provenance, which a restore could not repeat)."""
+        if not self.reuse_source_topics:
+            return {}
+        out = {}
+        for s in self.stores_of(sub_id):
+            if s.source_topic is None:
+                continue
+            owner = self.node(s.owner)
+            if owner.kind == "table-source" and not owner.attrs.internal:
+                out[s.name] = owner.source_topic
+        return out
+
+    def reused_source_topics(self) -> set[str]:
+        """Every user topic that is a store's changelog (``source_changelogs_of``)."""
+        return {t for i in range(len(self.subtopologies)) for t in self.source_changelogs_of(i).values()}
 
     def changelog_topic_partitions(self, partitions: dict[str, int]) -> dict[str, int]:
         """Changelog topic -> partition count (one partition per task of its sub-topology)."""
@@ -687,8 +716,12 @@ class Topology:
                 if n.parents:
                     lines.append(f"      <-- {', '.join(p.name for p in n.parents)}")
         lines.append("Stores:")
+        reused = {name: topic for i in range(len(self.subtopologies))
+                  for name, topic in self.source_changelogs_of(i).items()}
         for s in self.stores.values():
-            lines.append(f"    {s.name} ({s.kind}; owner: {s.owner}; changelog: {self.changelog_topic(s.name)})")
+            changelog = (f"the source topic {reused[s.name]} (reused)" if s.name in reused
+                         else self.changelog_topic(s.name))
+            lines.append(f"    {s.name} ({s.kind}; owner: {s.owner}; changelog: {changelog})")
         constraints = self.copartition_constraints()
         routes = self.routed_by_source()
         if constraints or routes:
@@ -699,7 +732,8 @@ class Topology:
                 lines.append(f"    {sink}: routed by the partitioner of {', '.join(like)}")
         opt = "on" if self.optimize else "off"
         applied = ", ".join(f"{n}: {c} rewrite(s)" for n, c in self.applied_passes) or "none applicable"
-        lines.append(f"Optimizations: {opt} (passes: {applied})")
+        lines.append(f"Optimizations: {opt} (passes: {applied})"
+                     + ("; source topics reused as changelogs" if self.reuse_source_topics else ""))
         return "\n".join(lines) + "\n"
 
     def __repr__(self):

@@ -99,7 +99,8 @@ class StreamsBuilder:
 
     def table(self, topic: str, key_serde=None, value_serde=None, name: str | None = None,
               store_name: str | None = None, partitioner: str | None = None, repartition: bool = False):
-        """A table read from ``topic``; always materialized (in a store with its own changelog).
+        """A table read from ``topic``; always materialized (in a store with its own changelog, or,
+        under ``build(reuse_source_topics=True)``, restored from ``topic`` itself).
 
         ``repartition=True``: the topic's records are first sent through the internal topic
         ``<app>-<node name>-repartition``, placed by our own partitioner (murmur2), and the table is
@@ -155,8 +156,13 @@ class StreamsBuilder:
         self.add_node(sink, last)
         return internal
 
-    def build(self, optimize: bool = True) -> Topology:
+    def build(self, optimize: bool = True, reuse_source_topics: bool = False) -> Topology:
+        """``reuse_source_topics=True``: a table read from a user topic as it is gets no changelog
+        topic; its store is restored from the source topic up to the task's committed position
+        (Kafka Streams' ``reuse.ktable.source.topics``: one produce per input record less). Only
+        for topics that keep every key's latest record (compacted, or retained forever): a restore
+        cannot bring back what the broker deleted. README "State"."""
         if not self._nodes:
             raise TopologyError("the topology is empty: add a stream or table first")
         self._built = True
-        return Topology(self._nodes, self._stores, optimize=optimize)
+        return Topology(self._nodes, self._stores, optimize=optimize, reuse_source_topics=reuse_source_topics)

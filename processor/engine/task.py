@@ -58,6 +58,7 @@ from processor.engine.sink_convergence import SinkConvergence
 from processor.errors import (DeserializationError, OutputError, ProcessingError, ProcessorError, RecordError,
                               SerializationError, UserFunctionError)
 from processor.operators.base import Processor, ProcessorContext
+from processor.state import source_changelog
 from processor.state import outbox as outbox_codec
 from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
 
@@ -193,6 +194,9 @@ class Task:
         self.skipped_poison = 0
         # per input topic: records that deserialized but failed later (a user function, an output)
         self.failed_in_processing: dict[str, int] = {}
+        # user topics that are a table's changelog: their rejected offsets are kept in the task
+        # store, so a restore from the topic skips them (processor/state/source_changelog.py)
+        self._reused_sources = frozenset(topology.source_changelogs_of(sub_id).values())
         self.processed = 0
         self.duplicates_dropped = 0
         raw = self.task_store.get(_OUTBOX_COUNTER)
@@ -317,6 +321,8 @@ class Task:
         else:
             self._record_sends.clear()
         self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
+        if topic in self._reused_sources:
+            self.task_store.put(source_changelog.failed_key(topic, partition, offset), b"")
 
     def _send_record_outputs(self) -> None:
         if self._convergence is not None:

@@ -14,6 +14,7 @@ from processor.errors import DeserializationError
 from processor.operators.base import Processor
 from processor.records import Change
 from processor.state import timestamped
+from processor.state.source_changelog import apply_table_record
 
 
 class StreamSource(Processor):
@@ -48,9 +49,6 @@ class StreamSource(Processor):
         ctx.source_value_serde = self.value_serde
         self.forward(key, value, timestamp)
 
-    def restore_bytes(self, key_bytes, value_bytes, timestamp):
-        """Stream sources keep no state: nothing to restore."""
-
     def metrics(self):
         return {"records_in": self.records_in}
 
@@ -84,16 +82,7 @@ class TableSource(StreamSource):
         """Update the store; return the old stored bytes, or False when the update is a no-op."""
         if key_bytes is None:
             raise DeserializationError("a table record needs a non-null key", step=self.name)
-        old = self.store.get(key_bytes)
-        if value_bytes is None:
-            if old is None:
-                return False
-            self.store.delete(key_bytes)
-            return old
-        if old is not None and old[timestamped.TIMESTAMP_SIZE:] == value_bytes:
-            return False
-        self.store.put(key_bytes, timestamped.encode(timestamp, value_bytes))
-        return old
+        return apply_table_record(self.store, key_bytes, value_bytes, timestamp)
 
     def process_bytes(self, key_bytes, value_bytes, timestamp):
         key, value = self.deserialize(key_bytes, value_bytes)
@@ -108,10 +97,6 @@ class TableSource(StreamSource):
         ctx.source_value_bytes = value_bytes
         ctx.source_value_serde = self.value_serde
         self.forward(key, Change(value, old_value), timestamp)
-
-    def restore_bytes(self, key_bytes, value_bytes, timestamp):
-        self.deserialize(key_bytes, value_bytes)  # records that failed processing never reached the store
-        self._apply(key_bytes, value_bytes, timestamp)
 
     def metrics(self):
         return {"records_in": self.records_in, "noop_updates_skipped": self.noop_updates_skipped}

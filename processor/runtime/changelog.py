@@ -43,7 +43,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from processor import provenance
 from processor.errors import ChangelogMismatch, KafkaIOError
-from processor.state import commit_record
+from processor.state import commit_record, source_changelog
 from processor.state.change_logging import ChangeLoggingStores
 from processor.state.store import TASK_STORE
 from processor.runtime import kafka
@@ -178,11 +178,14 @@ class ChangelogWriter:
 class RestoreTarget:
     """One task database to restore, and what the restore found."""
 
-    def __init__(self, db, task_id: str, partition: int, changelogs: dict[str, str]):
+    def __init__(self, db, task_id: str, partition: int, changelogs: dict[str, str],
+                 sources: dict[str, str] | None = None):
         self.db = db
         self.task_id = task_id
         self.partition = partition
         self.changelogs = changelogs
+        self.sources = sources or {}     # store -> its source topic, its changelog (phase 3)
+        self.source_ends: dict = {}
         self.task_tp = (changelogs[TASK_STORE], partition)
         self.local = db.read_checkpoint()
         self.restored = 0
@@ -201,7 +204,7 @@ class RestoreTarget:
         self.tails: dict[str, list[bytes]] = {}
         # the task's view of the database: writes through it go to the changelog at the next
         # commit (the restore itself writes to ``db``, which logs nothing)
-        self.stores = ChangeLoggingStores(db)
+        self.stores = ChangeLoggingStores(db, unlogged=self.sources)
 
 
 def restore_tasks(targets: list[RestoreTarget], consumer_config: dict, stop=None) -> None:
@@ -229,7 +232,7 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
         names = {}
         for t in targets:
             names[t.task_tp] = t.task_id
-            for topic in t.changelogs.values():
+            for topic in (*t.changelogs.values(), *t.sources.values()):
                 names[(topic, t.partition)] = t.task_id
         reader = _Reader(consumer, names, stop, conf)
         # 1. the task changelogs, in units closed by commit records
@@ -239,7 +242,7 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
             if item is None:
                 yield
                 continue
-            tp, off, key, value = item
+            tp, off, key, value, _ = item
             t = by_task_tp[tp]
             if key == commit_record.COMMIT_KEY:
                 task_store = t.db.store(TASK_STORE)
@@ -286,7 +289,7 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
             if item is None:
                 yield
                 continue
-            tp, off, key, value = item
+            tp, off, key, value, _ = item
             t, name = by_store_tp[tp]
             if off < t.ends.get(tp, 0):
                 _apply(t.db.store(name), key, value)
@@ -308,11 +311,74 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
                     f"task {t.task_id}: changelog {tp[0]}[{tp[1]}] ends at offset {reader.eof.get(tp, 0)}, "
                     f"but the last commit of this task says it reaches {e}; the changelog was "
                     f"recreated or truncated: delete the state directory and reset the application")
+        # 3. stores whose changelog is their source topic, up to the committed position
+        yield from _restore_from_sources(targets, reader)
         seconds = time.monotonic() - t0
         for t in targets:
             _finish(t, seconds)
     finally:
         consumer.close()
+
+
+def _restore_from_sources(targets: list[RestoreTarget], reader: "_Reader"):
+    """Phase 3 of ``restore_steps``: each store whose changelog is its table's source topic
+    (``processor/state/source_changelog.py``) gets the topic's records from the local checkpoint's
+    position to the committed one, through the table source's own update rule, but the offsets
+    the task rejected (its task store, restored in phase 1, names them)."""
+    readers: dict[tuple[str, int], list] = {}      # source tp -> [(target, store)]
+    starts, ends = {}, {}
+    for t in targets:
+        if not t.sources:
+            continue
+        committed = t.commit.positions if t.commit else {}
+        for name, topic in t.sources.items():
+            tp = (topic, t.partition)
+            s, e = t.local.get(tp, 0), committed.get(tp, 0)
+            if s > e:
+                raise ChangelogMismatch(
+                    f"task {t.task_id}: local state says store {name} reflects its source topic "
+                    f"{topic}[{t.partition}] up to offset {s}, but the last commit recorded in the "
+                    f"changelogs ends it at {e}; the state directory does not belong to these topics: "
+                    f"delete it to restore")
+            if e > s:
+                readers.setdefault(tp, []).append((t, name))
+                starts[tp], ends[tp] = s, e
+                t.source_ends[tp] = e
+    if not readers:
+        return
+    failed = {tp: source_changelog.failed_offsets(t.db.store(TASK_STORE), tp[0], tp[1])
+              for tp, ts in readers.items() for t in [ts[0][0]]}
+    total = sum(ends[tp] - starts[tp] for tp in readers)
+    reader.expect(total)
+    log.info("restoring %d store(s) from their source topics: up to %d records to read",
+             sum(len(v) for v in readers.values()), total)
+    apply = source_changelog.apply_table_record
+    since_commit = 0
+    for item in reader.read_many(starts, ends):
+        if item is None:
+            yield
+            continue
+        tp, off, key, value, ts = item
+        skip = off in failed[tp] or key is None   # (a key-less record never reached a table)
+        for t, name in readers[tp]:
+            if not skip:
+                apply(t.db.store(name), key, value, ts)
+            t.restored_to[tp] = off + 1
+            t.restored += 1
+            t.store_restored += 1
+        since_commit += 1
+        if since_commit >= RESTORE_COMMIT_EVERY:   # bounded memory; resumable from the local position
+            for x in targets:
+                x.db.commit({**x.restored_to, x.task_tp: x.task_end})
+            since_commit = 0
+    for tp, end in ends.items():
+        eof = reader.eof.get(tp)
+        if eof is not None and eof < end:
+            t = readers[tp][0][0]
+            raise ChangelogMismatch(
+                f"task {t.task_id}: source topic {tp[0]}[{tp[1]}] ends at offset {eof}, but the last "
+                f"commit of this task says its table reflects it up to {end}; the topic was recreated "
+                f"or truncated: delete the state directory and reset the application")
 
 
 def _finish(t: RestoreTarget, seconds: float) -> None:
@@ -325,6 +391,17 @@ def _finish(t: RestoreTarget, seconds: float) -> None:
     if t._unit:
         t.tails.setdefault(TASK_STORE, []).extend(t._unit)
         t.tail_records += len(t._unit)
+    # a store with local contents that the last commit names no changelog end for (it was
+    # restored from its source topic then: ``reuse_source_topics`` turned off since): all of it
+    # goes to its changelog at the next commit, which from then on holds its state
+    if t.commit is not None:
+        for name, topic in t.changelogs.items():
+            if name != TASK_STORE and (topic, t.partition) not in t.ends:
+                keys = [k for k, _ in db.store(name).items()]
+                if keys:
+                    log.info("task %s: store %s has no changelog records yet: its %d keys go to %s at "
+                             "the next commit", t.task_id, name, len(keys), topic)
+                    t.tails.setdefault(name, []).extend(keys)
     t.stores.writer = (f"__restore:{t.task_id}", t.partition, 0)
     for name, keys in t.tails.items():
         committed = db.store(name).committed
@@ -364,14 +441,20 @@ class _Reader:
     def expect(self, n: int) -> None:
         self.expected = n
 
-    def read_many(self, starts):
-        """``(tp, offset, key, value)`` of every record from ``starts`` to partition EOF, and None
-        after each batch."""
+    def read_many(self, starts, ends=None):
+        """``(tp, offset, key, value, timestamp)`` of every record from ``starts`` to partition EOF
+        (or, for a partition in ``ends``, to the record before that offset), and None after each
+        batch."""
         if not starts:
             return
         c = self.consumer
         kafka.assign(c, [TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in starts.items()])
         done: set = set()
+        ends = ends or {}
+        for tp, end in ends.items():
+            if end <= starts[tp]:
+                done.add(tp)
+                c.pause([TopicPartition(*tp)])
         n = 0
         checked = False
         t0 = last_log = last_progress = time.monotonic()
@@ -386,8 +469,9 @@ class _Reader:
                     err = m.error()
                     if err is not None:
                         if err.code() == _EOF:
-                            done.add(tp)
-                            self.eof[tp] = m.offset()
+                            if tp not in done:
+                                done.add(tp)
+                                self.eof[tp] = m.offset()
                             continue
                         if err.code() == KafkaError._AUTO_OFFSET_RESET or err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
                             raise ChangelogMismatch(
@@ -396,9 +480,18 @@ class _Reader:
                                 f"end ({err.str()}); the changelog was recreated or the state directory "
                                 f"belongs to another cluster: delete it to restore")
                         raise KafkaIOError(f"restoring task {self.names.get(tp)} from {tp[0]}[{tp[1]}]: {err.str()}")
+                    if tp in done:
+                        continue
+                    off = m.offset()
+                    end = ends.get(tp)
+                    if end is not None and off >= end - 1:
+                        done.add(tp)
+                        c.pause([TopicPartition(*tp)])
+                        if off >= end:
+                            continue
                     n += 1
                     last_progress = now
-                    yield tp, m.offset(), m.key(), m.value()
+                    yield tp, off, m.key(), m.value(), m.timestamp()[1]
                 yield None   # a step ends with each batch (restore_steps)
                 if self.stop is not None and self.stop.is_set():
                     raise RestoreInterrupted()

@@ -66,7 +66,8 @@ class TaskManagement:
         try:
             for sub, partition in keys:
                 db = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
-                targets.append(RestoreTarget(db, f"{sub}_{partition}", partition, self.topology.changelogs_of(sub)))
+                targets.append(RestoreTarget(db, f"{sub}_{partition}", partition, self.topology.changelogs_of(sub),
+                                             self.topology.source_changelogs_of(sub)))
         except BaseException:
             for t in targets:
                 t.db.close()

@@ -9,7 +9,8 @@ the changes once the inner provider has committed. A write undone through the ta
 
 The wrapper knows nothing of Kafka or RocksDB: the worker wraps each task's ``RocksDBDatabase``
 and its ``ChangelogWriter`` (``processor/runtime/changelog.py``) produces ``changed()``; writes
-that must not be logged (a restore applying changelog records) go to the inner provider.
+that must not be logged (a restore applying changelog records) go to the inner provider, as do
+the writes of a store whose source topic is its changelog (``unlogged``).
 """
 
 from __future__ import annotations
@@ -80,8 +81,12 @@ class ChangeLoggingStore:
 class ChangeLoggingStores:
     """A store provider (``processor/engine/protocols.py``) whose stores log their changes."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, unlogged=()):
         self.inner = inner
+        # stores whose changelog is their source topic (processor/state/source_changelog.py):
+        # handed out as the inner store, their writes logged nowhere
+        self.unlogged = frozenset(unlogged)
+        self._unlogged_open: set[str] = set()
         self.stores: dict[str, ChangeLoggingStore] = {}
         self.writer: tuple | None = None   # provenance of the record in hand, set by the task
         self._journal: list | None = None
@@ -94,10 +99,17 @@ class ChangeLoggingStores:
     def journal(self, journal: list | None) -> None:
         self._journal = journal
         self.inner.journal = journal
+        for name in self._unlogged_open:
+            self.inner.store(name).journal = journal
 
     def store(self, name: str) -> ChangeLoggingStore:
         s = self.stores.get(name)
         if s is None:
+            if name in self.unlogged:
+                self._unlogged_open.add(name)
+                inner = self.inner.store(name)
+                inner.journal = self._journal
+                return inner
             s = self.stores[name] = ChangeLoggingStore(self.inner.store(name), self)
             s.journal = self._journal
         return s

@@ -22,7 +22,7 @@ from tests.integration.helpers import produce
 PARTS = 3
 
 
-def make_topology(orders="bf-orders", clicks="bf-clicks", shipments="bf-shipments"):
+def make_topology(orders="bf-orders", clicks="bf-clicks", shipments="bf-shipments", reuse_source_topics=False):
     b = StreamsBuilder()
     o = b.table(orders, store_name="orders")
     big = o.filter(lambda k, v: v["amount"] > 50).map_values(lambda v: {"a": v["amount"]})
@@ -31,7 +31,7 @@ def make_topology(orders="bf-orders", clicks="bf-clicks", shipments="bf-shipment
     o.join(s, lambda a, sh: {"amount": a["amount"], "ship": sh["s"]}, name="order-shipment").to_stream().to(f"{orders}-joined")
     counts = b.stream(clicks).group_by_key().count(name="clicks-per-user")
     counts.to_stream().to(f"{clicks}-counts")
-    return b.build()
+    return b.build(reuse_source_topics=reuse_source_topics)
 
 
 def history(n, seed, t0=1_000_000):

@@ -6,12 +6,12 @@ from processor import StreamsBuilder
 from processor.serde import Serdes
 
 
-def filter_topology():
+def filter_topology(reuse_source_topics: bool = False):
     """orders (table) -> amount > 100 -> output; topic names from the environment."""
     b = StreamsBuilder()
     b.table(os.environ["APP_INPUT"], key_serde=Serdes.string(), value_serde=Serdes.json()) \
         .filter(lambda k, v: v["amount"] > 100).to_stream().to(os.environ["APP_OUTPUT"])
-    return b.build()
+    return b.build(reuse_source_topics=reuse_source_topics)
 
 
 # -- aggregations (issue 3) ----------------------------------------------------------------------

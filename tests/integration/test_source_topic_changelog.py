@@ -1,0 +1,121 @@
+"""A table whose source topic is its changelog (``build(reuse_source_topics=True)``): the worker
+writes no changelog for the table's store, and a worker that lost its state directory restores
+the store from the source topic up to its committed position, skipping the records the task
+rejected. Checked against a worker of the same topology with a changelog, run over the same
+input without losing anything: the table stores byte for byte (timestamps included), the outputs
+and the dead letters as exact sequences, and both against the test driver."""
+
+import json
+import shutil
+
+import pytest
+
+from processor.runtime import kafka
+from processor.runtime.worker import Worker
+from tests.conftest import TEST_CONSUMER_CONFIG
+from tests.integration import apps
+from tests.integration.helpers import by_key, driver_output_by_key, produce, table_updates, task_store_bytes
+
+STORE = "{inp}-STATE-STORE-0000000000"
+
+
+def _amount(a) -> bytes:
+    return json.dumps({"amount": a}, separators=(",", ":")).encode()
+
+
+def _first_half() -> list:
+    """Table updates with records the task rejects between them: a value that is not JSON (the
+    source fails) and values without "amount" (the filter fails after the table source wrote;
+    the write is undone). Key ``same`` gets A, a rejected B, then A again: its row must keep
+    A's first timestamp (the second A is a no-op), which a restore that applied B would lose."""
+    records = table_updates(1_500, keys=150, seed=7)
+    records[100:100] = [(b"same", _amount(150)), (b"same", b'{"x":1}'), (b"same", _amount(150))]
+    records[400:400] = [(b"k00001", b"{not json"), (b"k00002", b'{"x":2}')]
+    return records
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_restore_from_source_topic_equals_a_changelog_run(kafka_bootstrap, unique, tmp_path, monkeypatch, guarantee):
+    inp, reuse_out, ref_out = f"orders-{unique}", f"big-{unique}", f"big-ref-{unique}"
+    reuse_app, ref_app = f"reuse-{unique}", f"ref-{unique}"
+    monkeypatch.setenv("APP_INPUT", inp)
+    kafka.create_topics(kafka_bootstrap, {inp: 2, reuse_out: 2, ref_out: 2})
+    first = _first_half()
+    second = table_updates(1_500, keys=150, seed=8)
+
+    def run(app, reuse, state, out):
+        monkeypatch.setenv("APP_OUTPUT", out)
+        w = Worker(apps.filter_topology(reuse_source_topics=reuse), kafka_bootstrap, app, tmp_path / state,
+                   consumer_config=TEST_CONSUMER_CONFIG, processing_guarantee=guarantee)
+        w.run(until_drained=True, install_signal_handlers=False)
+        return w
+
+    produce(kafka_bootstrap, inp, first)
+    assert run(reuse_app, True, "reuse", reuse_out).records_processed == len(first)
+    topics = kafka.topic_partitions(kafka_bootstrap)
+    changelogs = sorted(t for t in topics if t.startswith(f"{reuse_app}-") and t.endswith("-changelog"))
+    assert changelogs == [f"{reuse_app}-__task-0-changelog", f"{reuse_app}-_bookkeeping-0-changelog"]
+    task_changelog_records = sum(len(kafka.read_topic(kafka_bootstrap, t)) for t in changelogs)
+    shutil.rmtree(tmp_path / "reuse")
+
+    produce(kafka_bootstrap, inp, second, timestamp0=5_000_000)
+    again = run(reuse_app, True, "reuse", reuse_out)
+    assert again.records_processed == len(second)
+    # every record of the first half was read again (the rejected ones too, then skipped)
+    assert again.restored_records == len(first) + task_changelog_records
+    ref = run(ref_app, False, "ref", ref_out)
+    assert ref.records_processed == len(first) + len(second)
+
+    store = STORE.format(inp=inp)
+    got = task_store_bytes(sorted((tmp_path / "reuse" / reuse_app).glob("task-*")), [store])[store]
+    want = task_store_bytes(sorted((tmp_path / "ref" / ref_app).glob("task-*")), [store])[store]
+    assert len(want) > 100 and got == want
+    # key "same": A, a rejected B, A again: the row keeps the first A's timestamp
+    assert want[b"same"] == (1_000_000 + 100).to_bytes(8, "big") + _amount(150)
+
+    inputs = kafka.read_topic(kafka_bootstrap, inp)
+    monkeypatch.setenv("APP_OUTPUT", reuse_out)
+    driver = driver_output_by_key(lambda: apps.filter_topology(reuse_source_topics=True), inp, reuse_out, inputs)
+    assert by_key(kafka.read_topic(kafka_bootstrap, reuse_out)) == driver
+    monkeypatch.setenv("APP_OUTPUT", ref_out)
+    assert by_key(kafka.read_topic(kafka_bootstrap, ref_out)) == \
+        driver_output_by_key(apps.filter_topology, inp, ref_out, inputs)
+    rejected = [(b"same", b'{"x":1}'), (b"k00001", b"{not json"), (b"k00002", b'{"x":2}')]
+    for app in (reuse_app, ref_app):
+        dead = [(m.key(), m.value()) for m in kafka.read_topic(kafka_bootstrap, f"{app}-dlq")]
+        assert sorted(dead) == sorted(rejected)
+
+
+def test_turning_reuse_off_writes_the_whole_table_to_its_new_changelog(kafka_bootstrap, unique, tmp_path, monkeypatch):
+    """The same application without ``reuse_source_topics``: its table now has a changelog, which
+    the last commit names no end for; the reopened task writes the whole store to it, so a later
+    restore from the changelog alone (state directory lost) rebuilds the same store."""
+    inp, out, app = f"orders-{unique}", f"big-{unique}", f"app-{unique}"
+    monkeypatch.setenv("APP_INPUT", inp)
+    monkeypatch.setenv("APP_OUTPUT", out)
+    kafka.create_topics(kafka_bootstrap, {inp: 2, out: 2})
+    produce(kafka_bootstrap, inp, _first_half())
+    store = STORE.format(inp=inp)
+    changelog = f"{app}-{store}-changelog"
+
+    def run(reuse):
+        w = Worker(apps.filter_topology(reuse_source_topics=reuse), kafka_bootstrap, app, tmp_path / "state",
+                   consumer_config=TEST_CONSUMER_CONFIG)
+        w.run(until_drained=True, install_signal_handlers=False)
+        return w
+
+    def table():
+        return task_store_bytes(sorted((tmp_path / "state" / app).glob("task-*")), [store])[store]
+
+    assert run(True).records_processed == 1_505
+    before = table()
+    assert len(before) > 100 and changelog not in kafka.topic_partitions(kafka_bootstrap)
+    assert run(False).records_processed == 0
+    logged = {}
+    for m in kafka.read_topic(kafka_bootstrap, changelog):
+        logged[m.key()] = m.value()
+    assert logged == before
+    shutil.rmtree(tmp_path / "state")
+    again = run(False)
+    assert again.records_processed == 0 and again.restored_records >= len(before)
+    assert table() == before
