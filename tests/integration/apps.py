@@ -156,7 +156,8 @@ def reliability_topology():
     """Orders (``$APP_ORDERS``) left-joined on their customer (``$APP_CUSTOMERS``) into the table
     ``enriched`` (-> ``$APP_OUTPUT_PREFIX-enriched``), and grouped by customer into ``totals``
     (sum of amounts and number of orders, ``Emit.on_change()``, -> ``$APP_OUTPUT_PREFIX-totals``)
-    through the repartition topic ``<app>-totals-repartition``."""
+    through the repartition topic ``<app>-totals-repartition``. ``$APP_REUSE_SOURCE_TOPICS=1``:
+    built with ``reuse_source_topics``."""
     from processor import Emit
 
     out = os.environ["APP_OUTPUT_PREFIX"]
@@ -170,7 +171,8 @@ def reliability_topology():
     o.group_by(lambda k, v: (v["customer"], v), key_serde=Serdes.string(), value_serde=Serdes.json()) \
         .aggregate(_totals_init, _totals_add, _totals_sub, emit=Emit.on_change(), name="totals") \
         .to_stream().to(f"{out}-totals")
-    return b.build()
+    # $APP_REUSE_SOURCE_TOPICS=1: the two tables restored from their source topics
+    return b.build(reuse_source_topics=os.environ.get("APP_REUSE_SOURCE_TOPICS") == "1")
 
 
 def _ship(enriched, shipment):

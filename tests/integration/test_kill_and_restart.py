@@ -55,12 +55,15 @@ def _sequences(messages):
     return seqs
 
 
-@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+@pytest.mark.parametrize("guarantee,reuse", [("at_least_once", False), ("exactly_once", False),
+                                             ("at_least_once", True)],
+                         ids=["at_least_once", "exactly_once", "at_least_once-source-topics-as-changelogs"])
 def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, tmp_path, monkeypatch, report,
-                                                        broker_capabilities, guarantee):
+                                                        broker_capabilities, guarantee, reuse):
     orders, customers, prefix, app = f"orders-{unique}", f"customers-{unique}", f"rel-{unique}", f"rel-{unique}"
     outs = {"enriched": f"{prefix}-enriched", "totals": f"{prefix}-totals"}
-    env = {"APP_ORDERS": orders, "APP_CUSTOMERS": customers, "APP_OUTPUT_PREFIX": prefix}
+    env = {"APP_ORDERS": orders, "APP_CUSTOMERS": customers, "APP_OUTPUT_PREFIX": prefix,
+           "APP_REUSE_SOURCE_TOPICS": "1" if reuse else "0"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     kafka.create_topics(kafka_bootstrap, {orders: PARTS, customers: PARTS, **{t: PARTS for t in outs.values()}})
@@ -180,7 +183,9 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
 
     # 2. restore from the changelogs alone, into empty databases (the worker's restore code)
     targets = [RestoreTarget(RocksDBDatabase(tmp_path / "fresh" / f"task-{sub}_{p}"), f"{sub}_{p}", p,
-                             topo.changelogs_of(sub)) for sub in range(3) for p in range(PARTS)]
+                             topo.changelogs_of(sub), topo.source_changelogs_of(sub))
+               for sub in range(3) for p in range(PARTS)]
+    assert bool(topo.source_changelogs_of(0)) == reuse
     conf = kafka.consumer_defaults(kafka_bootstrap)
     conf.update({"group.id": f"{app}-check", "isolation.level": iso})
     restore_tasks(targets, conf)
@@ -215,22 +220,23 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
         dup[f"{j} repeats"] = sum(len(seq) - len(set(seq)) for seq in seqs.values())
         dup[f"{j} driver repeats"] = sum(len(v) - len(set(v)) for v in want_seqs[j].values())
         dup[f"{j} driver records"] = sum(map(len, want_seqs[j].values()))
-    report(f"{guarantee}: {N} input records ({len(left_msgs)} orders, {len(right_msgs)} customers), 2 worker "
+    label = guarantee + (" (source topics as the tables' changelogs)" if reuse else "")
+    report(f"{label}: {N} input records ({len(left_msgs)} orders, {len(right_msgs)} customers), 2 worker "
            f"processes, SIGKILLs at {kills}; input produced in {produce_s:.1f} s, drained (commit records at the "
            f"end of every input and internal partition; workers read {iso}) after "
            f"{drained_s:.1f} s; {restores} task restores logged, {tails} with an unfinished-commit tail")
-    report(f"{guarantee}: stores equal the driver byte for byte: {', '.join(TABLES)} "
+    report(f"{label}: stores equal the driver byte for byte: {', '.join(TABLES)} "
            f"({sum(len(live[s]) for s in TABLES)} entries); join-result timestamps that differ "
            f"(interleaving): {ts_differences}; restored from the changelogs into empty databases: "
            f"{fresh_records} records, every store and checkpoint equal to the live ones"
            + (f" (_bookkeeping not compared: the broker shows aborted transactions; {bookkeeping_differences} "
               f"entries differ)" if guarantee == "exactly_once" and not caps.read_committed_hides_aborted
               else ", _bookkeeping included"))
-    report(f"{guarantee}: output keys whose final value differs from the driver's: enriched "
+    report(f"{label}: output keys whose final value differs from the driver's: enriched "
            f"{len(off['enriched'])}, totals {len(off['totals'])} (outputs of a killed, uncommitted unit "
            f"that the replay, reading its inputs in another interleaving, did not reproduce)")
     for j in outs:
-        report(f"{guarantee}: {j} output: {dup[f'{j} records']} records (driver, uninterrupted: "
+        report(f"{label}: {j} output: {dup[f'{j} records']} records (driver, uninterrupted: "
                f"{dup[f'{j} driver records']}); duplicates: {dup[j]} unchanged results re-emitted in a row, "
                f"{dup[f'{j} repeats']} records repeating an earlier record of their key (driver: "
                f"{dup[f'{j} driver repeats']}) (broker: read_committed hides aborted = "
