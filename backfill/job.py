@@ -238,6 +238,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
         # 1. topics as the worker creates them; the snapshot; each source's partitioner
         wanted = internal_topics.wanted_topics(topo, counts)
         internal_topics.ensure(bootstrap_servers, application_id, wanted, counts, replication_factor, topic_configs)
+        internal_topics.warn_deleting_sources(bootstrap_servers, sorted(topo.reused_source_topics()))
         internal_counts = {t: n for t, (n, kind) in wanted.items() if kind != "changelog"}
         counts.update(internal_counts)
         dlq = dlq_topic_for(application_id)

@@ -112,6 +112,31 @@ def create_missing(cluster, wanted: dict[str, tuple[int, str]], existing: dict[s
     return sorted(create)
 
 
+def warn_deleting_sources(cluster, topics: list[str]) -> list[str]:
+    """Source topics that are their tables' changelogs (``build(reuse_source_topics=True)``) and
+    may delete records (not ``cleanup.policy=compact``, and a finite ``retention.ms`` or
+    ``retention.bytes``, or a broker that does not say): a warning each, since a restore from such a topic cannot bring back a row
+    whose last record the broker deleted. Returns them."""
+    if not topics:
+        return []
+    described = describe(cluster, topics)
+    risky = []
+    for t in topics:
+        conf = described.get(t, {})
+        policy, retention = conf.get("cleanup.policy"), conf.get("retention.ms")
+        if policy is not None and _is_compact(policy) and "delete" not in str(policy):
+            continue
+        if policy is not None and str(retention) == "-1" and str(conf.get("retention.bytes", "-1")) == "-1":
+            continue
+        risky.append(t)
+        log.warning("topic %s is a table's changelog (reuse_source_topics), but its cleanup.policy=%s and "
+                    "retention.ms=%s%s: a restore from it cannot bring back rows whose records the broker "
+                    "deleted; compact the topic, or build without reuse_source_topics",
+                    t, policy or "(not reported)", retention or "(not reported)",
+                    "" if policy is not None else " (the broker reports neither: assuming its default, delete)")
+    return risky
+
+
 def describe(cluster, topics: list[str]) -> dict[str, dict[str, str]]:
     """``{topic: {setting: value}}`` in one admin request."""
     client = kafka.admin(cluster, "describing internal topics")

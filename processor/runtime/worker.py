@@ -210,6 +210,7 @@ class Worker(TaskManagement, CommitUnit):
                                   f"partition counts ({listing}); they must be equal")
         created = internal_topics.create_missing(self.bootstrap_servers, wanted, parts,
                                                  self.replication_factor, self.topic_configs)
+        internal_topics.warn_deleting_sources(self.bootstrap_servers, sorted(topo.reused_source_topics()))
         if self.on_error == "dlq" and self.dlq_topic not in parts:
             rf = (self.replication_factor if self.replication_factor is not None
                   else internal_topics.default_replication_factor(self.bootstrap_servers))

@@ -119,3 +119,20 @@ def test_turning_reuse_off_writes_the_whole_table_to_its_new_changelog(kafka_boo
     again = run(False)
     assert again.records_processed == 0 and again.restored_records >= len(before)
     assert table() == before
+
+
+def test_a_source_topic_that_may_delete_records_is_named_in_a_warning(kafka_bootstrap, unique, caplog):
+    from processor.runtime import internal_topics
+
+    plain, compact, forever = f"plain-{unique}", f"compact-{unique}", f"forever-{unique}"
+    bounded = f"bounded-{unique}"
+    kafka.create_topics(kafka_bootstrap, {plain: 1}, config={"max.message.bytes": "1000000"})
+    kafka.create_topics(kafka_bootstrap, {bounded: 1},
+                        config={"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "1000000"})
+    kafka.create_topics(kafka_bootstrap, {compact: 1}, config={"cleanup.policy": "compact"})
+    kafka.create_topics(kafka_bootstrap, {forever: 1}, config={"cleanup.policy": "delete", "retention.ms": "-1"})
+    with caplog.at_level("WARNING", logger="processor.topics"):
+        risky = internal_topics.warn_deleting_sources(kafka_bootstrap, [bounded, compact, forever, plain])
+    assert risky == [bounded, plain]
+    assert [r.getMessage().split(" ")[1] for r in caplog.records] == [bounded, plain]
+    assert "cleanup.policy=(not reported)" in caplog.records[1].getMessage()
