@@ -78,16 +78,13 @@ class TableSource(StreamSource):
         super().init(context)
         self.store = context.get_store(self.store_name)
 
-    def _apply(self, key_bytes, value_bytes, timestamp):
-        """Update the store; return the old stored bytes, or False when the update is a no-op."""
-        if key_bytes is None:
-            raise DeserializationError("a table record needs a non-null key", step=self.name)
-        return apply_table_record(self.store, key_bytes, value_bytes, timestamp)
-
     def process_bytes(self, key_bytes, value_bytes, timestamp):
         key, value = self.deserialize(key_bytes, value_bytes)
         self.records_in += 1
-        old = self._apply(key_bytes, value_bytes, timestamp)
+        if key_bytes is None:
+            raise DeserializationError("a table record needs a non-null key", step=self.name)
+        # the old stored bytes, or False for a no-op (the rule a restore from the topic repeats)
+        old = apply_table_record(self.store, key_bytes, value_bytes, timestamp)
         if old is False:
             self.noop_updates_skipped += 1
             return
