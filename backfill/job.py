@@ -214,6 +214,10 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
                               f"(sources: {', '.join(sorted(sources))})")
         if not Path(path).exists():
             raise ConfigError(f"archive of topic {topic!r}: path {path} does not exist")
+        if topic in topo.reused_source_topics():
+            raise ConfigError(f"archive given for topic {topic!r}, which is a table's changelog "
+                              f"(reuse_source_topics): a restore from the topic could not rebuild the "
+                              f"archived history; build the topology without reuse_source_topics")
     for i in range(len(topo.subtopologies)):
         ext = {t: counts[t] for t in topo.source_topics(i) if t in sources}
         if len(set(ext.values())) > 1:
@@ -1273,8 +1277,15 @@ def _write_task(ctx, sub, partition, stores, t0) -> dict:
     ends = _produce_all(producer, writes)          # every store changelog, one flush
     task_topic = changelogs[TASK_STORE]
     record = commit_record.encode(commit_record.CommitRecord(1, positions, ends))
+    task_entries = contents[TASK_STORE]
+    before = ctx.changelog_ends.get((task_topic, partition), 0)
+    if before:   # an earlier run's units (a worker's, a killed backfill's): their keys end here too
+        ours = {k for k, _ in task_entries}
+        task_entries = task_entries + [(k, None) for k in _existing_keys(ctx.bootstrap_servers, task_topic,
+                                                                          partition, before)
+                                       if k not in ours and k != commit_record.COMMIT_KEY]
     task_end = _produce_all(producer, {(task_topic, partition): (
-        contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)], 0)})[(task_topic, partition)]
+        task_entries + [(commit_record.COMMIT_KEY, record)], 0)})[(task_topic, partition)]
     contents[TASK_STORE] = sorted(dict(contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)]).items())
     checkpoint = {**positions, **ends, (task_topic, partition): task_end}
     t2 = time.monotonic()

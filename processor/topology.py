@@ -543,8 +543,12 @@ class Topology:
         skipped), so the topic up to the task's committed position is its changelog. Tables read
         through our own repartition topic keep a changelog (that topic's replays are dropped by
         provenance, which a restore could not repeat)."""
-        if not self.reuse_source_topics:
-            return {}
+        return self.table_source_stores_of(sub_id) if self.reuse_source_topics else {}
+
+    def table_source_stores_of(self, sub_id: int) -> dict[str, str]:
+        """Store name -> source topic, for the stores of tables the sub-topology reads from user
+        topics as they are (with or without ``reuse_source_topics``: a restore reads the topic
+        where a store's changelog does not cover its last commit, ``processor/runtime/changelog.py``)."""
         out = {}
         for s in self.stores_of(sub_id):
             if s.source_topic is None:

@@ -196,7 +196,7 @@ class Task:
         self.failed_in_processing: dict[str, int] = {}
         # user topics that are a table's changelog: their rejected offsets are kept in the task
         # store, so a restore from the topic skips them (processor/state/source_changelog.py)
-        self._reused_sources = frozenset(topology.source_changelogs_of(sub_id).values())
+        self._reused_sources = {topic: name for name, topic in topology.source_changelogs_of(sub_id).items()}
         self.processed = 0
         self.duplicates_dropped = 0
         raw = self.task_store.get(_OUTBOX_COUNTER)
@@ -322,7 +322,8 @@ class Task:
             self._record_sends.clear()
         self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
         if topic in self._reused_sources:
-            self.task_store.put(source_changelog.failed_key(topic, partition, offset), b"")
+            row = None if key is None else self.stores.store(self._reused_sources[topic]).get(key)
+            self.task_store.put(source_changelog.failed_key(topic, partition, offset), source_changelog.encode_failed(row))
 
     def _send_record_outputs(self) -> None:
         if self._convergence is not None:

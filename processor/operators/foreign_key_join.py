@@ -189,8 +189,9 @@ class _RespondingOperator(Processor):
         super().init(context)
         self.subscriptions = context.get_store(self.subscription_store_name)
 
-    def _respond(self, pk, partition, fkb, value_bytes, ts, echo):
-        self.forward(pk, Routed(wire.encode_response(fkb, value_bytes), partition, [(wire.ECHO_HEADER, echo)]), ts)
+    def _respond(self, pk, partition, data, ts, echo):
+        """``data``: ``wire.encode_response(fk, value bytes)`` (one for every subscriber of a row)."""
+        self.forward(pk, Routed(data, partition, [(wire.ECHO_HEADER, echo)]), ts)
         self.responses_sent += 1
 
 
@@ -231,7 +232,7 @@ class ForeignKeyJoinSubscriptionReceiver(_RespondingOperator):
             vb, ts = None, timestamp
         else:
             vb, ts = self.serialize(self.right_value_serde, row[0], "right value"), max(timestamp, row[1])
-        self._respond(sub.pk, sub.primary_partition, fkb, vb, ts, echo)
+        self._respond(sub.pk, sub.primary_partition, wire.encode_response(fkb, vb), ts, echo)
 
     def metrics(self):
         return {"responses_sent": self.responses_sent, "unsubscribed": self.unsubscribed}
@@ -245,13 +246,14 @@ class ForeignKeyJoinResponder(_RespondingOperator):
 
     def process(self, key, change, timestamp):
         fkb = self.serialize(self.right_key_serde, key, "key")
-        vb = unset = object()   # serialized at the first subscriber: most right rows have none
+        data = None   # encoded at the first subscriber (most right rows have none), once for all
         for ck, raw in self.subscriptions.prefix(combined_key.prefix(fkb)):
-            if vb is unset:
+            if data is None:
                 vb = None if change.new is None else self.serialize(self.right_value_serde, change.new, "value")
+                data = wire.encode_response(fkb, vb)
             _, pk = combined_key.decode(ck)
             s = wire.decode_subscriber(raw)
-            self._respond(pk, s.primary_partition, fkb, vb, timestamp, s.echo)
+            self._respond(pk, s.primary_partition, data, timestamp, s.echo)
 
     def metrics(self):
         return {"responses_sent": self.responses_sent}

@@ -179,13 +179,23 @@ class RestoreTarget:
     """One task database to restore, and what the restore found."""
 
     def __init__(self, db, task_id: str, partition: int, changelogs: dict[str, str],
-                 sources: dict[str, str] | None = None):
+                 sources: dict[str, str] | None = None, table_sources: dict[str, str] | None = None,
+                 former_changelogs: dict[str, str] | None = None):
         self.db = db
         self.task_id = task_id
         self.partition = partition
         self.changelogs = changelogs
         self.sources = sources or {}     # store -> its source topic, its changelog (phase 3)
+        # every store of a table read from a user topic -> that topic: one whose changelog the
+        # last commit does not cover (it was reused then) is restored from the topic too
+        self.table_sources = {**(table_sources or {}), **self.sources}
+        self.from_sources: dict[str, str] = dict(self.sources)   # what phase 3 restores
         self.source_ends: dict = {}
+        # reused store -> the changelog it had without ``reuse_source_topics`` (its base, if it
+        # ran so before: ``source_changelog.read_base``); phase 3 starts at the base's position
+        self.former_changelogs = former_changelogs or {}
+        self.source_floor: dict[str, int] = {}
+        self.new_bases: dict[str, bytes] = {}
         self.task_tp = (changelogs[TASK_STORE], partition)
         self.local = db.read_checkpoint()
         self.restored = 0
@@ -232,7 +242,7 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
         names = {}
         for t in targets:
             names[t.task_tp] = t.task_id
-            for topic in (*t.changelogs.values(), *t.sources.values()):
+            for topic in (*t.changelogs.values(), *t.table_sources.values(), *t.former_changelogs.values()):
                 names[(topic, t.partition)] = t.task_id
         reader = _Reader(consumer, names, stop, conf)
         # 1. the task changelogs, in units closed by commit records
@@ -266,6 +276,15 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
                     continue
                 tp = (topic, t.partition)
                 s, e = t.local.get(tp, 0), t.ends.get(tp, 0)
+                if t.commit is not None and tp not in t.ends:
+                    # the last commit names no end for this changelog: the store had none then
+                    # (its source topic was its changelog: ``reuse_source_topics`` since turned
+                    # off). Its rows come from the source topic (phase 3); every record the
+                    # changelog holds (from before, if any) is a tail, overwritten at the next
+                    # commit, which writes the whole store (``_finish``).
+                    s = 0
+                    if name in t.table_sources:
+                        t.from_sources[name] = t.table_sources[name]
                 if s > e:
                     raise ChangelogMismatch(
                         f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] "
@@ -273,6 +292,7 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
                         f"the state directory does not belong to these topics: delete it to restore")
                 t.starts[tp] = s
                 by_store_tp[tp] = (t, name)
+            _former_changelogs(t, by_store_tp)
             t.restored_to = dict(t.starts)
         store_starts = {tp: t.starts[tp] for tp, (t, _) in by_store_tp.items()}
         total = sum(t.ends.get(tp, 0) - s for tp, (t, _) in by_store_tp.items() for s in [t.starts[tp]])
@@ -301,7 +321,7 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
                     for x in targets:
                         x.db.commit({**x.restored_to, x.task_tp: x.task_end})
                     since_commit = 0
-            else:
+            elif name not in t.sources:   # (a reused store's former changelog: no longer written)
                 t.tails.setdefault(name, []).append(key)
                 t.tail_records += 1
         for tp, (t, _) in by_store_tp.items():
@@ -320,6 +340,37 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
         consumer.close()
 
 
+def _former_changelogs(t: RestoreTarget, by_store_tp: dict) -> None:
+    """Phase 2 for a reused store with a base (``source_changelog`` module docstring): the last
+    commit named its changelog (the option was turned on since: the base is that commit's), or a
+    base entry says so. A local state from before the base's source position P is brought up to
+    it from the former changelog; the source topic is read from P on (phase 3)."""
+    for name, topic in t.former_changelogs.items():
+        tp = (topic, t.partition)
+        src = (t.sources[name], t.partition)
+        if t.commit is not None and tp in t.ends:
+            end, position = t.ends[tp], t.commit.positions.get(src, 0)
+            t.new_bases[name] = source_changelog.encode_base(topic, end, position)
+        else:
+            base = source_changelog.read_base(t.db.store(TASK_STORE), name)
+            if base is None:
+                continue
+            topic, end, position = base
+            tp = (topic, t.partition)
+        t.source_floor[name] = position
+        if t.local.get(src, 0) >= position:
+            continue
+        s = t.local.get(tp, 0)
+        if s > end:
+            raise ChangelogMismatch(
+                f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] up to "
+                f"offset {s}, but store {name} was restored from it up to {end} only; the state "
+                f"directory does not belong to these topics: delete it to restore")
+        t.ends[tp] = end
+        t.starts[tp] = s
+        by_store_tp[tp] = (t, name)
+
+
 def _restore_from_sources(targets: list[RestoreTarget], reader: "_Reader"):
     """Phase 3 of ``restore_steps``: each store whose changelog is its table's source topic
     (``processor/state/source_changelog.py``) gets the topic's records from the local checkpoint's
@@ -328,12 +379,12 @@ def _restore_from_sources(targets: list[RestoreTarget], reader: "_Reader"):
     readers: dict[tuple[str, int], list] = {}      # source tp -> [(target, store)]
     starts, ends = {}, {}
     for t in targets:
-        if not t.sources:
+        if not t.from_sources:
             continue
         committed = t.commit.positions if t.commit else {}
-        for name, topic in t.sources.items():
+        for name, topic in t.from_sources.items():
             tp = (topic, t.partition)
-            s, e = t.local.get(tp, 0), committed.get(tp, 0)
+            s, e = max(t.local.get(tp, 0), t.source_floor.get(name, 0)), committed.get(tp, 0)
             if s > e:
                 raise ChangelogMismatch(
                     f"task {t.task_id}: local state says store {name} reflects its source topic "
@@ -344,9 +395,10 @@ def _restore_from_sources(targets: list[RestoreTarget], reader: "_Reader"):
                 readers.setdefault(tp, []).append((t, name))
                 starts[tp], ends[tp] = s, e
                 t.source_ends[tp] = e
+                t.to_restore = (t.to_restore or 0) + e - s
     if not readers:
         return
-    failed = {tp: source_changelog.failed_offsets(t.db.store(TASK_STORE), tp[0], tp[1])
+    failed = {tp: source_changelog.failed_records(t.db.store(TASK_STORE), tp[0], tp[1])
               for tp, ts in readers.items() for t in [ts[0][0]]}
     total = sum(ends[tp] - starts[tp] for tp in readers)
     reader.expect(total)
@@ -359,9 +411,14 @@ def _restore_from_sources(targets: list[RestoreTarget], reader: "_Reader"):
             yield
             continue
         tp, off, key, value, ts = item
-        skip = off in failed[tp] or key is None   # (a key-less record never reached a table)
+        rejected = failed[tp].get(off)
         for t, name in readers[tp]:
-            if not skip:
+            if rejected is not None:
+                # the task rejected it: the row stays as it was before it (written back: under
+                # compaction the records before it may be gone)
+                if key is not None:
+                    source_changelog.restore_row(t.db.store(name), key, rejected)
+            elif key is not None:       # (a key-less record is always rejected)
                 apply(t.db.store(name), key, value, ts)
             t.restored_to[tp] = off + 1
             t.restored += 1
@@ -403,6 +460,10 @@ def _finish(t: RestoreTarget, seconds: float) -> None:
                              "the next commit", t.task_id, name, len(keys), topic)
                     t.tails.setdefault(name, []).extend(keys)
     t.stores.writer = (f"__restore:{t.task_id}", t.partition, 0)
+    for name, value in t.new_bases.items():
+        log.info("task %s: store %s is restored from its source topic from now on; its base is its "
+                 "changelog up to the last commit", t.task_id, name)
+        t.stores.store(TASK_STORE).put(source_changelog.base_key(name), value)
     for name, keys in t.tails.items():
         committed = db.store(name).committed
         store = t.stores.store(name)
@@ -448,9 +509,12 @@ class _Reader:
         if not starts:
             return
         c = self.consumer
-        kafka.assign(c, [TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in starts.items()])
-        done: set = set()
         ends = ends or {}
+        # (a source topic is read from its exact offset, 0 included: a broker that deleted the
+        # records there answers out of range, where OFFSET_BEGINNING would skip them silently)
+        kafka.assign(c, [TopicPartition(t, p, off if off > 0 or (t, p) in ends else OFFSET_BEGINNING)
+                         for (t, p), off in starts.items()])
+        done: set = set()
         for tp, end in ends.items():
             if end <= starts[tp]:
                 done.add(tp)
@@ -474,6 +538,12 @@ class _Reader:
                                 self.eof[tp] = m.offset()
                             continue
                         if err.code() == KafkaError._AUTO_OFFSET_RESET or err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                            if tp in ends:
+                                raise ChangelogMismatch(
+                                    f"task {self.names.get(tp)}: restoring a table from its source topic "
+                                    f"{tp[0]}[{tp[1]}] needs its records from offset {starts.get(tp)} on, but "
+                                    f"the broker does not hold them ({err.str()}): deleted by retention, or "
+                                    f"the topic was recreated; reset the application or backfill it")
                             raise ChangelogMismatch(
                                 f"task {self.names.get(tp)}: local state says it reflects changelog "
                                 f"{tp[0]}[{tp[1]}] up to offset {starts.get(tp)}, past the changelog's "

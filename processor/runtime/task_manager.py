@@ -67,7 +67,10 @@ class TaskManagement:
             for sub, partition in keys:
                 db = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
                 targets.append(RestoreTarget(db, f"{sub}_{partition}", partition, self.topology.changelogs_of(sub),
-                                             self.topology.source_changelogs_of(sub)))
+                                             self.topology.source_changelogs_of(sub),
+                                             self.topology.table_source_stores_of(sub),
+                                             {name: self.topology.changelog_topic(name)
+                                              for name in self.topology.source_changelogs_of(sub)}))
         except BaseException:
             for t in targets:
                 t.db.close()

@@ -2,20 +2,32 @@
 table source applies, and the offsets of the topic's records the task rejected.
 
 Invariant: a reused table's store after the task's records up to position P of its source
-partition equals ``apply_table_record`` applied, in offset order, to every record of that
-partition below P except the offsets ``failed_offsets`` returns. The live table source
-(``processor/operators/source.py``) and the restore (``processor/runtime/changelog.py``) both use
-``apply_table_record``; the task (``processor/engine/task.py``) records each rejected record of a
-reused topic (dead-lettered or skipped, its writes undone) in its task store, which its task
-changelog carries, so a restore from any earlier point skips the same records. Every host of the
+partition equals, applied in offset order to every record of that partition below P that the
+broker still holds: ``apply_table_record`` for the records the task applied, and for each record
+the task rejected (dead-lettered or skipped, its writes undone) ``restore_row`` with the row its
+key had then, which the task kept (``failed_key`` / ``encode_failed``) in its task store. With the
+whole history that row is already there; under compaction, where the records before may be
+gone, it is what puts it back. The live table source (``processor/operators/source.py``) and the
+restore (``processor/runtime/changelog.py``) both use ``apply_table_record``; the task
+(``processor/engine/task.py``) records each rejected record of a reused topic, and its task
+changelog carries the entries, so a restore from any earlier point knows them. Every host of the
 task records them, the backfill's included.
 
-Failed-offset key in the task store (``__task``, host-local; its changelog carries it)::
+Failed-record entry in the task store (``__task``, host-local; its changelog carries it)::
 
-    b"failed\\x00" {4-byte big-endian partition}{8-byte big-endian offset}{topic UTF-8}
+    key:   b"failed\x00" {4-byte big-endian partition}{8-byte big-endian offset}{topic UTF-8}
+    value: {version byte 1}{0: the key had no row | 1: it had one}{the row's stored bytes}
 
-with the empty value; ``failed_prefix`` groups a (topic, partition): the topic sits last only for
-a fixed-length head, so the prefix is the head with the offset left out, filtered by topic.
+The topic sits last for a fixed-length head; ``failed_records`` scans a partition's entries and
+keeps the topic's.
+
+Turned on for an application that ran without it, the records rejected before are not known;
+so the task keeps a base entry per reused store: the store's state up to source position P is
+its former changelog up to offset E (both from the last commit before the switch), and only the
+records from P on are read from the topic::
+
+    key:   b"base\x00" {store name UTF-8}
+    value: {version byte 1}{8-byte big-endian E}{8-byte big-endian P}{changelog topic UTF-8}
 """
 
 from __future__ import annotations
@@ -32,17 +44,69 @@ def failed_key(topic: str, partition: int, offset: int) -> bytes:
     return _FAILED + _HEAD.pack(partition, offset) + topic.encode("utf-8")
 
 
-def failed_offsets(task_store, topic: str, partition: int) -> set[int]:
-    """The offsets of ``topic[partition]`` the task rejected, from its task store."""
+_VERSION = 1
+
+
+def encode_failed(row: bytes | None) -> bytes:
+    """The entry's value: the row (stored bytes) the key had when the record was rejected."""
+    return bytes((_VERSION, 0)) if row is None else bytes((_VERSION, 1)) + row
+
+
+def decode_failed(value: bytes) -> bytes | None:
+    if len(value) < 2 or value[0] != _VERSION or value[1] not in (0, 1):
+        raise ValueError(f"failed-record entry of version {value[0] if value else None} "
+                         f"({len(value)} bytes); this build reads version {_VERSION}")
+    return value[2:] if value[1] else None
+
+
+def failed_records(task_store, topic: str, partition: int) -> dict[int, bytes | None]:
+    """``{offset: the row its key had}`` for the records of ``topic[partition]`` the task rejected."""
     want = topic.encode("utf-8")
     start = _FAILED + _HEAD.pack(partition, 0)
     end = _FAILED + struct.pack(">i", partition + 1)
-    out = set()
+    out = {}
     n = len(_FAILED) + _HEAD.size
-    for k, _ in task_store.range(start, end):
+    for k, v in task_store.range(start, end):
         if k[n:] == want:
-            out.add(_HEAD.unpack_from(k, len(_FAILED))[1])
+            out[_HEAD.unpack_from(k, len(_FAILED))[1]] = decode_failed(v)
     return out
+
+
+def failed_offsets(task_store, topic: str, partition: int) -> set[int]:
+    return set(failed_records(task_store, topic, partition))
+
+
+_BASE = b"base\x00"
+_ENDS = struct.Struct(">qq")
+
+
+def base_key(store: str) -> bytes:
+    return _BASE + store.encode("utf-8")
+
+
+def encode_base(changelog: str, end: int, position: int) -> bytes:
+    return bytes((_VERSION,)) + _ENDS.pack(end, position) + changelog.encode("utf-8")
+
+
+def read_base(task_store, store: str) -> tuple[str, int, int] | None:
+    """``(former changelog topic, its end E, source position P)`` of a reused store, or None."""
+    raw = task_store.get(base_key(store))
+    if raw is None:
+        return None
+    if len(raw) < 1 + _ENDS.size or raw[0] != _VERSION:
+        raise ValueError(f"base entry of store {store!r} of version {raw[0] if raw else None}; this build "
+                         f"reads version {_VERSION}")
+    end, position = _ENDS.unpack_from(raw, 1)
+    return raw[1 + _ENDS.size:].decode("utf-8"), end, position
+
+
+def restore_row(store, key_bytes: bytes, row: bytes | None) -> None:
+    """Put a key's row back as a failed-record entry kept it."""
+    if row is None:
+        if store.get(key_bytes) is not None:
+            store.delete(key_bytes)
+    elif store.get(key_bytes) != row:
+        store.put(key_bytes, row)
 
 
 def apply_table_record(store, key_bytes: bytes, value_bytes: bytes | None, timestamp: int):

@@ -86,39 +86,59 @@ def test_restore_from_source_topic_equals_a_changelog_run(kafka_bootstrap, uniqu
         assert sorted(dead) == sorted(rejected)
 
 
-def test_turning_reuse_off_writes_the_whole_table_to_its_new_changelog(kafka_bootstrap, unique, tmp_path, monkeypatch):
+@pytest.mark.parametrize("history", ["state-kept", "state-lost", "off-on-off"])
+def test_turning_reuse_off_writes_the_whole_table_to_its_new_changelog(kafka_bootstrap, unique, tmp_path,
+                                                                      monkeypatch, history):
     """The same application without ``reuse_source_topics``: its table now has a changelog, which
-    the last commit names no end for; the reopened task writes the whole store to it, so a later
-    restore from the changelog alone (state directory lost) rebuilds the same store."""
-    inp, out, app = f"orders-{unique}", f"big-{unique}", f"app-{unique}"
+    the last commit names no end for. The reopened task brings the store up to the last commit
+    from the source topic where its local state is behind it (``state-lost``: all of it) and
+    writes the whole store to the changelog, so a later restore from the changelog alone (state
+    directory lost) rebuilds it; ``off-on-off``: a changelog from before the option was turned on
+    (its stale end in the local checkpoint) is overwritten the same way. Each time the table
+    equals, byte for byte, that of an application that always had a changelog."""
+    inp, out, app, ref_app = f"orders-{unique}", f"big-{unique}", f"app-{unique}", f"ref-{unique}"
     monkeypatch.setenv("APP_INPUT", inp)
     monkeypatch.setenv("APP_OUTPUT", out)
     kafka.create_topics(kafka_bootstrap, {inp: 2, out: 2})
-    produce(kafka_bootstrap, inp, _first_half())
     store = STORE.format(inp=inp)
     changelog = f"{app}-{store}-changelog"
 
-    def run(reuse):
-        w = Worker(apps.filter_topology(reuse_source_topics=reuse), kafka_bootstrap, app, tmp_path / "state",
+    def run(app_id, reuse, state="state"):
+        w = Worker(apps.filter_topology(reuse_source_topics=reuse), kafka_bootstrap, app_id, tmp_path / state,
                    consumer_config=TEST_CONSUMER_CONFIG)
         w.run(until_drained=True, install_signal_handlers=False)
         return w
 
-    def table():
-        return task_store_bytes(sorted((tmp_path / "state" / app).glob("task-*")), [store])[store]
+    def table(state="state", app_id=app):
+        return task_store_bytes(sorted((tmp_path / state / app_id).glob("task-*")), [store])[store]
 
-    assert run(True).records_processed == 1_505
-    before = table()
-    assert len(before) > 100 and changelog not in kafka.topic_partitions(kafka_bootstrap)
-    assert run(False).records_processed == 0
+    produce(kafka_bootstrap, inp, _first_half())
+    if history == "off-on-off":
+        assert run(app, False).records_processed == 1_505
+        produce(kafka_bootstrap, inp, table_updates(600, keys=150, seed=12), timestamp0=2_000_000)
+        assert run(app, True).records_processed == 600
+    else:
+        assert run(app, True).records_processed == 1_505
+        assert changelog not in kafka.topic_partitions(kafka_bootstrap)
+    total = len(kafka.read_topic(kafka_bootstrap, inp))
+    assert run(ref_app, False, "ref").records_processed == total
+    want = table("ref", ref_app)
+    assert len(want) > 100 and table() == want
+    if history == "state-lost":
+        shutil.rmtree(tmp_path / "state")
+    off = run(app, False)
+    assert off.records_processed == 0
+    if history == "state-lost":
+        assert off.restored_records >= 1_505
+    assert table() == want
     logged = {}
     for m in kafka.read_topic(kafka_bootstrap, changelog):
         logged[m.key()] = m.value()
-    assert logged == before
+    assert {k: v for k, v in logged.items() if v is not None} == want
     shutil.rmtree(tmp_path / "state")
-    again = run(False)
-    assert again.records_processed == 0 and again.restored_records >= len(before)
-    assert table() == before
+    again = run(app, False)
+    assert again.records_processed == 0 and again.restored_records >= len(want)
+    assert table() == want
 
 
 def test_a_source_topic_that_may_delete_records_is_named_in_a_warning(kafka_bootstrap, unique, caplog):
@@ -136,3 +156,38 @@ def test_a_source_topic_that_may_delete_records_is_named_in_a_warning(kafka_boot
     assert risky == [bounded, plain]
     assert [r.getMessage().split(" ")[1] for r in caplog.records] == [bounded, plain]
     assert "cleanup.policy=(not reported)" in caplog.records[1].getMessage()
+
+
+def test_turning_reuse_on_keeps_the_former_changelog_as_the_base(kafka_bootstrap, unique, tmp_path, monkeypatch):
+    """An application that ran without ``reuse_source_topics`` rejected records the task never
+    recorded (key ``same``: A, a rejected B, A). Turned on, the task keeps the last commit's
+    changelog end and source position as its store's base: a restore into an empty directory
+    reads the former changelog up to there and the topic only from there on, and ends equal,
+    byte for byte, to a run that never lost its state."""
+    inp, out, app, ref_app = f"orders-{unique}", f"big-{unique}", f"app-{unique}", f"ref-{unique}"
+    monkeypatch.setenv("APP_INPUT", inp)
+    monkeypatch.setenv("APP_OUTPUT", out)
+    kafka.create_topics(kafka_bootstrap, {inp: 2, out: 2})
+    store = STORE.format(inp=inp)
+
+    def run(app_id, reuse, state):
+        w = Worker(apps.filter_topology(reuse_source_topics=reuse), kafka_bootstrap, app_id, tmp_path / state,
+                   consumer_config=TEST_CONSUMER_CONFIG)
+        w.run(until_drained=True, install_signal_handlers=False)
+        return w
+
+    def table(state, app_id):
+        return task_store_bytes(sorted((tmp_path / state / app_id).glob("task-*")), [store])[store]
+
+    produce(kafka_bootstrap, inp, _first_half())
+    assert run(app, False, "state").records_processed == 1_505           # without: a changelog
+    produce(kafka_bootstrap, inp, table_updates(500, keys=150, seed=9), timestamp0=3_000_000)
+    assert run(app, True, "state").records_processed == 500              # turned on
+    produce(kafka_bootstrap, inp, table_updates(500, keys=150, seed=10), timestamp0=4_000_000)
+    shutil.rmtree(tmp_path / "state")
+    again = run(app, True, "state")                                       # state lost
+    assert again.records_processed == 500
+    assert run(ref_app, False, "ref").records_processed == 2_505
+    want = table("ref", ref_app)
+    assert len(want) > 100 and table("state", app) == want
+    assert want[b"same"] == (1_000_000 + 100).to_bytes(8, "big") + _amount(150)
