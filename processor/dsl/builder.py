@@ -161,7 +161,7 @@ class StreamsBuilder:
         topic; its store is restored from the source topic up to the task's committed position
         (Kafka Streams' ``reuse.ktable.source.topics``: one produce per input record less). Only
         for topics that keep every key's latest record (compacted, or retained forever): a restore
-        cannot bring back what the broker deleted. README "State"."""
+        cannot bring back what the broker deleted. README "Reliability"."""
         if not self._nodes:
             raise TopologyError("the topology is empty: add a stream or table first")
         self._built = True

@@ -115,8 +115,9 @@ def create_missing(cluster, wanted: dict[str, tuple[int, str]], existing: dict[s
 def warn_deleting_sources(cluster, topics: list[str]) -> list[str]:
     """Source topics that are their tables' changelogs (``build(reuse_source_topics=True)``) and
     may delete records (not ``cleanup.policy=compact``, and a finite ``retention.ms`` or
-    ``retention.bytes``, or a broker that does not say): a warning each, since a restore from such a topic cannot bring back a row
-    whose last record the broker deleted. Returns them."""
+    ``retention.bytes``, or a broker that does not say): a warning each, since a restore from
+    such a topic cannot bring back a row whose last record the broker deleted (it stops with an
+    error naming the partition instead). Returns them."""
     if not topics:
         return []
     described = describe(cluster, topics)
