@@ -56,8 +56,9 @@ def _sequences(messages):
 
 
 @pytest.mark.parametrize("guarantee,reuse", [("at_least_once", False), ("exactly_once", False),
-                                             ("at_least_once", True)],
-                         ids=["at_least_once", "exactly_once", "at_least_once-source-topics-as-changelogs"])
+                                             ("at_least_once", True), ("exactly_once", True)],
+                         ids=["at_least_once", "exactly_once", "at_least_once-source-topics-as-changelogs",
+                              "exactly_once-source-topics-as-changelogs"])
 def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, tmp_path, monkeypatch, report,
                                                         broker_capabilities, guarantee, reuse):
     orders, customers, prefix, app = f"orders-{unique}", f"customers-{unique}", f"rel-{unique}", f"rel-{unique}"
