@@ -196,6 +196,8 @@ class RestoreTarget:
         self.former_changelogs = former_changelogs or {}
         self.source_floor: dict[str, int] = {}
         self.new_bases: dict[str, bytes] = {}
+        # stores with a changelog the last commit names no end for (see restore_steps, phase 2)
+        self.uncovered: set[str] = set()
         self.task_tp = (changelogs[TASK_STORE], partition)
         self.local = db.read_checkpoint()
         self.restored = 0
@@ -279,12 +281,15 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
                 if t.commit is not None and tp not in t.ends:
                     # the last commit names no end for this changelog: the store had none then
                     # (its source topic was its changelog: ``reuse_source_topics`` since turned
-                    # off). Its rows come from the source topic (phase 3); every record the
-                    # changelog holds (from before, if any) is a tail, overwritten at the next
+                    # off). Its rows come from the source topic (phase 3), from a base where it
+                    # has one; every record the changelog holds is overwritten at the next
                     # commit, which writes the whole store (``_finish``).
+                    t.uncovered.add(name)
                     s = 0
                     if name in t.table_sources:
                         t.from_sources[name] = t.table_sources[name]
+                        s = _base_of_uncovered(t, name, tp)
+                        e = t.ends.get(tp, 0)
                 if s > e:
                     raise ChangelogMismatch(
                         f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] "
@@ -313,6 +318,8 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
             t, name = by_store_tp[tp]
             if off < t.ends.get(tp, 0):
                 _apply(t.db.store(name), key, value)
+                if name in t.uncovered:     # (a base: the record goes again, with the row now)
+                    t.tails.setdefault(name, []).append(key)
                 t.restored_to[tp] = off + 1
                 t.restored += 1
                 t.store_restored += 1
@@ -338,6 +345,28 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
             _finish(t, seconds)
     finally:
         consumer.close()
+
+
+def _base_of_uncovered(t: RestoreTarget, name: str, tp) -> int:
+    """Phase 2 for a store whose changelog the last commit does not cover, with a base entry from
+    when its source topic was its changelog: a local state from before the base's source
+    position is brought up to it from the changelog (up to the base's end: records of the
+    period before the source topic took over); returns where to read the changelog from."""
+    base = source_changelog.read_base(t.db.store(TASK_STORE), name)
+    if base is None or base[0] != tp[0]:
+        return 0
+    _, end, position = base
+    t.source_floor[name] = position
+    if t.local.get((t.table_sources[name], t.partition), 0) >= position:
+        return 0
+    s = t.local.get(tp, 0)
+    if s > end:
+        raise ChangelogMismatch(
+            f"task {t.task_id}: local state says it reflects changelog {tp[0]}[{t.partition}] up to "
+            f"offset {s}, but store {name} was restored from it up to {end} only; the state "
+            f"directory does not belong to these topics: delete it to restore")
+    t.ends[tp] = end
+    return s
 
 
 def _former_changelogs(t: RestoreTarget, by_store_tp: dict) -> None:
@@ -451,14 +480,12 @@ def _finish(t: RestoreTarget, seconds: float) -> None:
     # a store with local contents that the last commit names no changelog end for (it was
     # restored from its source topic then: ``reuse_source_topics`` turned off since): all of it
     # goes to its changelog at the next commit, which from then on holds its state
-    if t.commit is not None:
-        for name, topic in t.changelogs.items():
-            if name != TASK_STORE and (topic, t.partition) not in t.ends:
-                keys = [k for k, _ in db.store(name).items()]
-                if keys:
-                    log.info("task %s: store %s has no changelog records yet: its %d keys go to %s at "
-                             "the next commit", t.task_id, name, len(keys), topic)
-                    t.tails.setdefault(name, []).extend(keys)
+    for name in t.uncovered:
+        keys = [k for k, _ in db.store(name).items()]
+        if keys:
+            log.info("task %s: store %s has no changelog records of its last commit: its %d keys go to "
+                     "%s at the next commit", t.task_id, name, len(keys), t.changelogs[name])
+            t.tails.setdefault(name, []).extend(keys)
     t.stores.writer = (f"__restore:{t.task_id}", t.partition, 0)
     for name, value in t.new_bases.items():
         log.info("task %s: store %s is restored from its source topic from now on; its base is its "

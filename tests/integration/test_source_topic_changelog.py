@@ -191,3 +191,36 @@ def test_turning_reuse_on_keeps_the_former_changelog_as_the_base(kafka_bootstrap
     want = table("ref", ref_app)
     assert len(want) > 100 and table("state", app) == want
     assert want[b"same"] == (1_000_000 + 100).to_bytes(8, "big") + _amount(150)
+
+
+def test_turning_reuse_off_on_an_older_state_directory_goes_through_the_base(kafka_bootstrap, unique, tmp_path,
+                                                                            monkeypatch):
+    """State directory A ran first without the option; B went on without it (rejecting records
+    no entry names), then with it (its base: B's last commit before); A, behind all of that,
+    runs again without it. A's store must come up to the base from the changelog and only then
+    from the topic: the rejected records of B's first period are not in any entry."""
+    inp, out, app, ref_app = f"orders-{unique}", f"big-{unique}", f"app-{unique}", f"ref-{unique}"
+    monkeypatch.setenv("APP_INPUT", inp)
+    monkeypatch.setenv("APP_OUTPUT", out)
+    kafka.create_topics(kafka_bootstrap, {inp: 2, out: 2})
+    store = STORE.format(inp=inp)
+
+    def run(app_id, reuse, state):
+        w = Worker(apps.filter_topology(reuse_source_topics=reuse), kafka_bootstrap, app_id, tmp_path / state,
+                   consumer_config=TEST_CONSUMER_CONFIG)
+        w.run(until_drained=True, install_signal_handlers=False)
+        return w
+
+    produce(kafka_bootstrap, inp, table_updates(500, keys=150, seed=13))
+    assert run(app, False, "A").records_processed == 500
+    produce(kafka_bootstrap, inp, _first_half(), timestamp0=2_000_000)       # with rejected records
+    assert run(app, False, "B").records_processed == 1_505
+    produce(kafka_bootstrap, inp, table_updates(500, keys=150, seed=14), timestamp0=3_000_000)
+    assert run(app, True, "B").records_processed == 500
+    produce(kafka_bootstrap, inp, table_updates(300, keys=150, seed=15), timestamp0=4_000_000)
+    assert run(app, False, "A").records_processed == 300
+    assert run(ref_app, False, "ref").records_processed == 2_805
+    want = task_store_bytes(sorted((tmp_path / "ref" / ref_app).glob("task-*")), [store])[store]
+    got = task_store_bytes(sorted((tmp_path / "A" / app).glob("task-*")), [store])[store]
+    assert len(want) > 100 and got == want
+    assert want[b"same"] == (2_000_000 + 100).to_bytes(8, "big") + _amount(150)
