@@ -196,8 +196,14 @@ class RestoreTarget:
         self.former_changelogs = former_changelogs or {}
         self.source_floor: dict[str, int] = {}
         self.new_bases: dict[str, bytes] = {}
-        # stores with a changelog the last commit names no end for (see restore_steps, phase 2)
+        # stores with a changelog the last commit names no end for (see restore_steps, phase 2),
+        # and where such a changelog's records are applied from (read: from its start)
         self.uncovered: set[str] = set()
+        self.apply_from: dict = {}
+        # reused stores given a new base now -> keys of their former changelog past its end;
+        # stores whose base (and its overlay) the restore went through
+        self.base_tails: dict[str, list] = {}
+        self.base_overlay: set[str] = set()
         self.task_tp = (changelogs[TASK_STORE], partition)
         self.local = db.read_checkpoint()
         self.restored = 0
@@ -284,12 +290,20 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
                     # off). Its rows come from the source topic (phase 3), from a base where it
                     # has one; every record the changelog holds is overwritten at the next
                     # commit, which writes the whole store (``_finish``).
+                    # (read from its start: each key it holds becomes a tail; applied, where a
+                    # base says so, from the local position to the base's end)
                     t.uncovered.add(name)
                     s = 0
                     if name in t.table_sources:
                         t.from_sources[name] = t.table_sources[name]
-                        s = _base_of_uncovered(t, name, tp)
+                        t.apply_from[tp] = _base_of_uncovered(t, name, tp)
                         e = t.ends.get(tp, 0)
+                        if t.apply_from[tp] > e:
+                            raise ChangelogMismatch(
+                                f"task {t.task_id}: local state says it reflects changelog {topic}"
+                                f"[{t.partition}] up to offset {t.apply_from[tp]}, but store {name} was "
+                                f"restored from it up to {e} only; the state directory does not belong "
+                                f"to these topics: delete it to restore")
                 if s > e:
                     raise ChangelogMismatch(
                         f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] "
@@ -298,12 +312,15 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
                 t.starts[tp] = s
                 by_store_tp[tp] = (t, name)
             _former_changelogs(t, by_store_tp)
-            t.restored_to = dict(t.starts)
+            t.restored_to = {tp: max(s, t.apply_from.get(tp, 0)) for tp, s in t.starts.items()}
         store_starts = {tp: t.starts[tp] for tp, (t, _) in by_store_tp.items()}
-        total = sum(t.ends.get(tp, 0) - s for tp, (t, _) in by_store_tp.items() for s in [t.starts[tp]])
+
+        def to_apply(t, tp):
+            return max(t.ends.get(tp, 0) - max(t.starts[tp], t.apply_from.get(tp, 0)), 0)
+        total = sum(to_apply(t, tp) for tp, (t, _) in by_store_tp.items())
         reader.expect(total)
         for t in targets:
-            t.to_restore = sum(t.ends.get(tp, 0) - s for tp, s in t.starts.items())
+            t.to_restore = sum(to_apply(t, tp) for tp in t.starts)
         reader.detail = lambda: ", ".join(f"{t.task_id} {t.store_restored}/{t.to_restore}" for t in targets
                                           if t.to_restore)
         if total:
@@ -317,9 +334,11 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
             tp, off, key, value, _ = item
             t, name = by_store_tp[tp]
             if off < t.ends.get(tp, 0):
-                _apply(t.db.store(name), key, value)
-                if name in t.uncovered:     # (a base: the record goes again, with the row now)
+                if name in t.uncovered:     # written again at the next commit, with the row then
                     t.tails.setdefault(name, []).append(key)
+                    if off < t.apply_from.get(tp, 0):
+                        continue
+                _apply(t.db.store(name), key, value)
                 t.restored_to[tp] = off + 1
                 t.restored += 1
                 t.store_restored += 1
@@ -328,6 +347,8 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
                     for x in targets:
                         x.db.commit({**x.restored_to, x.task_tp: x.task_end})
                     since_commit = 0
+            elif name in t.base_tails:    # a reused store's former changelog, past the new base
+                t.base_tails[name].append(key)
             elif name not in t.sources:   # (a reused store's former changelog: no longer written)
                 t.tails.setdefault(name, []).append(key)
                 t.tail_records += 1
@@ -338,6 +359,11 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
                     f"task {t.task_id}: changelog {tp[0]}[{tp[1]}] ends at offset {reader.eof.get(tp, 0)}, "
                     f"but the last commit of this task says it reaches {e}; the changelog was "
                     f"recreated or truncated: delete the state directory and reset the application")
+        for t in targets:    # a base's overlay, after its changelog (source_changelog docstring)
+            for name in t.base_overlay:
+                store = t.db.store(name)
+                for k, row in source_changelog.base_rows(t.db.store(TASK_STORE), name):
+                    source_changelog.restore_row(store, k, row)
         # 3. stores whose changelog is their source topic, up to the committed position
         yield from _restore_from_sources(targets, reader)
         seconds = time.monotonic() - t0
@@ -351,7 +377,8 @@ def _base_of_uncovered(t: RestoreTarget, name: str, tp) -> int:
     """Phase 2 for a store whose changelog the last commit does not cover, with a base entry from
     when its source topic was its changelog: a local state from before the base's source
     position is brought up to it from the changelog (up to the base's end: records of the
-    period before the source topic took over); returns where to read the changelog from."""
+    period before the source topic took over); returns where to apply the changelog from (0,
+    and the base's end 0, without a base or where the local state is past it)."""
     base = source_changelog.read_base(t.db.store(TASK_STORE), name)
     if base is None or base[0] != tp[0]:
         return 0
@@ -359,14 +386,9 @@ def _base_of_uncovered(t: RestoreTarget, name: str, tp) -> int:
     t.source_floor[name] = position
     if t.local.get((t.table_sources[name], t.partition), 0) >= position:
         return 0
-    s = t.local.get(tp, 0)
-    if s > end:
-        raise ChangelogMismatch(
-            f"task {t.task_id}: local state says it reflects changelog {tp[0]}[{t.partition}] up to "
-            f"offset {s}, but store {name} was restored from it up to {end} only; the state "
-            f"directory does not belong to these topics: delete it to restore")
+    t.base_overlay.add(name)
     t.ends[tp] = end
-    return s
+    return t.local.get(tp, 0)
 
 
 def _former_changelogs(t: RestoreTarget, by_store_tp: dict) -> None:
@@ -378,8 +400,22 @@ def _former_changelogs(t: RestoreTarget, by_store_tp: dict) -> None:
         tp = (topic, t.partition)
         src = (t.sources[name], t.partition)
         if t.commit is not None and tp in t.ends:
+            # turned on since the last commit: a new base. The changelog is applied up to its end
+            # where the local state is behind, and read past it in any case: the keys of records
+            # there get their rows at P kept beside the base (its overlay, written by _finish)
             end, position = t.ends[tp], t.commit.positions.get(src, 0)
             t.new_bases[name] = source_changelog.encode_base(topic, end, position)
+            t.base_tails[name] = []
+            t.source_floor[name] = position
+            s = t.local.get(tp, 0) if t.local.get(src, 0) < position else end
+            if s > end:
+                raise ChangelogMismatch(
+                    f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] up "
+                    f"to offset {s}, but the last commit recorded in the changelogs ends it at {end}; the "
+                    f"state directory does not belong to these topics: delete it to restore")
+            t.starts[tp] = s
+            by_store_tp[tp] = (t, name)
+            continue
         else:
             base = source_changelog.read_base(t.db.store(TASK_STORE), name)
             if base is None:
@@ -389,6 +425,7 @@ def _former_changelogs(t: RestoreTarget, by_store_tp: dict) -> None:
         t.source_floor[name] = position
         if t.local.get(src, 0) >= position:
             continue
+        t.base_overlay.add(name)
         s = t.local.get(tp, 0)
         if s > end:
             raise ChangelogMismatch(
@@ -433,22 +470,16 @@ def _restore_from_sources(targets: list[RestoreTarget], reader: "_Reader"):
     reader.expect(total)
     log.info("restoring %d store(s) from their source topics: up to %d records to read",
              sum(len(v) for v in readers.values()), total)
-    apply = source_changelog.apply_table_record
+    replay = source_changelog.replay_record
     since_commit = 0
     for item in reader.read_many(starts, ends):
         if item is None:
             yield
             continue
         tp, off, key, value, ts = item
-        rejected = failed[tp].get(off)
+        rejected = failed[tp]
         for t, name in readers[tp]:
-            if rejected is not None:
-                # the task rejected it: the row stays as it was before it (written back: under
-                # compaction the records before it may be gone)
-                if key is not None:
-                    source_changelog.restore_row(t.db.store(name), key, rejected)
-            elif key is not None:       # (a key-less record is always rejected)
-                apply(t.db.store(name), key, value, ts)
+            replay(t.db.store(name), rejected, off, key, value, ts)
             t.restored_to[tp] = off + 1
             t.restored += 1
             t.store_restored += 1
@@ -487,10 +518,6 @@ def _finish(t: RestoreTarget, seconds: float) -> None:
                      "%s at the next commit", t.task_id, name, len(keys), t.changelogs[name])
             t.tails.setdefault(name, []).extend(keys)
     t.stores.writer = (f"__restore:{t.task_id}", t.partition, 0)
-    for name, value in t.new_bases.items():
-        log.info("task %s: store %s is restored from its source topic from now on; its base is its "
-                 "changelog up to the last commit", t.task_id, name)
-        t.stores.store(TASK_STORE).put(source_changelog.base_key(name), value)
     for name, keys in t.tails.items():
         committed = db.store(name).committed
         store = t.stores.store(name)
@@ -500,6 +527,20 @@ def _finish(t: RestoreTarget, seconds: float) -> None:
                 store.delete(k)
             else:
                 store.put(k, v)
+    # (after the tails: a base key in the task changelog's unfinished unit must not undo it)
+    task_store = t.stores.store(TASK_STORE)
+    for name, value in t.new_bases.items():
+        overlay = dict.fromkeys(t.base_tails.get(name, ()))
+        log.info("task %s: store %s is restored from its source topic from now on; its base is its "
+                 "changelog up to the last commit%s", t.task_id, name,
+                 f" and the rows of the {len(overlay)} key(s) of its unfinished unit" if overlay else "")
+        for k, _ in list(task_store.prefix(source_changelog.base_row_key(name, b""))):
+            if k not in overlay:
+                task_store.delete(k)
+        rows = db.store(name)
+        for k in overlay:
+            task_store.put(source_changelog.base_row_key(name, k), source_changelog.encode_failed(rows.get(k)))
+        task_store.put(source_changelog.base_key(name), value)
     if t.restored or t.tail_records or t.local:   # (a task reopened from local state: even with 0)
         log.info("restored task %s from its changelogs: %d records (the assignment's restore took %.1f s)%s",
                  t.task_id, t.restored, seconds,

@@ -28,6 +28,13 @@ records from P on are read from the topic::
 
     key:   b"base\x00" {store name UTF-8}
     value: {version byte 1}{8-byte big-endian E}{8-byte big-endian P}{changelog topic UTF-8}
+
+Records the former changelog holds past E (a unit that never committed) are not part of the
+base, and under compaction they may have removed the committed records of their keys below E;
+so the base keeps those keys' rows at P beside it (an overlay, applied after the changelog)::
+
+    key:   b"baserow\x00" {2-byte big-endian length of the store name}{store name UTF-8}{key}
+    value: as a failed-record entry's (the row, or none)
 """
 
 from __future__ import annotations
@@ -98,6 +105,36 @@ def read_base(task_store, store: str) -> tuple[str, int, int] | None:
                          f"reads version {_VERSION}")
     end, position = _ENDS.unpack_from(raw, 1)
     return raw[1 + _ENDS.size:].decode("utf-8"), end, position
+
+
+def replay_record(store, failed: dict, offset: int, key_bytes, value_bytes, timestamp: int) -> None:
+    """One record of a reused topic in a restore (``failed``: ``failed_records`` of its partition):
+    a rejected record puts its key's row back as it was (absent included), any other goes
+    through ``apply_table_record``; a key-less record (always rejected) changes nothing."""
+    if key_bytes is None:
+        return
+    if offset in failed:
+        restore_row(store, key_bytes, failed[offset])
+    else:
+        apply_table_record(store, key_bytes, value_bytes, timestamp)
+
+
+_BASE_ROW = b"baserow\x00"
+
+
+def _base_row_prefix(store: str) -> bytes:
+    name = store.encode("utf-8")
+    return _BASE_ROW + struct.pack(">H", len(name)) + name
+
+
+def base_row_key(store: str, key: bytes) -> bytes:
+    return _base_row_prefix(store) + key
+
+
+def base_rows(task_store, store: str) -> list[tuple[bytes, bytes | None]]:
+    """``[(key, row or None)]`` of a base's overlay."""
+    prefix = _base_row_prefix(store)
+    return [(k[len(prefix):], decode_failed(v)) for k, v in task_store.prefix(prefix)]
 
 
 def restore_row(store, key_bytes: bytes, row: bytes | None) -> None:

@@ -9,8 +9,12 @@ import json
 import shutil
 
 import pytest
+from confluent_kafka import Producer
 
 from processor.runtime import kafka
+from processor.state import source_changelog
+from processor.state.rocksdb import RocksDBDatabase
+from processor.state.store import TASK_STORE
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
@@ -26,11 +30,13 @@ def _amount(a) -> bytes:
 def _first_half() -> list:
     """Table updates with records the task rejects between them: a value that is not JSON (the
     source fails) and values without "amount" (the filter fails after the table source wrote;
-    the write is undone). Key ``same`` gets A, a rejected B, then A again: its row must keep
+    the write is undone), for keys with a row and without one. Key ``same`` gets A, a rejected B, then A again: its row must keep
     A's first timestamp (the second A is a no-op), which a restore that applied B would lose."""
     records = table_updates(1_500, keys=150, seed=7)
     records[100:100] = [(b"same", _amount(150)), (b"same", b'{"x":1}'), (b"same", _amount(150))]
     records[400:400] = [(b"k00001", b"{not json"), (b"k00002", b'{"x":2}')]
+    # rejected records of keys that have no row (a restore must not give them one)
+    records[700:700] = [(b"fresh-1", b"{not json"), (b"fresh-2", b'{"x":3}')]
     return records
 
 
@@ -69,7 +75,7 @@ def test_restore_from_source_topic_equals_a_changelog_run(kafka_bootstrap, uniqu
     store = STORE.format(inp=inp)
     got = task_store_bytes(sorted((tmp_path / "reuse" / reuse_app).glob("task-*")), [store])[store]
     want = task_store_bytes(sorted((tmp_path / "ref" / ref_app).glob("task-*")), [store])[store]
-    assert len(want) > 100 and got == want
+    assert len(want) > 100 and got == want and b"fresh-1" not in got and b"fresh-2" not in got
     # key "same": A, a rejected B, A again: the row keeps the first A's timestamp
     assert want[b"same"] == (1_000_000 + 100).to_bytes(8, "big") + _amount(150)
 
@@ -80,7 +86,8 @@ def test_restore_from_source_topic_equals_a_changelog_run(kafka_bootstrap, uniqu
     monkeypatch.setenv("APP_OUTPUT", ref_out)
     assert by_key(kafka.read_topic(kafka_bootstrap, ref_out)) == \
         driver_output_by_key(apps.filter_topology, inp, ref_out, inputs)
-    rejected = [(b"same", b'{"x":1}'), (b"k00001", b"{not json"), (b"k00002", b'{"x":2}')]
+    rejected = [(b"same", b'{"x":1}'), (b"k00001", b"{not json"), (b"k00002", b'{"x":2}'),
+                (b"fresh-1", b"{not json"), (b"fresh-2", b'{"x":3}')]
     for app in (reuse_app, ref_app):
         dead = [(m.key(), m.value()) for m in kafka.read_topic(kafka_bootstrap, f"{app}-dlq")]
         assert sorted(dead) == sorted(rejected)
@@ -114,11 +121,11 @@ def test_turning_reuse_off_writes_the_whole_table_to_its_new_changelog(kafka_boo
 
     produce(kafka_bootstrap, inp, _first_half())
     if history == "off-on-off":
-        assert run(app, False).records_processed == 1_505
+        assert run(app, False).records_processed == 1_507
         produce(kafka_bootstrap, inp, table_updates(600, keys=150, seed=12), timestamp0=2_000_000)
         assert run(app, True).records_processed == 600
     else:
-        assert run(app, True).records_processed == 1_505
+        assert run(app, True).records_processed == 1_507
         assert changelog not in kafka.topic_partitions(kafka_bootstrap)
     total = len(kafka.read_topic(kafka_bootstrap, inp))
     assert run(ref_app, False, "ref").records_processed == total
@@ -180,14 +187,30 @@ def test_turning_reuse_on_keeps_the_former_changelog_as_the_base(kafka_bootstrap
         return task_store_bytes(sorted((tmp_path / state / app_id).glob("task-*")), [store])[store]
 
     produce(kafka_bootstrap, inp, _first_half())
-    assert run(app, False, "state").records_processed == 1_505           # without: a changelog
+    assert run(app, False, "state").records_processed == 1_507           # without: a changelog
+    # a record past the last commit in the changelog (what a unit that never committed leaves):
+    # its key's row at the switch is kept beside the base (compaction could drop the row below)
+    part = next(m.partition() for m in kafka.read_topic(kafka_bootstrap, inp) if m.key() == b"k00003")
+    changelog = f"{app}-{store}-changelog"
+    p = Producer(kafka.producer_defaults(kafka_bootstrap))
+    p.produce(changelog, b"\x00" * 8 + b'{"amount":-1}', b"k00003", partition=part)
+    p.flush()
     produce(kafka_bootstrap, inp, table_updates(500, keys=150, seed=9), timestamp0=3_000_000)
     assert run(app, True, "state").records_processed == 500              # turned on
+    task_dir = tmp_path / "state" / app / f"task-0_{part}"
+    db = RocksDBDatabase(task_dir)
+    try:
+        overlay = source_changelog.base_rows(db.store(TASK_STORE), store)
+        base = source_changelog.read_base(db.store(TASK_STORE), store)
+    finally:
+        db.close()
+    assert [k for k, _ in overlay] == [b"k00003"] and base[0] == changelog
+    assert overlay[0][1] is None or overlay[0][1].endswith(b"}") and b"-1" not in overlay[0][1]
     produce(kafka_bootstrap, inp, table_updates(500, keys=150, seed=10), timestamp0=4_000_000)
     shutil.rmtree(tmp_path / "state")
     again = run(app, True, "state")                                       # state lost
     assert again.records_processed == 500
-    assert run(ref_app, False, "ref").records_processed == 2_505
+    assert run(ref_app, False, "ref").records_processed == 2_507
     want = table("ref", ref_app)
     assert len(want) > 100 and table("state", app) == want
     assert want[b"same"] == (1_000_000 + 100).to_bytes(8, "big") + _amount(150)
@@ -214,12 +237,12 @@ def test_turning_reuse_off_on_an_older_state_directory_goes_through_the_base(kaf
     produce(kafka_bootstrap, inp, table_updates(500, keys=150, seed=13))
     assert run(app, False, "A").records_processed == 500
     produce(kafka_bootstrap, inp, _first_half(), timestamp0=2_000_000)       # with rejected records
-    assert run(app, False, "B").records_processed == 1_505
+    assert run(app, False, "B").records_processed == 1_507
     produce(kafka_bootstrap, inp, table_updates(500, keys=150, seed=14), timestamp0=3_000_000)
     assert run(app, True, "B").records_processed == 500
     produce(kafka_bootstrap, inp, table_updates(300, keys=150, seed=15), timestamp0=4_000_000)
     assert run(app, False, "A").records_processed == 300
-    assert run(ref_app, False, "ref").records_processed == 2_805
+    assert run(ref_app, False, "ref").records_processed == 2_807
     want = task_store_bytes(sorted((tmp_path / "ref" / ref_app).glob("task-*")), [store])[store]
     got = task_store_bytes(sorted((tmp_path / "A" / app).glob("task-*")), [store])[store]
     assert len(want) > 100 and got == want

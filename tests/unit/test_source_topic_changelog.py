@@ -12,8 +12,8 @@ from processor import StreamsBuilder
 from processor.serde import Serdes
 from processor.state.memory import MemoryStores
 from processor.state.rocksdb import RocksDBDatabase
-from processor.state.source_changelog import (apply_table_record, decode_failed, encode_failed, failed_key,
-                                               failed_offsets, failed_records, restore_row)
+from processor.state.source_changelog import (decode_failed, encode_failed, failed_key, failed_offsets,
+                                               failed_records, replay_record)
 from processor.state.store import TASK_STORE
 from processor.testing import TopologyTestDriver
 
@@ -89,7 +89,7 @@ def test_the_task_records_each_rejected_record_of_a_reused_topic():
         assert _task_failed(d) == []
 
 
-records = st.lists(st.tuples(st.sampled_from([b"k1", b"k2", b"k3"]),
+records = st.lists(st.tuples(st.sampled_from([b"k1", b"k2", b"k3", b"k4", b"k5"]),
                              st.sampled_from([None, b'{"amount": 5}', b'{"amount": 50}', b'{"amount": 50}',
                                               b'{"x": 1}', b"{bad"])),
                    max_size=40)
@@ -107,12 +107,8 @@ def test_store_equals_the_topic_replayed_with_the_rejected_records_rows(recs):
 
     def restore(offsets):
         store = MemoryStores().store("orders")
-        for i in offsets:
-            k, v = recs[i]
-            if i in failed:
-                restore_row(store, k, failed[i])
-            else:
-                apply_table_record(store, k, v, 100 + i)
+        for i in offsets:     # (the restore's own per-record step)
+            replay_record(store, failed, i, *recs[i], 100 + i)
         return dict(store.items())
 
     # the whole history: the rejected records change nothing
