@@ -1245,7 +1245,8 @@ def _write_task(ctx, sub, partition, stores, t0) -> dict:
             positions[(t, partition)] = ctx.snapshot[(t, partition)][1]
     changelogs = ctx.topo.changelogs_of(sub)
     # (a table whose changelog is its source topic: its store is in the database only; the
-    # offsets the tasks rejected, which a restore from the topic skips, are in the task store)
+    # records the tasks rejected, which a restore from the topic does not apply, are named in
+    # the task store, which goes to the task changelog)
     contents = {name: list(stores.store(name).items())
                 for name in (*changelogs, *ctx.topo.source_changelogs_of(sub))}
     # high-water marks of records whose source is an internal topic: those records were rows

@@ -194,8 +194,9 @@ class Task:
         self.skipped_poison = 0
         # per input topic: records that deserialized but failed later (a user function, an output)
         self.failed_in_processing: dict[str, int] = {}
-        # user topics that are a table's changelog: their rejected offsets are kept in the task
-        # store, so a restore from the topic skips them (processor/state/source_changelog.py)
+        # user topics that are a table's changelog -> its store: each rejected record's offset and
+        # the row its key had are kept in the task store, so a restore from the topic puts that
+        # row back instead of applying the record (processor/state/source_changelog.py)
         self._reused_sources = {topic: name for name, topic in topology.source_changelogs_of(sub_id).items()}
         self.processed = 0
         self.duplicates_dropped = 0
