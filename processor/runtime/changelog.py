@@ -440,8 +440,9 @@ def _former_changelogs(t: RestoreTarget, by_store_tp: dict) -> None:
 def _restore_from_sources(targets: list[RestoreTarget], reader: "_Reader"):
     """Phase 3 of ``restore_steps``: each store whose changelog is its table's source topic
     (``processor/state/source_changelog.py``) gets the topic's records from the local checkpoint's
-    position to the committed one, through the table source's own update rule, but the offsets
-    the task rejected (its task store, restored in phase 1, names them)."""
+    position (or a base's) to the committed one, through the table source's own update rule;
+    at the offsets the task rejected (its task store, restored in phase 1, names them) the row
+    the key had is put back instead (``source_changelog.replay_record``)."""
     readers: dict[tuple[str, int], list] = {}      # source tp -> [(target, store)]
     starts, ends = {}, {}
     for t in targets:
