@@ -1,9 +1,11 @@
 """A table whose source topic is its changelog (``build(reuse_source_topics=True)``): the worker
 writes no changelog for the table's store, and a worker that lost its state directory restores
-the store from the source topic up to its committed position, skipping the records the task
-rejected. Checked against a worker of the same topology with a changelog, run over the same
-input without losing anything: the table stores byte for byte (timestamps included), the outputs
-and the dead letters as exact sequences, and both against the test driver."""
+the store from the source topic up to its committed position, putting back the row each record
+the task rejected found. Checked against a worker of the same topology with a changelog, run
+over the same input without losing anything: the table stores byte for byte (timestamps
+included), the outputs per key as exact sequences (both against the test driver), the dead
+letters as the same records (their order across input partitions is the interleaving's).
+Switching the option on and off for an application that ran is checked the same way."""
 
 import json
 import shutil
@@ -30,8 +32,9 @@ def _amount(a) -> bytes:
 def _first_half() -> list:
     """Table updates with records the task rejects between them: a value that is not JSON (the
     source fails) and values without "amount" (the filter fails after the table source wrote;
-    the write is undone), for keys with a row and without one. Key ``same`` gets A, a rejected B, then A again: its row must keep
-    A's first timestamp (the second A is a no-op), which a restore that applied B would lose."""
+    the write is undone), for keys with a row and without one. Key ``same`` gets A, a rejected
+    B, then A again: its row must keep A's first timestamp (the second A is a no-op), which a
+    restore that applied B would lose."""
     records = table_updates(1_500, keys=150, seed=7)
     records[100:100] = [(b"same", _amount(150)), (b"same", b'{"x":1}'), (b"same", _amount(150))]
     records[400:400] = [(b"k00001", b"{not json"), (b"k00002", b'{"x":2}')]
