@@ -29,6 +29,19 @@ def _amount(a) -> bytes:
     return json.dumps({"amount": a}, separators=(",", ":")).encode()
 
 
+def _run(bootstrap, app_id, reuse, state_dir, guarantee="at_least_once"):
+    """One worker of ``apps.filter_topology`` until drained (topics from the environment)."""
+    w = Worker(apps.filter_topology(reuse_source_topics=reuse), bootstrap, app_id, state_dir,
+               consumer_config=TEST_CONSUMER_CONFIG, processing_guarantee=guarantee)
+    w.run(until_drained=True, install_signal_handlers=False)
+    return w
+
+
+def _table(app_dir, store):
+    """The store's contents over every task database of an application's state directory."""
+    return task_store_bytes(sorted(app_dir.glob("task-*")), [store])[store]
+
+
 def _first_half() -> list:
     """Table updates with records the task rejects between them: a value that is not JSON (the
     source fails) and values without "amount" (the filter fails after the table source wrote;
@@ -54,10 +67,7 @@ def test_restore_from_source_topic_equals_a_changelog_run(kafka_bootstrap, uniqu
 
     def run(app, reuse, state, out):
         monkeypatch.setenv("APP_OUTPUT", out)
-        w = Worker(apps.filter_topology(reuse_source_topics=reuse), kafka_bootstrap, app, tmp_path / state,
-                   consumer_config=TEST_CONSUMER_CONFIG, processing_guarantee=guarantee)
-        w.run(until_drained=True, install_signal_handlers=False)
-        return w
+        return _run(kafka_bootstrap, app, reuse, tmp_path / state, guarantee)
 
     produce(kafka_bootstrap, inp, first)
     assert run(reuse_app, True, "reuse", reuse_out).records_processed == len(first)
@@ -76,8 +86,8 @@ def test_restore_from_source_topic_equals_a_changelog_run(kafka_bootstrap, uniqu
     assert ref.records_processed == len(first) + len(second)
 
     store = STORE.format(inp=inp)
-    got = task_store_bytes(sorted((tmp_path / "reuse" / reuse_app).glob("task-*")), [store])[store]
-    want = task_store_bytes(sorted((tmp_path / "ref" / ref_app).glob("task-*")), [store])[store]
+    got = _table(tmp_path / "reuse" / reuse_app, store)
+    want = _table(tmp_path / "ref" / ref_app, store)
     assert len(want) > 100 and got == want and b"fresh-1" not in got and b"fresh-2" not in got
     # key "same": A, a rejected B, A again: the row keeps the first A's timestamp
     assert want[b"same"] == (1_000_000 + 100).to_bytes(8, "big") + _amount(150)
@@ -114,13 +124,10 @@ def test_turning_reuse_off_writes_the_whole_table_to_its_new_changelog(kafka_boo
     changelog = f"{app}-{store}-changelog"
 
     def run(app_id, reuse, state="state"):
-        w = Worker(apps.filter_topology(reuse_source_topics=reuse), kafka_bootstrap, app_id, tmp_path / state,
-                   consumer_config=TEST_CONSUMER_CONFIG)
-        w.run(until_drained=True, install_signal_handlers=False)
-        return w
+        return _run(kafka_bootstrap, app_id, reuse, tmp_path / state)
 
     def table(state="state", app_id=app):
-        return task_store_bytes(sorted((tmp_path / state / app_id).glob("task-*")), [store])[store]
+        return _table(tmp_path / state / app_id, store)
 
     produce(kafka_bootstrap, inp, _first_half())
     if history == "off-on-off":
@@ -181,13 +188,10 @@ def test_turning_reuse_on_keeps_the_former_changelog_as_the_base(kafka_bootstrap
     store = STORE.format(inp=inp)
 
     def run(app_id, reuse, state):
-        w = Worker(apps.filter_topology(reuse_source_topics=reuse), kafka_bootstrap, app_id, tmp_path / state,
-                   consumer_config=TEST_CONSUMER_CONFIG)
-        w.run(until_drained=True, install_signal_handlers=False)
-        return w
+        return _run(kafka_bootstrap, app_id, reuse, tmp_path / state)
 
     def table(state, app_id):
-        return task_store_bytes(sorted((tmp_path / state / app_id).glob("task-*")), [store])[store]
+        return _table(tmp_path / state / app_id, store)
 
     produce(kafka_bootstrap, inp, _first_half())
     assert run(app, False, "state").records_processed == 1_507           # without: a changelog
@@ -232,10 +236,7 @@ def test_turning_reuse_off_on_an_older_state_directory_goes_through_the_base(kaf
     store = STORE.format(inp=inp)
 
     def run(app_id, reuse, state):
-        w = Worker(apps.filter_topology(reuse_source_topics=reuse), kafka_bootstrap, app_id, tmp_path / state,
-                   consumer_config=TEST_CONSUMER_CONFIG)
-        w.run(until_drained=True, install_signal_handlers=False)
-        return w
+        return _run(kafka_bootstrap, app_id, reuse, tmp_path / state)
 
     produce(kafka_bootstrap, inp, table_updates(500, keys=150, seed=13))
     assert run(app, False, "A").records_processed == 500
@@ -246,7 +247,7 @@ def test_turning_reuse_off_on_an_older_state_directory_goes_through_the_base(kaf
     produce(kafka_bootstrap, inp, table_updates(300, keys=150, seed=15), timestamp0=4_000_000)
     assert run(app, False, "A").records_processed == 300
     assert run(ref_app, False, "ref").records_processed == 2_807
-    want = task_store_bytes(sorted((tmp_path / "ref" / ref_app).glob("task-*")), [store])[store]
-    got = task_store_bytes(sorted((tmp_path / "A" / app).glob("task-*")), [store])[store]
+    want = _table(tmp_path / "ref" / ref_app, store)
+    got = _table(tmp_path / "A" / app, store)
     assert len(want) > 100 and got == want
     assert want[b"same"] == (2_000_000 + 100).to_bytes(8, "big") + _amount(150)
