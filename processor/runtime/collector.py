@@ -14,6 +14,9 @@ from confluent_kafka import KafkaException
 from processor.errors import KafkaIOError
 from processor.runtime import kafka
 
+# librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner picks the partition
+_ANY_PARTITION = -1
+
 
 class DeliveryFailed(KafkaIOError):
     """Records the producer could not deliver (exit 7)."""
@@ -56,20 +59,19 @@ class KafkaCollector:
 
     def send(self, topic, key, value, timestamp, headers, partition=None):
         produce = self.producer.produce
+        if partition is None:
+            partition = _ANY_PARTITION
         while True:
             try:
-                if partition is not None:
-                    produce(topic, value, key, partition=partition, timestamp=timestamp, headers=headers)
-                elif headers:
-                    produce(topic, value, key, timestamp=timestamp, headers=headers)
-                else:
-                    produce(topic, value, key, timestamp=timestamp)
+                # positional: confluent-kafka parses keyword arguments at ~0.35 us more per call
+                # (topic, value, key, partition, on_delivery, callback, timestamp, headers)
+                produce(topic, value, key, partition, None, None, timestamp, headers or None)
                 break
             except BufferError:
                 self.producer.poll(0.05)
             except KafkaException as exc:   # refused at once (the task checked sizes before)
                 raise KafkaIOError(f"producing a record to {topic}"
-                                   f"{'' if partition is None else f'[{partition}]'}: "
+                                   f"{'' if partition == _ANY_PARTITION else f'[{partition}]'}: "
                                    f"{exc.args[0].str() if exc.args else exc}") from None
         self.sent += 1
 
@@ -77,10 +79,7 @@ class KafkaCollector:
         produce = self.changelog_producer.produce
         while True:
             try:
-                if on_delivery is None:
-                    produce(topic, value, key, partition=partition, headers=headers)
-                else:
-                    produce(topic, value, key, partition=partition, headers=headers, on_delivery=on_delivery)
+                produce(topic, value, key, partition, on_delivery, None, 0, headers)
                 break
             except BufferError:
                 self.changelog_producer.poll(0.05)
@@ -97,7 +96,7 @@ class KafkaCollector:
             try:
                 for j in range(i, end):
                     k, v, h = records[j]
-                    produce(topic, v, k, partition=partition, headers=h)
+                    produce(topic, v, k, partition, None, None, 0, h)
                 i = end
             except BufferError:
                 i = j
