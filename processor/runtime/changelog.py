@@ -597,8 +597,9 @@ class _Reader:
         try:
             while len(done) < len(starts):
                 # a short timeout: consume() waits all of it unless the batch fills, and the
-                # end of a partition (often an empty one) comes as a single event; a restore
-                # step between the group consumer's polls blocks no longer than this
+                # end of a partition (often an empty one) comes as a single event; this is how
+                # long one call waits when nothing arrives (and so how far a restore step between
+                # the group consumer's polls can overrun its budget)
                 msgs = c.consume(2000, 0.01)
                 now = time.monotonic()
                 for m in msgs:

@@ -64,7 +64,8 @@ class KafkaCollector:
         while True:
             try:
                 # positional: confluent-kafka parses keyword arguments at ~0.35 us more per call
-                # (topic, value, key, partition, on_delivery, callback, timestamp, headers)
+                # (topic, value, key, partition, callback, on_delivery, timestamp, headers): the
+                # callback slot comes first and wins even as None, so a callback goes there
                 produce(topic, value, key, partition, None, None, timestamp, headers or None)
                 break
             except BufferError:
@@ -79,7 +80,7 @@ class KafkaCollector:
         produce = self.changelog_producer.produce
         while True:
             try:
-                produce(topic, value, key, partition, on_delivery, None, 0, headers)
+                produce(topic, value, key, partition, on_delivery, None, 0, headers)   # (callback slot)
                 break
             except BufferError:
                 self.changelog_producer.poll(0.05)
