@@ -16,7 +16,9 @@ Invariants:
   kept between its runs (``<build root>/state``). Then each sub-topology is flushed once (as a
   graceful stop does), and what that sends is processed too.
 - **Exactly the snapshot.** The end offset of every source partition is taken first (fetch high
-  watermark, ``backfill.snapshot``); exactly the history below it is read
+  watermark, ``backfill.snapshot``), at the isolation level of the worker that continues
+  (``read_committed`` under ``processing_guarantee="exactly_once"``: below an open transaction);
+  exactly the history below it is read, at the same level
   (``backfill.kafka_source``, plus ``--archive`` Parquet below the earliest offset Kafka holds);
   the checkpoint, the commit record and the group offsets say "next offset = snapshot end", and
   for internal topics "= their end now" (the shuffles never went through them). So a worker
@@ -57,6 +59,8 @@ from pathlib import Path
 from processor.errors import ConfigError
 
 log = logging.getLogger("processor.backfill")
+
+PROCESSING_GUARANTEES = ("at_least_once", "exactly_once")
 
 # rows a task run writes: internal records for the next runs, outputs for the end
 _ROW_FIELDS = ["kind", "topic", "partition", "key", "value", "ts", "headers", "origin", "seq", "phase"]
@@ -174,13 +178,18 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
         master: str | None = None, on_error: str = "dlq", consumer_config: dict | None = None,
         producer_config: dict | None = None, max_records_per_split: int | None = None,
         client_config=None, replication_factor: int | None = None,
-        topic_configs: dict | None = None) -> BackfillReport:
+        topic_configs: dict | None = None, processing_guarantee: str = "at_least_once") -> BackfillReport:
     """Rebuild every task's stores of ``topology`` for ``application_id`` from topic history into
     ``state_dir`` and hand over to the worker (see the module docstring). ``client_config``
     (``processor.runtime.client_config.ClientConfig``) reaches every client the driver and the
     executors open; ``consumer_config`` / ``producer_config`` are layered over its kinds.
     Internal topics are created and checked as the worker does (``replication_factor``,
-    ``topic_configs`` per kind: processor/runtime/internal_topics.py)."""
+    ``topic_configs`` per kind: processor/runtime/internal_topics.py). ``processing_guarantee``
+    is the one of the worker that continues: the history is read at that worker's isolation level
+    (``read_committed`` under ``exactly_once``, ``read_uncommitted`` otherwise; a consumer-config
+    ``isolation.level`` overrides it), so the snapshot ends where that worker's view ends (below
+    an open transaction under ``read_committed``) and no record the worker would not see (an
+    aborted one, on a broker that hides them) gets into the stores."""
     from processor.engine.routing import Routing
     from processor.engine.task import dlq_topic_for
     from processor.runtime import internal_topics, kafka
@@ -190,8 +199,15 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
     from backfill.snapshot import snapshot_offsets
     from backfill.sst import install_task_databases, new_build_root
 
+    if processing_guarantee not in PROCESSING_GUARANTEES:
+        raise ConfigError(f"processing_guarantee must be one of {', '.join(PROCESSING_GUARANTEES)}, "
+                          f"not {processing_guarantee!r}")
     config = ((client_config or ClientConfig()).with_kind("consumer", consumer_config)
               .with_kind("producer", producer_config))
+    if "isolation.level" not in config.for_kind("consumer"):
+        # the worker's rule (processor/runtime/worker.py), for every consumer below
+        config = config.with_kind("consumer", {"isolation.level": "read_committed" if processing_guarantee
+                                               == "exactly_once" else "read_uncommitted"})
     # every client below, in the driver and (through the job context) the executors, gets them
     bootstrap_servers = kafka.cluster_of(bootstrap_servers, config)
     consumer_config = config.for_kind("consumer") or None

@@ -181,6 +181,11 @@ def add_backfill_arguments(bf: argparse.ArgumentParser) -> None:
     bf.add_argument("--force", action="store_true", help="replace existing state / ignore committed group offsets")
     bf.add_argument("--on-error", choices=["dlq", "skip", "fail"], default="dlq",
                     help="the worker's policy for a record that fails (see processor run --help)")
+    bf.add_argument("--processing-guarantee", choices=["at_least_once", "exactly_once"],
+                    default="at_least_once",
+                    help="the guarantee of the worker that continues: under exactly_once the history "
+                         "is read read_committed, as that worker reads it (an open transaction's "
+                         "records are left to it)")
     add_client_arguments(bf)
     add_topic_arguments(bf)
 
@@ -261,7 +266,7 @@ def run_backfill_command(args) -> int:
                           application_id=args.application_id, state_dir=args.state_dir,
                           emit_outputs=args.emit_outputs, archives=_kv(args.archive), force=args.force,
                           master=args.master, on_error=args.on_error, client_config=config,
-                          **topic_settings_from_args(args))
+                          processing_guarantee=args.processing_guarantee, **topic_settings_from_args(args))
     for line in report.lines():
         print(line, flush=True)
     return 0
