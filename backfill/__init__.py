@@ -2,7 +2,7 @@
 over to the worker at the snapshot (``backfill.job``; README "Backfill").
 
 ``backfill.run(topology, bootstrap_servers=..., application_id=..., state_dir=..., spark=None,
-emit_outputs=False) -> BackfillReport``; the command is ``processor backfill`` or
+emit_outputs=False, processing_guarantee="at_least_once") -> BackfillReport``; the command is ``processor backfill`` or
 ``python -m backfill`` (the same arguments, for ``spark-submit``).
 """
 

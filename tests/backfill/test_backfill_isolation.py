@@ -44,7 +44,9 @@ def test_exactly_once_backfill_stops_below_an_open_transaction(kafka_bootstrap, 
     opened = [(b"u0", b'{"i": 100}', 2_000_000), (b"u1", b'{"i": 101}', 2_000_001), (b"u9", b'{"i": 102}', 2_000_002)]
     after = [(b"u1", b'{"i": 200}', 3_000_000), (b"u2", b'{"i": 201}', 3_000_001)]
     produce(kafka_bootstrap, topic, [(k, v) for k, v, _ in before], timestamps=[t for *_, t in before])
-    tx = Producer({**kafka.producer_defaults(kafka_bootstrap), "transactional.id": f"iso-tx-{unique}"})
+    # (open across three backfills: a timeout well above what they take on a loaded machine)
+    tx = Producer({**kafka.producer_defaults(kafka_bootstrap), "transactional.id": f"iso-tx-{unique}",
+                   "transaction.timeout.ms": 300000})
     tx.init_transactions()
     tx.begin_transaction()
     for k, v, ts in opened:
