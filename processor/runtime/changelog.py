@@ -302,16 +302,9 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
                         t.apply_from[tp] = _base_of_uncovered(t, name, tp)
                         e = t.ends.get(tp, 0)
                         if t.apply_from[tp] > e:
-                            raise ChangelogMismatch(
-                                f"task {t.task_id}: local state says it reflects changelog {topic}"
-                                f"[{t.partition}] up to offset {t.apply_from[tp]}, but store {name} was "
-                                f"restored from it up to {e} only; the state directory does not belong "
-                                f"to these topics: delete it to restore")
+                            raise _local_past_end(t, topic, t.apply_from[tp], e, store=name)
                 if s > e:
-                    raise ChangelogMismatch(
-                        f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] "
-                        f"up to offset {s}, but the last commit recorded in the changelogs ends it at {e}; "
-                        f"the state directory does not belong to these topics: delete it to restore")
+                    raise _local_past_end(t, topic, s, e)
                 t.starts[tp] = s
                 by_store_tp[tp] = (t, name)
             _former_changelogs(t, by_store_tp)
@@ -376,6 +369,16 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
         consumer.close()
 
 
+def _local_past_end(t: RestoreTarget, topic: str, at: int, end: int, store: str | None = None):
+    """The mismatch when local state says it reflects changelog ``topic`` past ``end``: the end
+    the last commit gives it, or, with ``store``, the end that store was restored to."""
+    where = (f"store {store} was restored from it up to {end} only" if store is not None
+             else f"the last commit recorded in the changelogs ends it at {end}")
+    return ChangelogMismatch(f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] "
+                             f"up to offset {at}, but {where}; the state directory does not belong to these "
+                             f"topics: delete it to restore")
+
+
 def _base_of_uncovered(t: RestoreTarget, name: str, tp) -> int:
     """Phase 2 for a store whose changelog the last commit does not cover, with a base entry from
     when its source topic was its changelog: a local state from before the base's source
@@ -412,10 +415,7 @@ def _former_changelogs(t: RestoreTarget, by_store_tp: dict) -> None:
             t.source_floor[name] = position
             s = t.local.get(tp, 0) if t.local.get(src, 0) < position else end
             if s > end:
-                raise ChangelogMismatch(
-                    f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] up "
-                    f"to offset {s}, but the last commit recorded in the changelogs ends it at {end}; the "
-                    f"state directory does not belong to these topics: delete it to restore")
+                raise _local_past_end(t, topic, s, end)
             t.starts[tp] = s
             by_store_tp[tp] = (t, name)
             continue
@@ -431,10 +431,7 @@ def _former_changelogs(t: RestoreTarget, by_store_tp: dict) -> None:
         t.base_overlay.add(name)
         s = t.local.get(tp, 0)
         if s > end:
-            raise ChangelogMismatch(
-                f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] up to "
-                f"offset {s}, but store {name} was restored from it up to {end} only; the state "
-                f"directory does not belong to these topics: delete it to restore")
+            raise _local_past_end(t, topic, s, end, store=name)
         t.ends[tp] = end
         t.starts[tp] = s
         by_store_tp[tp] = (t, name)
