@@ -206,8 +206,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
               .with_kind("producer", producer_config))
     # partitioner detection samples as the worker does: at the level the user gave, else
     # read_uncommitted (processor/runtime/partitioning.py), so both decide on the same records
-    sampling_config = {**config.for_kind("consumer")}
-    sampling_config.setdefault("isolation.level", "read_uncommitted")
+    sampling_config = {"isolation.level": "read_uncommitted", **config.for_kind("consumer")}
     if "isolation.level" not in config.for_kind("consumer"):
         # the worker's rule (processor/runtime/worker.py), for every other consumer below
         config = config.with_kind("consumer", {"isolation.level": "read_committed" if processing_guarantee
@@ -276,7 +275,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir, spark=
         # wait on the broker, not the CPU)
         with ThreadPoolExecutor(1) as pool:
             sampling = pool.submit(determine_partitioners, topo, bootstrap_servers, dict(counts),
-                                   {**consumer_config, **sampling_config}, application_id)
+                                   sampling_config, application_id)
             everything = snapshot_offsets(bootstrap_servers,
                                           sources + list(internal_counts) + list(changelog_topics),
                                           consumer_config=consumer_config)
