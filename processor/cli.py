@@ -172,8 +172,19 @@ def add_backfill_arguments(bf: argparse.ArgumentParser) -> None:
     bf.add_argument("topology", metavar="MODULE:ATTR")
     bf.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (or bootstrap.servers in --config-file)")
     bf.add_argument("--application-id", required=True)
-    bf.add_argument("--state-dir", required=True)
+    bf.add_argument("--state-dir", default=None,
+                    help="also leave the worker's layout here, on this (the driver's) machine; without it "
+                         "the changelogs, commit records and group offsets the job writes are the hand-off "
+                         "to a worker anywhere (it restores the stores from them)")
     bf.add_argument("--master", default=None, help="Spark master (default local[*]; ignored under spark-submit)")
+    bf.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="Spark setting of the job's session (repeatable), as spark-submit --conf; under "
+                         "spark-submit its own settings win")
+    bf.add_argument("--py-files", action="append", default=[], metavar="PATH",
+                    help="more Python code for the executors (.py, .zip, .egg or a package directory; "
+                         "repeatable); the topology's own module is shipped without it")
+    bf.add_argument("--executor-timeout", type=float, default=120.0, metavar="SECONDS",
+                    help="on a cluster master: how long to wait for the first executor before failing")
     bf.add_argument("--emit-outputs", action="store_true",
                     help="write the history's outputs to the sink topics (default: stores only)")
     bf.add_argument("--archive", action="append", default=[], metavar="TOPIC=PATH",
@@ -266,7 +277,9 @@ def run_backfill_command(args) -> int:
                           application_id=args.application_id, state_dir=args.state_dir,
                           emit_outputs=args.emit_outputs, archives=_kv(args.archive), force=args.force,
                           master=args.master, on_error=args.on_error, client_config=config,
-                          processing_guarantee=args.processing_guarantee, **topic_settings_from_args(args))
+                          processing_guarantee=args.processing_guarantee, spark_conf=_kv(args.conf),
+                          py_files=[p for arg in args.py_files for p in arg.split(",") if p],
+                          executor_timeout_s=args.executor_timeout, **topic_settings_from_args(args))
     for line in report.lines():
         print(line, flush=True)
     return 0

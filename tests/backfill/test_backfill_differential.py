@@ -208,22 +208,25 @@ def _driver(topology, topics, history, app):
         return out
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_backfill_stores_equal_the_drivers(case, kafka_bootstrap, spark, tmp_path, unique, report):
-    make, parts, ts_free = CASES[case]
+def case_input(case, kafka_bootstrap, unique, prefix="d"):
+    """``(topology, topics, history)`` of ``case``, its topics created and its history produced."""
+    make, parts, _ = CASES[case]
     rnd = random.Random(f"{case}-7")
-    topics = {n: f"d-{case}-{n}-{unique}" for n in ("a", "c", "s", "s2", "out", "out2")}
+    topics = {n: f"{prefix}-{case}-{n}-{unique}" for n in ("a", "c", "s", "s2", "out", "out2")}
     topo = make(topics)
     history = _history(case, rnd)
     kafka.create_topics(kafka_bootstrap, {t: parts for t in topics.values()})
     for name in {n for n, _, _ in history}:
         idx = [i for i, (n, _, _) in enumerate(history) if n == name]
         produce(kafka_bootstrap, topics[name], [history[i][1:] for i in idx], timestamps=[T0 + i for i in idx])
-    app = f"d-{case}-{unique}"
-    rep = backfill.run(topo, bootstrap_servers=kafka_bootstrap, application_id=app, state_dir=tmp_path, spark=spark)
-    assert rep.rows_read == len(history)
-    got = _backfilled(tmp_path, app, list(topo.stores) + ["_bookkeeping"])
+    return topo, topics, history
+
+
+def check_stores(case, topo, topics, history, state_dir, app) -> dict:
+    """The differential: every compared store of the backfilled databases in ``state_dir`` equals
+    the driver's after the same history. Returns entries per store."""
+    _, parts, ts_free = CASES[case]
+    got = _backfilled(state_dir, app, list(topo.stores) + ["_bookkeeping"])
     want = _driver(topo, topics, history, app)
     assert sorted([*topo.stores, "_bookkeeping"]) == sorted(want)
     compared = [n for n in sorted(topo.stores) if case != "fk_joins_3" or n in ts_free or n in ("a", "c")]
@@ -237,8 +240,20 @@ def test_backfill_stores_equal_the_drivers(case, kafka_bootstrap, spark, tmp_pat
         assert [k for k, _ in g] == [k for k, _ in w], f"{case}: keys of store {name}"
         assert g == w, f"{case}: values of store {name}"
     sizes = {n: len(v) for n, v in got.items()}
-    if parts == 1:
-        report(f"{case}: bookkeeping entries compared: {len(got['_bookkeeping'])}")
     assert sum(sizes.values()) > 0
+    return sizes
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_backfill_stores_equal_the_drivers(case, kafka_bootstrap, spark, tmp_path, unique, report):
+    _, parts, _ = CASES[case]
+    topo, topics, history = case_input(case, kafka_bootstrap, unique)
+    app = f"d-{case}-{unique}"
+    rep = backfill.run(topo, bootstrap_servers=kafka_bootstrap, application_id=app, state_dir=tmp_path, spark=spark)
+    assert rep.rows_read == len(history)
+    sizes = check_stores(case, topo, topics, history, tmp_path, app)
+    if parts == 1:
+        report(f"{case}: bookkeeping entries compared: {sizes['_bookkeeping']}")
     report(f"{case}: {len(history)} records, {parts} partition(s), {len(rep.runs)} run(s), stores {sizes}, "
            f"{sum(rep.seconds.values()):.1f} s")

@@ -3,7 +3,7 @@
 (filter_map, fk_joins: every store byte-identical to the driver's full replay)."""
 
 from processor import Emit, StreamsBuilder
-from backfill.job import _last_changes, compaction_plan
+from backfill.compaction import compaction_plan, last_changes as _last_changes
 from processor.testing import TopologyTestDriver
 
 

@@ -1,0 +1,139 @@
+"""Which table sources the backfill reduces to their last real changes per key, and the
+reduction itself (README "Backfill", "Compaction").
+
+Invariant: a source is reduced only when every store and output downstream of it provably ends
+the same from each key's last two real changes as from the whole history (``compaction_plan``
+names the reason per source); the reduction keeps every poison record, so the on-error policy
+meets exactly what a full replay meets.
+"""
+
+from __future__ import annotations
+
+def compaction_plan(topo) -> dict[str, str]:
+    """``{external table topic: reason}`` for every table source whose history may be reduced to
+    the last two real changes per key (README "Backfill"): every store and output downstream of it
+    ends the same from them. That holds when what reads the table's changes is only table
+    filters and map_values, a table's sink, or a foreign-key join (its left or right side; a
+    foreign-key join's results are compared without timestamps anyway), and what looks it up is
+    only a foreign-key join. Anything else (aggregations, primary-key and stream-table joins, a
+    table's changes as a stream) replays every record: its state depends on the history."""
+    from processor.operators.filter import TableFilter
+    from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
+                                                      ForeignKeyJoinSubscriptionReceiver,
+                                                      ForeignKeyJoinSubscriptionSender)
+    from processor.operators.map_values import TableMapValues
+    from processor.operators.sink import Sink, TableToStream
+    from processor.operators.source import TableSource
+
+    def op(n):
+        return type(n.factory(n))
+
+    lookers: dict[int, list] = {}
+    for n in topo.nodes:
+        for x in n.lookups:
+            lookers.setdefault(id(x), []).append(n)
+    out = {}
+    for src in topo.nodes:
+        if src.attrs.internal if hasattr(src.attrs, "internal") else False:
+            continue
+        if not src.source_topic or op(src) is not TableSource:
+            continue
+        ok, via = True, set()
+        stack = [src]
+        while stack and ok:
+            n = stack.pop()
+            for reader in lookers.get(id(n), ()):
+                if op(reader) in (ForeignKeyJoinSubscriptionReceiver, ForeignKeyJoinResponseResolver):
+                    via.add("foreign-key join")
+                else:
+                    ok = False
+            for c in n.children:
+                t = op(c)
+                if t in (TableFilter, TableMapValues):
+                    stack.append(c)
+                elif t is TableToStream:
+                    if not all(op(x) is Sink and not x.attrs.internal for x in c.children):
+                        ok = False
+                    via.add("table sink")
+                elif t is Sink and not c.attrs.internal:
+                    via.add("table sink")
+                elif t in (ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponder):
+                    via.add("foreign-key join")
+                else:
+                    ok = False
+        if ok:
+            out[src.source_topic] = "last real changes per key (" + (", ".join(sorted(via)) or "no reader") + ")"
+    return out
+
+def last_changes(rows, key_serde=None, value_serde=None):
+    """Rows of one table partition in offset order -> the last two real changes of each key, in
+    offset order, and every poison record. A real change is what the table source does not skip
+    as a no-op (a value whose bytes differ from the key's current ones; a tombstone of a present
+    key). The last one gives the store's value and its timestamp (of the last real change); the
+    one before it lets a foreign-key join unsubscribe the previous foreign key as a replay of
+    every record does. Poison (what the table source would not apply: no key, or bytes that do
+    not deserialize with the given serdes) is kept whatever follows it, so the task
+    dead-letters it (or fails, or skips it) exactly as a full replay does."""
+    keep = keep_last_changes((([r[3] for r in rows], [r[4] for r in rows], rows),), key_serde, value_serde)
+    keep.sort(key=lambda r: r[8])
+    return keep
+
+def keep_last_changes(batches, key_serde, value_serde) -> list:
+    """``(keys, values, items)`` batches in offset order -> the items ``last_changes`` keeps
+    (unordered): each key's last two real changes and every poison record. (The backfill's
+    hottest loop: every input row of a compacted table passes here once.)"""
+    kcheck = key_serde.check if key_serde is not None else None
+    vcheck = value_serde.check if value_serde is not None else None
+    last: dict = {}           # key -> (item of the change before, item of the last change, its value)
+    good_keys: set = set()
+    kept = []
+    for keys, values, items in batches:
+        for k, v, x in zip(keys, values, items):
+            ent = last.get(k)
+            if ent is None and k not in good_keys:
+                if k is None:
+                    kept.append(x)
+                    continue
+                if kcheck is not None:
+                    try:
+                        kcheck(k)
+                    except Exception:
+                        kept.append(x)
+                        continue
+                good_keys.add(k)
+            if ent is None:
+                if v is not None:
+                    if vcheck is not None:
+                        try:
+                            vcheck(v)
+                        except Exception:
+                            kept.append(x)
+                            continue
+                    last[k] = (None, x, v)
+            elif ent[2] != v:   # (bytes equal to the current value's passed the check already)
+                if v is not None and vcheck is not None:
+                    try:
+                        vcheck(v)
+                    except Exception:
+                        kept.append(x)
+                        continue
+                last[k] = (ent[1], x, v)
+    kept += [x for prev, cur, _ in last.values() for x in (prev, cur) if x is not None]
+    return kept
+
+def last_changes_of_messages(batches, key_serde, value_serde) -> tuple[int, list]:
+    """``last_changes`` over Kafka messages as they are read (offset order): (messages read, the
+    kept rows in offset order). Only kept messages become rows."""
+    count = [0]
+
+    def columns():
+        for msgs in batches:
+            count[0] += len(msgs)
+            yield [m.key() for m in msgs], [m.value() for m in msgs], msgs
+
+    from backfill.rows import message_row
+
+    keep = [message_row(m) for m in keep_last_changes(columns(), key_serde, value_serde)]
+    keep.sort(key=lambda r: r[8])
+    return count[0], keep
+

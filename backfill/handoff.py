@@ -1,0 +1,188 @@
+"""The hand-off: a task's final stores -> its changelogs and commit record (in the executor that
+ran it), the group's offsets at the snapshot, and (with a ``--state-dir``) the worker's layout on
+the driver's machine.
+
+Invariants:
+
+- **The changelogs are the hand-off.** Each store's final contents go to its changelog
+  partition, then a commit record (positions: the snapshot for sources, the end now for
+  internal topics; every changelog end) to the task changelog, as a worker's commit unit leaves
+  them: a worker on any machine, with an empty state directory, restores the same stores.
+- **The layout on the driver comes through Spark.** A task's contents and checkpoint travel
+  back to the driver as Spark data (``("db", partition, bytes)`` items of its run); the driver
+  builds each database through SST files under its build root (``build_databases``) and the job
+  installs them all or none (``backfill.sst``). No file an executor wrote is ever read.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from pathlib import Path
+
+from processor.errors import ConfigError
+
+log = logging.getLogger("processor.backfill")
+
+DB_FORMAT = 1   # version byte of a "db" item: (sub, partition, column families, checkpoint)
+
+
+def write_task(ctx, sub, partition, stores, t0) -> dict:
+    """A task's final stores -> its changelogs and commit record (positions: the snapshot for
+    sources, the end now for internal topics). Returns entries per contract store, seconds
+    (``load``: from ``t0`` to the changelogs) and, when the driver builds databases, ``db``: the
+    task's column families and checkpoint as bytes (``DB_FORMAT``; ``build_database``)."""
+    from processor import provenance
+    from processor.runtime import kafka
+    from processor.state import commit_record
+    from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
+
+    inputs = ctx.topo.source_topics(sub)
+    positions = {}
+    for t in inputs:
+        if t in ctx.internal:
+            positions[(t, partition)] = ctx.internal_ends.get((t, partition), 0)
+        else:
+            positions[(t, partition)] = ctx.snapshot[(t, partition)][1]
+    changelogs = ctx.topo.changelogs_of(sub)
+    # (a table whose changelog is its source topic: its store is in the database only; the
+    # records the tasks rejected, which a restore from the topic does not apply, are named in
+    # the task store, which goes to the task changelog)
+    contents = {name: list(stores.store(name).items())
+                for name in (*changelogs, *ctx.topo.source_changelogs_of(sub))}
+    # high-water marks of records whose source is an internal topic: those records were rows
+    # of a shuffle, never in Kafka, so no replay of them can come; their (virtual) offsets must
+    # not hold back the records the worker sends to those topics from their real end on
+    kept = []
+    for k, v in contents[BOOKKEEPING_STORE]:
+        src = provenance.mark_source(k)
+        if src is None or src not in ctx.internal:
+            kept.append((k, v))
+    contents[BOOKKEEPING_STORE] = kept
+    # Not idempotent: every key goes to its changelog once (the commit record after a flush),
+    # so a retry's duplicate or reordering cannot change what a restore builds, and an
+    # idempotent producer's start costs a fixed ~0.5 s per task on the local broker.
+    producer = kafka.new_producer({**kafka.producer_defaults(ctx.bootstrap_servers), "enable.idempotence": False,
+                                   **ctx.producer_config}, f"changelogs of task {sub}_{partition}")
+    writes = {}
+    for name, topic in changelogs.items():
+        if name == TASK_STORE:
+            continue
+        before = ctx.changelog_ends.get((topic, partition), 0)
+        entries = contents[name]
+        if before:   # records of an earlier (killed or replaced) run: tombstone what we do not write
+            ours = {k for k, _ in entries}
+            entries = entries + [(k, None) for k in existing_keys(ctx.bootstrap_servers, topic, partition,
+                                                                    before) if k not in ours]
+        writes[(topic, partition)] = (entries, before)
+    t1 = time.monotonic()
+    ends = produce_all(producer, writes)          # every store changelog, one flush
+    task_topic = changelogs[TASK_STORE]
+    record = commit_record.encode(commit_record.CommitRecord(1, positions, ends))
+    task_entries = contents[TASK_STORE]
+    before = ctx.changelog_ends.get((task_topic, partition), 0)
+    if before:   # an earlier run's units (a worker's, a killed backfill's): their keys end here too
+        ours = {k for k, _ in task_entries}
+        task_entries = task_entries + [(k, None) for k in existing_keys(ctx.bootstrap_servers, task_topic,
+                                                                          partition, before)
+                                       if k not in ours and k != commit_record.COMMIT_KEY]
+    task_end = produce_all(producer, {(task_topic, partition): (
+        task_entries + [(commit_record.COMMIT_KEY, record)], 0)})[(task_topic, partition)]
+    contents[TASK_STORE] = sorted(dict(contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)]).items())
+    checkpoint = {**positions, **ends, (task_topic, partition): task_end}
+    t2 = time.monotonic()
+    out = {"entries": {name: len(v) for name, v in contents.items() if not name.startswith("__")}}
+    if ctx.build_databases:
+        out["db"] = bytes([DB_FORMAT]) + pickle.dumps((sub, partition, contents, checkpoint),
+                                                      protocol=pickle.HIGHEST_PROTOCOL)
+    out["seconds"] = {"load": t1 - t0, "changelogs": t2 - t1, "database": time.monotonic() - t2}
+    return out
+
+
+def existing_keys(bootstrap_servers, topic, partition, end) -> list[bytes]:
+    """The keys of ``topic[partition]`` below ``end`` (a changelog an earlier run wrote)."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    from processor.runtime import kafka
+
+    conf = kafka.consumer_defaults(bootstrap_servers)
+    conf.update({"group.id": f"backfill-keys-{time.time_ns()}", "fetch.wait.max.ms": 50})
+    c = kafka.new_consumer(conf, f"reading the keys of changelog {topic}[{partition}]")
+    keys: dict[bytes, None] = {}
+    try:
+        kafka.assign(c, [TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for m in c.consume(1000, 0.2):
+                if m.error() is None:
+                    if m.key() is not None:
+                        keys[m.key()] = None
+                    if m.offset() + 1 >= end:
+                        return list(keys)
+                elif m.error().code() == m.error()._PARTITION_EOF:
+                    return list(keys)
+        raise ConfigError(f"backfill: reading the earlier records of {topic}[{partition}] did not finish in 60 s")
+    finally:
+        c.close()
+
+
+def produce_all(producer, writes: dict) -> dict:
+    """``{(topic, partition): (entries, end before)}`` -> produced, one flush; returns each
+    partition's end offset after its entries (the end before, for no entries)."""
+    ends = {tp: before for tp, (_, before) in writes.items()}
+    errors = []
+
+    def on_delivery(err, msg):
+        if err is not None:
+            errors.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
+        else:
+            tp = (msg.topic(), msg.partition())
+            ends[tp] = max(ends[tp], msg.offset() + 1)
+
+    for (topic, partition), (entries, _) in writes.items():
+        for k, v in entries:
+            while True:
+                try:
+                    producer.produce(topic, v, k, partition=partition, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+    if producer.flush(120):
+        raise ConfigError(f"backfill: writing changelogs {sorted(writes)} did not finish within 120 s")
+    if errors:
+        raise ConfigError(f"backfill: writing changelogs failed: {errors[0]}")
+    return ends
+
+
+
+
+def build_database(build_root, item: bytes) -> tuple[int, int]:
+    """A ``db`` item (``write_task``) -> the task's database under ``build_root`` (on the driver),
+    built through SST files (``backfill.sst.build_task_database``). Returns (sub, partition)."""
+    from backfill.sst import build_task_database, task_dir_name
+
+    if not item or item[0] != DB_FORMAT:
+        raise ConfigError(f"backfill: a task's stores came back in format {item[:1]!r}, not {DB_FORMAT} "
+                          f"(executors running another version of the backfill?)")
+    sub, partition, contents, checkpoint = pickle.loads(item[1:])
+    build_task_database(Path(build_root) / task_dir_name(sub, partition), contents, checkpoint)
+    return sub, partition
+
+
+def commit_group_offsets(bootstrap_servers, application_id, snapshot, internal_ends, consumer_config) -> None:
+    from confluent_kafka import TopicPartition
+
+    from processor.runtime import kafka
+
+    conf = kafka.consumer_defaults(bootstrap_servers)
+    conf.update(consumer_config or {})
+    conf["group.id"] = application_id
+    c = kafka.new_consumer(conf, "committing the group's offsets at the snapshot")
+    try:
+        offsets = [TopicPartition(t, p, e) for (t, p), (_, e) in sorted(snapshot.items())]
+        offsets += [TopicPartition(t, p, e) for (t, p), e in sorted(internal_ends.items()) if e > 0]
+        if offsets:
+            c.commit(offsets=offsets, asynchronous=False)
+    finally:
+        c.close()

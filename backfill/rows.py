@@ -1,0 +1,208 @@
+"""Rows: what a backfill task reads and sends, and the order it processes them in.
+
+A row is ``(kind, topic, partition, key, value, timestamp ms, headers, origin, seq, phase)``:
+an ``input`` record of a source partition (``seq`` its offset) or an ``internal`` record a task
+sent to an internal topic (``origin`` the sending task, ``seq`` its send order, ``phase`` 1 for
+what a commit or flush sent after the run's records). Between runs, internal rows travel as
+Spark data (``backfill.runs``): one pickled list per (run, destination topic partition, origin
+task), in send order.
+
+Invariants: a task's internal records are routed exactly as the worker's producer routes them
+(the sink's explicit partition, else murmur2 of the key); ``merge`` keeps each stream's order
+(a source partition in offset order; one origin's records to one partition in send order, runs
+in run order) and across streams takes phase 0 before phase 1, then the lowest timestamp
+(ties: topic, partition, origin), as a Kafka Streams task picks among its inputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import pickle
+
+ROW_FIELDS = ["kind", "topic", "partition", "key", "value", "ts", "headers", "origin", "seq", "phase"]
+OUTPUT_FIELDS = ROW_FIELDS + ["run"]
+
+
+class RowCollector:
+    """A backfill task's collector: internal records become rows for the tasks that read them
+    (partition as the worker's producer picks it), everything else an output row."""
+
+    def __init__(self, ctx, task_id, run_no):
+        from processor.engine.partitioners import INTERNAL
+        from processor.serde import subscription as wire
+
+        self.ctx = ctx
+        self.internal_partitioner = INTERNAL
+        self.origin = task_id
+        self.run_no = run_no
+        self.internal: dict[tuple[str, int], list] = {}   # (topic, partition) -> rows, in send order
+        self.outputs = {k: [] for k in OUTPUT_FIELDS}     # columns of the output rows
+        self.seq = 0
+        self.phase = 0
+        self.internal_counts: dict[str, int] = {}
+        # (topic, partition, foreign key, primary key) -> (rows, index) of this run's latest
+        # subscription record for that pair (see ``_supersede``)
+        self._subscriptions: dict[tuple, tuple[list, int]] = {}
+        self.superseded = 0
+        self._subscription_pk = wire.subscription_pk
+        self._partitions: dict[tuple[str, bytes], int] = {}   # (internal topic, key) -> partition
+
+    def send(self, topic, key, value, timestamp, headers, partition=None):
+        if topic in self.ctx.internal:
+            if partition is None:
+                if key is None:
+                    partition = 0
+                else:   # (keys repeat: group-by keys above all)
+                    partition = self._partitions.get((topic, key))
+                    if partition is None:
+                        if len(self._partitions) >= 1 << 16:
+                            self._partitions.clear()
+                        partition = self._partitions[(topic, key)] = self.internal_partitioner.partition(
+                            key, self.ctx.counts[topic])
+            rows = self.internal.get((topic, partition))
+            if rows is None:
+                rows = self.internal[(topic, partition)] = []
+            if topic in self.ctx.subscription_topics:
+                self._supersede(topic, partition, key, value, rows)
+            self.internal_counts[topic] = self.internal_counts.get(topic, 0) + 1
+            rows.append(("internal", topic, partition, key, value, timestamp, list(headers) if headers else None,
+                         self.origin, self.seq, self.phase))
+            self.seq += 1
+            return
+        if topic != self.ctx.dlq and not self.ctx.emit_outputs:
+            return   # a sink record: written only with --emit-outputs
+        r = self.outputs
+        r["kind"].append("output")
+        r["topic"].append(topic)
+        r["partition"].append(partition)
+        r["key"].append(key)
+        r["value"].append(value)
+        r["ts"].append(timestamp)
+        r["headers"].append(None if not headers else [{"key": k, "value": v} for k, v in headers])
+        r["origin"].append(self.origin)
+        r["seq"].append(self.seq)
+        r["phase"].append(self.phase)
+        r["run"].append(self.run_no)
+        self.seq += 1
+
+    def _supersede(self, topic, partition, fkb, value, rows) -> None:
+        """A foreign-key subscription record supersedes this run's earlier one for the same
+        (foreign key, primary key), which is then not sent: the right side's subscription store
+        ends the same without it (a later subscribe overwrites the entry, a later unsubscribe
+        deletes it, whatever the earlier record did), and the response it would cause answers a
+        left row that is no longer current (a later left change of that primary key caused the
+        later record and holds the version store, so the resolver drops the response as stale).
+        Subscription records touch no other state (their sources are not deduplicated, so no
+        high-water mark). With each table reduced to its last two changes per key, this halves
+        the foreign-key round trips of a backfill."""
+        pk = self._subscription_pk(value)
+        if pk is None:
+            return   # not ours to judge: the receiver stops on it
+        pair = (topic, partition, fkb, pk)
+        prev = self._subscriptions.get(pair)
+        if prev is not None:
+            prev_rows, i = prev
+            prev_rows[i] = None
+            self.internal_counts[topic] -= 1
+            self.superseded += 1
+        self._subscriptions[pair] = (rows, len(rows))
+
+    def items(self, partition: int) -> list:
+        """What the run leaves for others, as items of the run's result (``backfill.runs``):
+        ``("rows", destination partition, (run, topic, origin, pickled rows))`` per internal
+        topic partition written, and ``("output", partition, Arrow IPC bytes)`` for the output
+        rows (sinks with ``--emit-outputs``, dead letters always)."""
+        out = []
+        for (topic, part), rows in self.internal.items():
+            if self.superseded:
+                rows = [r for r in rows if r is not None]
+            if rows:
+                out.append(("rows", part, (self.run_no, topic, self.origin,
+                                           pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))))
+        if self.outputs["kind"]:
+            import pyarrow as pa
+
+            table = pa.Table.from_pydict(self.outputs, schema=output_schema())
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            out.append(("output", partition, sink.getvalue().to_pybytes()))
+        return out
+
+    def flush(self):
+        pass
+
+
+_OUTPUT_ARROW = None
+
+
+def output_schema():
+    """The Arrow schema of output rows (``OUTPUT_FIELDS``)."""
+    import pyarrow as pa
+
+    global _OUTPUT_ARROW
+    if _OUTPUT_ARROW is None:
+        _OUTPUT_ARROW = pa.schema([
+            ("kind", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("key", pa.binary()),
+            ("value", pa.binary()), ("ts", pa.int64()),
+            ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+            ("origin", pa.string()), ("seq", pa.int64()), ("phase", pa.int32()), ("run", pa.int32())])
+    return _OUTPUT_ARROW
+
+
+def message_row(m):
+    """A confluent-kafka Message -> an input row."""
+    return ("input", m.topic(), m.partition(), m.key(), m.value(), m.timestamp()[1], m.headers() or None,
+            "", m.offset(), 0)
+
+
+def input_rows(batch):
+    """Arrow rows of the Spark kafka schema -> task rows (kind, topic, partition, key, value,
+    timestamp ms, headers, origin, seq = offset, phase)."""
+    import pyarrow as pa
+
+    n = batch.num_rows
+    keys = batch.column("key").to_pylist()
+    values = batch.column("value").to_pylist()
+    topic = batch.column("topic")[0].as_py() if n else None
+    part = batch.column("partition")[0].as_py() if n else None
+    offsets = batch.column("offset").to_pylist()
+    # epoch milliseconds whatever unit the Parquet file holds (Spark writes INT96 by default,
+    # which Arrow reads as nanoseconds; TIMESTAMP_MICROS as microseconds)
+    col = batch.column("timestamp")
+    ts = col.cast(pa.timestamp("ms", tz=col.type.tz), safe=False).cast(pa.int64()).to_pylist()
+    headers = batch.column("headers")
+    hs = [None] * n if headers.null_count == n else [
+        None if h is None else [(x["key"], x["value"]) for x in h] for h in headers.to_pylist()]
+    return [("input", topic, part, keys[i], values[i], ts[i], hs[i], "", offsets[i], 0) for i in range(n)]
+
+
+
+
+def merge(streams: dict) -> "Iterator":
+    """A task's rows of one run, from ``{(phase, topic, partition, origin): [rows in stream
+    order]}``: each stream as it came; across streams phase 0 before phase 1 (records of a
+    flush), then the lowest timestamp first (ties: topic, partition, origin)."""
+    heap = []
+    for key, rs in streams.items():
+        if rs:
+            heap.append((key[0], rs[0][5] if rs[0][5] is not None else 0, key[1], key[2], key[3], 0))
+    heapq.heapify(heap)
+    while heap:
+        phase, _, topic, part, origin, i = heapq.heappop(heap)
+        rs = streams[(phase, topic, part, origin)]
+        yield rs[i]
+        if i + 1 < len(rs):
+            nxt = rs[i + 1][5]
+            heapq.heappush(heap, (phase, nxt if nxt is not None else 0, topic, part, origin, i + 1))
+
+
+def add_stream_rows(streams: dict, rows) -> None:
+    """Append ``rows`` (one stream's, in its order) to ``streams`` by (phase, topic, partition,
+    origin)."""
+    for r in rows:
+        key = (r[9], r[1], r[2], r[7])
+        s = streams.get(key)
+        if s is None:
+            s = streams[key] = []
+        s.append(r)

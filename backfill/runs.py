@@ -1,0 +1,296 @@
+"""The runs: sub-topologies processed in Spark until no internal row is pending, then the tasks
+no run wrote, then every database the driver builds.
+
+A run is one Spark job over one sub-topology, with one Spark partition per task: partition ``i``
+holds task ``i``'s stores as its previous run left them and the internal rows earlier runs
+addressed to it, brought together by Spark (``union`` + ``partitionBy``, a shuffle), and its task
+reads its own input partitions' history from Kafka (``backfill.task_run``). The run's result is
+an RDD persisted by Spark (memory, spilling to each executor's Spark-managed disk); the next
+runs take their inputs from it. Nothing passes between runs through an executor's files or the
+driver's, so executors on other machines (a standalone, YARN or Kubernetes cluster) run it as
+``local[*]`` does.
+
+Invariant: a result is unpersisted only once nothing can read it any more (every reader of its
+rows has run after it, and its stores have been taken by the sub-topology's next run or written).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from backfill.context import RunSpec, raise_task_errors
+from backfill.plan import defers_emissions, receivers, run_order
+from backfill.progress import StageProgress
+
+log = logging.getLogger("processor.backfill")
+
+
+def _stats(item):
+    return item[2]
+
+
+def _is(kind):
+    return lambda item: item[0] == kind
+
+
+def _as_input(item):
+    """A result item -> ``(task, input)`` of a later run: ``("state", bytes)`` or ``("rows", run,
+    topic, origin, bytes)``."""
+    kind, part, payload = item
+    if kind == "state":
+        return part, ("state", payload)
+    return part, ("rows", *payload)
+
+
+def _rows_for(topics):
+    topics = frozenset(topics)
+    return lambda item: item[0] == "rows" and item[2][1] in topics
+
+
+def _final_item(item):
+    return item[0] in ("output", "db")
+
+
+def _identity(k):
+    return k
+
+
+class Runs:
+    """The driver's side of the runs: which result holds what, and the Spark jobs."""
+
+    def __init__(self, spark, ctx):
+        from pyspark import StorageLevel
+
+        self.spark = spark
+        self.sc = spark.sparkContext
+        self.ctx = ctx
+        self.level = StorageLevel.MEMORY_AND_DISK
+        self.results: dict[int, object] = {}     # run -> its persisted result RDD
+        self.state_of: dict[int, int] = {}       # sub-topology -> run whose result holds its stores
+        self.with_final_items: set[int] = set()  # runs whose results hold "output" or "db" items
+        self.final_results: list = []            # those items, kept apart from released results
+        self.outputs = 0                         # "output" items in all
+        self.db_bytes = 0                        # bytes of the "db" items in all
+
+    def inputs(self, sub: int, pending: list, reads) -> object:
+        """Task ``i`` of ``sub`` at partition ``i``: its stores and the pending runs' rows to it."""
+        n = self.ctx.tasks_of(sub)
+        parts = []
+        if sub in self.state_of:
+            parts.append(self.results[self.state_of[sub]].filter(_is("state")).map(_as_input))
+        for r in pending:
+            parts.append(self.results[r].filter(_rows_for(reads)).map(_as_input))
+        if not parts:   # a first run that reads only Kafka: no shuffle
+            return self.sc.parallelize(range(n), n)
+        return self.sc.union([self.sc.parallelize([(i, None) for i in range(n)], n), *parts]).partitionBy(
+            n, _identity)
+
+    def run(self, spec, reads, task_fn, what: str, total_rows=None) -> list[dict]:
+        """One Spark job: ``task_fn`` over the tasks of ``spec.sub``; returns each task's stats."""
+        rdd = self.inputs(spec.sub, spec.pending, reads).mapPartitionsWithIndex(task_fn).persist(self.level)
+        with StageProgress(self.spark, what, self.ctx.progress_dir(spec.run_no), total_rows):
+            stats = rdd.filter(_is("stats")).map(_stats).collect()
+        self.results[spec.run_no] = rdd
+        self._count_final_items(spec.run_no, stats)
+        return stats
+
+    def _count_final_items(self, run_no, stats) -> None:
+        outputs = sum(s.get("outputs", 0) for s in stats)
+        db = sum(s.get("db", 0) for s in stats)
+        self.outputs += outputs
+        self.db_bytes += db
+        if outputs or db:
+            self.with_final_items.add(run_no)
+
+    def release(self, keep) -> None:
+        """Unpersist every result not in ``keep`` (run numbers); what such a result holds for the
+        end (outputs, databases) is kept apart first, persisted on its own."""
+        for r in [r for r in self.results if r not in keep]:
+            rdd = self.results.pop(r)
+            if r in self.with_final_items:
+                kept = rdd.filter(_final_item).persist(self.level)
+                kept.count()
+                self.final_results.append(kept)
+            rdd.unpersist()
+
+    def items(self, kind: str):
+        """An RDD of the payloads of every ``kind`` item (outputs, databases) of every run (None:
+        no run had any)."""
+        if not (self.outputs if kind == "output" else self.db_bytes):
+            return None
+        self.release(set())
+        parts = [r.filter(_is(kind)).map(_stats) for r in self.final_results]
+        return self.sc.union(parts) if parts else None
+
+    def close(self) -> None:
+        for rdd in [*self.results.values(), *self.final_results]:
+            try:
+                rdd.unpersist()
+            except Exception:   # noqa: BLE001 (the session may be gone)
+                pass
+        self.results.clear()
+        self.final_results.clear()
+
+
+def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
+    """Runs of sub-topologies until nothing is pending (see the module docstring)."""
+    from backfill.task_run import TaskRun
+
+    ctx = runs.ctx
+    topo = ctx.topo
+    order = run_order(topo)
+    reads = {i: set(topo.source_topics(i)) for i in order}
+    last_run = {i: -1 for i in order}
+    produced: list[tuple[int, dict[str, int]]] = []    # run -> internal rows per topic
+    external_done: set[int] = set()
+    flushed: set[int] = set()
+    run_no = 0
+
+    def pending_runs(sub):
+        return [r for r, per_topic in produced if r > last_run[sub] and any(per_topic.get(t) for t in reads[sub])]
+
+    while True:
+        late = sorted(i for i in report.finalized if pending_runs(i))
+        if late:   # the sanity check of receivers(): a written task can take no more records
+            raise RuntimeError(f"backfill: internal error: rows for sub-topology {late[0]} after its last run")
+        sub, flush = None, False
+        for i in order:
+            has_external = i not in external_done and any(
+                e > s or t in (archives or {}) for (t, _), (s, e) in snapshot.items() if t in reads[i])
+            if has_external or pending_runs(i):
+                sub = i
+                break
+        if sub is None:
+            sub = next((i for i in order if i not in flushed and defers_emissions(topo, i)), None)
+            flush = True
+            if sub is None:
+                break
+        t0 = time.monotonic()
+        external = {}
+        if sub not in external_done:
+            # (a partition whose history is all in an archive, beyond Kafka's retention, counts too)
+            external = {tp: r for tp, r in snapshot.items()
+                        if tp[0] in reads[sub] and (r[1] > r[0] or tp[0] in (archives or {}))}
+            external_done.add(sub)
+        # the run is the sub-topology's last if nothing that may still run can send it a row (no
+        # flush to come either): its tasks then write their changelogs at its end
+        final = False
+        if not flush and not defers_emissions(topo, sub):
+            run_topics = {t for t, _ in external} | {
+                t for r, per_topic in produced if r in pending_runs(sub) for t, c in per_topic.items()
+                if c and t in reads[sub]}
+            later = [(sub, run_topics)]
+            for i in order:
+                if i == sub:
+                    continue
+                topics = {t for r, per_topic in produced if r > last_run[i]
+                          for t, c in per_topic.items() if c and t in reads[i]}
+                if i not in external_done or (defers_emissions(topo, i) and i not in flushed):
+                    topics = set(reads[i])
+                if topics:
+                    later.append((i, topics))
+            final = sub not in receivers(topo, later)
+        spec = RunSpec(sub, run_no, flush, external, pending_runs(sub), sorted(reads[sub]),
+                       {t: p for t, p in (archives or {}).items() if t in reads[sub]}, consumer_config, final)
+        n_tasks = ctx.tasks_of(sub)
+        total_rows = None if spec.archives else sum(e - s for (s, e) in external.values()) + sum(
+            c for r, per_topic in produced if r in spec.pending for t, c in per_topic.items() if t in reads[sub])
+        stats = runs.run(spec, reads[sub], TaskRun(ctx, spec),
+                         f"run {run_no}: sub-topology {sub}{' (flush)' if flush else ''}", total_rows)
+        raise_task_errors(stats)
+        per_topic: dict[str, int] = {}
+        n = 0
+        for r in stats:
+            n += r["records"]
+            report.rows_read += r["read"]
+            report.rows_replayed += r["replayed"]
+            for t, c in r["failed"].items():
+                report.failed_in_processing[t] = report.failed_in_processing.get(t, 0) + c
+            for t, c in r["internal"].items():
+                per_topic[t] = per_topic.get(t, 0) + c
+        produced.append((run_no, per_topic))
+        last_run[sub] = run_no
+        if flush:
+            flushed.add(sub)
+        if final:
+            report.finalized.add(sub)
+            runs.state_of.pop(sub, None)
+            for r in stats:
+                for store, c in r["entries"].items():
+                    report.rows_per_store[store] = report.rows_per_store.get(store, 0) + c
+        else:
+            runs.state_of[sub] = run_no
+        # results something can still read: the stores of each sub-topology's last run, and the
+        # rows of runs whose readers have not all run since
+        keep = set(runs.state_of.values()) | {
+            r for r, per_topic in produced
+            if any(c and last_run[topo.subtopology_of_topic()[t]] < r for t, c in per_topic.items())}
+        runs.release(keep)
+        report.records_processed += n
+        secs = time.monotonic() - t0
+        report.runs.append((sub, flush, n, secs))
+        task_secs = {k: sum(r["seconds"].get(k, 0) for r in stats) for k in ("read", "process", "write")}
+        superseded = sum(r["superseded"] for r in stats)
+        report.subscriptions_superseded += superseded
+        log.info("backfill run %d: sub-topology %d%s: %d records processed in %d task(s), %.1f s (in the "
+                 "tasks: reading %.1f s, processing %.1f s, writing %.1f s%s), %s%s",
+                 run_no, sub, " (flush)" if flush else "", n, n_tasks, secs, task_secs["read"],
+                 task_secs["process"], task_secs["write"],
+                 "; its last run: task changelogs written" if final else "",
+                 ", ".join(f"{c} rows to {t}" for t, c in sorted(per_topic.items())) or "no internal rows",
+                 f" ({superseded} superseded subscription records not sent)" if superseded else "")
+        run_no += 1
+
+
+def finalize(runs: Runs, finalized: set) -> dict[str, int]:
+    """Every task of every sub-topology not in ``finalized`` (with or without records; those of
+    ``finalized`` were written by their last run): changelogs and commit record, and its
+    database's contents for the driver. One Spark job. Returns entries per store."""
+    from backfill.task_run import FinalizeTask
+
+    ctx = runs.ctx
+    subs = [sub for sub in range(len(ctx.topo.subtopologies)) if sub not in finalized]
+    if not subs:
+        return {}
+    parts = [runs.inputs(sub, [], ()).mapPartitionsWithIndex(FinalizeTask(ctx, sub)) for sub in subs]
+    rdd = (runs.sc.union(parts) if len(parts) > 1 else parts[0]).persist(runs.level)
+    n = sum(ctx.tasks_of(sub) for sub in subs)
+    with StageProgress(runs.spark, f"writing the changelogs of {n} task(s)"):
+        results = rdd.filter(_is("stats")).map(_stats).collect()
+    raise_task_errors(results)
+    runs.final_results.append(rdd)
+    runs.db_bytes += sum(r.get("db", 0) for r in results)
+    for sub in subs:
+        runs.state_of.pop(sub, None)
+    runs.release(set())
+    total: dict[str, int] = {}
+    for r in results:
+        for store, c in r["entries"].items():
+            total[store] = total.get(store, 0) + c
+    secs = {k: sum(r["seconds"][k] for r in results) for k in ("load", "changelogs")}
+    log.info("backfill: the changelogs of %d task(s) written (in the tasks: loading %.1f s, changelogs %.1f s)",
+             len(results), secs["load"], secs["changelogs"])
+    return total
+
+
+# up to this many bytes of task stores come to the driver in one Spark job; above it one task at
+# a time (toLocalIterator: a job per partition, ~0.1 s each)
+COLLECT_AT_ONCE_BYTES = 256 << 20
+
+
+def build_databases(runs: Runs, build_root) -> int:
+    """Every task's database, from the ``db`` items of the final results, built by the driver
+    under ``build_root``. Returns how many."""
+    from backfill.handoff import build_database
+
+    items = runs.items("db")
+    if items is None:
+        return 0
+    n = 0
+    with StageProgress(runs.spark, "building the task databases on the driver"):
+        blobs = items.collect() if runs.db_bytes <= COLLECT_AT_ONCE_BYTES else items.toLocalIterator()
+        for blob in blobs:
+            build_database(build_root, blob)
+            n += 1
+    return n

@@ -1,0 +1,249 @@
+"""In an executor: one run of one sub-topology for one task, and the final write of a task that
+no run wrote.
+
+A run's Spark partition ``i`` is task ``i`` of the sub-topology (``backfill.runs``). What reaches
+it: its stores as the task's previous run left them (``("state", bytes)``) and the internal rows
+earlier runs addressed to it (``("rows", run, topic, origin, bytes)``); it reads its own input
+partitions' history from Kafka itself (Kafka partition i is task i). What it yields is the run's
+result: ``("stats", i, dict)``, ``("state", i, bytes)`` for its next run, ``("rows", j, ...)`` for
+other tasks, ``("output", i, bytes)`` for the outputs, and in its last run ``("db", i, bytes)``
+when the driver builds databases.
+
+Invariant: a task processes its history and its internal rows as the worker's task would
+(``backfill.rows.merge``), with the topology's own ``Task``; the bytes it leaves are all it
+carries between runs (pickled memory stores, a version byte in front: ``STATE_FORMAT``).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import pickle
+import time
+
+from backfill.context import error_info, executor_logging
+
+log = logging.getLogger("processor.backfill")
+
+STATE_FORMAT = 1   # version byte of a task's stores between runs
+
+
+def encode_state(stores, offsets) -> bytes:
+    return bytes([STATE_FORMAT]) + pickle.dumps(
+        {"stores": {n: list(s.items()) for n, s in stores.stores.items()},
+         "checkpoint": stores.checkpoint, "offsets": offsets}, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_state(blob: bytes | None):
+    """``(MemoryStores, virtual offsets of internal partitions)`` from ``encode_state``'s bytes
+    (None: a task's first run, empty stores)."""
+    from processor.errors import StateError
+    from processor.state.memory import MemoryStores
+
+    stores = MemoryStores()
+    if blob is None:
+        return stores, {}
+    if blob[0] != STATE_FORMAT:
+        raise StateError(f"backfill: a task's stores between runs are in format {blob[0]}, not {STATE_FORMAT}")
+    saved = pickle.loads(blob[1:])
+    for name, items in saved["stores"].items():
+        stores.store(name).put_all(items)
+    stores.checkpoint = dict(saved["checkpoint"])
+    return stores, saved["offsets"]
+
+
+def _split_inputs(items) -> tuple[bytes | None, list]:
+    """A run's partition -> (the task's state bytes, its rows items sorted by run)."""
+    state, rows = None, []
+    for it in items:
+        if not isinstance(it, tuple):
+            continue            # a partition marker (range of task numbers)
+        _, item = it
+        if item is None:
+            continue
+        if item[0] == "state":
+            state = item[1]
+        else:
+            rows.append(item)
+    rows.sort(key=lambda r: r[1])
+    return state, rows
+
+
+class TaskRun:
+    """One run of one sub-topology (``mapPartitionsWithIndex``): partition ``i`` is task ``i``."""
+
+    def __init__(self, ctx, spec):
+        self.ctx = ctx
+        self.spec = spec
+
+    def __call__(self, partition, items):
+        from processor.errors import ProcessorError
+
+        executor_logging(self.ctx.log_level, getattr(self.ctx, "log_json", False))
+        state, rows = _split_inputs(items)
+        # No cyclic garbage collection during a run: the task's rows and stores are hundreds of
+        # thousands of live objects that every full collection would walk again (measured: the
+        # runs of benchmarks/backfill.py took 15 % longer with it); what a run leaves is
+        # collected once it is over.
+        gc.disable()
+        try:
+            return self._run_task(partition, state, rows)
+        except ProcessorError as exc:   # back to the driver as data: Spark would wrap it
+            return [("stats", partition, {"error": error_info(exc)})]
+        finally:
+            gc.enable()
+
+    def _run_task(self, partition, state, row_items, compact=True, journal=False):
+        from processor.engine.task import Task, max_record_bytes_of
+
+        from backfill.handoff import write_task
+        from backfill.rows import RowCollector, merge
+
+        ctx, spec = self.ctx, self.spec
+        task_id = f"{spec.sub}_{partition}"
+        started = time.monotonic()
+        streams, read, replayed = self._input(partition, row_items, compact)
+        t_read = time.monotonic()
+        stores, offsets = decode_state(state)
+        collector = RowCollector(ctx, task_id, spec.run_no)
+        task = Task(ctx.topo, spec.sub, partition, stores, collector, lambda: int(time.time() * 1000),
+                    on_error=ctx.on_error, dlq_topic=ctx.dlq, routing=ctx.routing,
+                    max_record_bytes=max_record_bytes_of(ctx.producer_config), journal=journal)
+        n = 0
+        for kind, topic, part, key, value, ts, headers, origin, seq, phase in merge(streams):
+            if kind == "input":
+                offset = seq
+            else:   # a shuffled internal record: offsets of its (virtual) partition, in arrival order
+                offset = offsets.get((topic, part), 0)
+                offsets[(topic, part)] = offset + 1
+            task.process(topic, part, offset, ts, key, value, headers)
+            n += 1
+        failed = task.failed_in_processing
+        if failed and not journal:
+            # A record failed in a user function or an output (under fail, the task raised). The
+            # first run keeps no journal to undo a failed record's writes and holds no outputs (a
+            # cost on every write): run the task again with them. (Where tables were reduced,
+            # the driver then processes the whole history again, record by record: see job.run.)
+            log.warning("task %s: %d record(s) failed in processing (%s): running it again", task_id,
+                        sum(failed.values()), ", ".join(f"{t}: {c}" for t, c in sorted(failed.items())))
+            task.close()
+            return self._run_task(partition, state, row_items, compact=compact, journal=True)
+        if spec.flush:
+            task.flush()
+        # settle the outbox (records sent outside an input record) as a commit would: its records
+        # go out now, after everything the run processed (phase 1), and the outbox entry is deleted
+        pos, outbox = task.prepare_commit()
+        collector.phase = 1
+        task.finish_commit(pos, outbox)
+        pos, _ = task.prepare_commit()
+        task.finish_commit(pos, [])
+        t_process = time.monotonic()
+        task.close()
+        out = collector.items(partition)
+        stats = {"task": task_id, "records": n, "read": read, "replayed": replayed,
+                 "internal": collector.internal_counts, "superseded": collector.superseded,
+                 "dead_lettered": task.dead_lettered, "failed": dict(task.failed_in_processing), "entries": {}}
+        stats["outputs"] = sum(1 for x in out if x[0] == "output")
+        if spec.final:
+            written = write_task(ctx, spec.sub, partition, stores, time.monotonic())
+            stats["entries"] = written["entries"]
+            if "db" in written:
+                out.append(("db", partition, written["db"]))
+                stats["db"] = len(written["db"])
+        else:
+            out.append(("state", partition, encode_state(stores, offsets)))
+        stats["seconds"] = {"read": t_read - started, "process": t_process - t_read,
+                            "write": time.monotonic() - t_process}
+        out.append(("stats", partition, stats))
+        return out
+
+    def _input(self, partition, row_items, compact=True):
+        """``(streams, rows read, rows replayed)``: the task's history (archived rows below each
+        range, then Kafka's, each partition in offset order; compactable tables reduced) and the
+        internal rows of the pending runs (in run order), as streams for ``merge``."""
+        from backfill.compaction import last_changes, last_changes_of_messages
+        from backfill.progress import RowCounter
+        from backfill.range_reader import Range, iter_range
+        from backfill.rows import add_stream_rows, input_rows, message_row
+
+        ctx, spec = self.ctx, self.spec
+        streams: dict = {}
+        read, replayed = 0, 0
+        counter = RowCounter(ctx.progress_dir(spec.run_no), f"{spec.sub}_{partition}")
+
+        def counted(batches):
+            for msgs in batches:
+                counter.add(len(msgs))
+                yield msgs
+
+        compacted = ctx.compacted if compact else ()
+        for (topic, part), (start, end) in sorted(spec.external.items()):
+            if part != partition:
+                continue
+            split = Range(topic, part, start, end)
+            if topic in compacted:
+                src = ctx.topo.source_node(topic).attrs
+            if topic in compacted and topic not in spec.archives:
+                # the common case, streamed: keep only each key's last two real changes
+                n, got = last_changes_of_messages(
+                    counted(iter_range(ctx.bootstrap_servers, split, spec.consumer_config)),
+                    src.key_serde, src.value_serde)
+                read += n
+                replayed += len(got)
+                add_stream_rows(streams, got)
+                continue
+            got = []
+            if topic in spec.archives:
+                import pyarrow.compute as pc
+                import pyarrow.dataset as ds
+
+                arch = ds.dataset(spec.archives[topic], format="parquet")
+                flt = (pc.field("topic") == topic) & (pc.field("partition") == part) & (pc.field("offset") < start)
+                for b in arch.to_batches(filter=flt):
+                    got.extend(input_rows(b))
+                    counter.add(b.num_rows)
+            for msgs in counted(iter_range(ctx.bootstrap_servers, split, spec.consumer_config)):
+                for m in msgs:
+                    got.append(message_row(m))
+            got.sort(key=lambda r: r[8])
+            read += len(got)
+            if topic in compacted:
+                got = last_changes(got, src.key_serde, src.value_serde)
+            replayed += len(got)
+            add_stream_rows(streams, got)
+        for _, run, topic, origin, blob in row_items:
+            if topic not in spec.reads:
+                continue
+            got = pickle.loads(blob)
+            add_stream_rows(streams, got)
+            counter.add(len(got))
+        counter.write()
+        return streams, read, replayed
+
+
+class FinalizeTask:
+    """Tasks that no run wrote (``mapPartitionsWithIndex`` over one sub-topology's tasks): the
+    stores their last run left (none: empty) -> ``write_task``."""
+
+    def __init__(self, ctx, sub):
+        self.ctx = ctx
+        self.sub = sub
+
+    def __call__(self, partition, items):
+        from processor.errors import ProcessorError
+
+        from backfill.handoff import write_task
+
+        executor_logging(self.ctx.log_level, getattr(self.ctx, "log_json", False))
+        state, _ = _split_inputs(items)
+        try:
+            t0 = time.monotonic()
+            stores, _ = decode_state(state)
+            written = write_task(self.ctx, self.sub, partition, stores, t0)
+        except ProcessorError as exc:
+            return [("stats", partition, {"error": error_info(exc)})]
+        out = [("stats", partition, {"entries": written["entries"], "seconds": written["seconds"],
+                                     "db": len(written.get("db", b""))})]
+        if "db" in written:
+            out.append(("db", partition, written["db"]))
+        return out
