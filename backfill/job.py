@@ -232,6 +232,8 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         for stale in state_dir.glob(f"{application_id}.backfill-tmp-*"):   # a killed run's leftovers
             shutil.rmtree(stale, ignore_errors=True)
 
+    to_ship = session.code_to_ship(topo, py_files)
+
     own_session = spark is None
     if own_session:
         t_session = time.monotonic()
@@ -250,7 +252,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         executors = session.wait_for_executors(spark, executor_timeout_s)
         if executors:
             log.info("backfill: %d executor(s) on %s", executors, spark.sparkContext.master)
-        session.ship_code(spark, topo, py_files, str(build_root / "py-files"))
+        session.ship(spark, to_ship, str(build_root / "py-files"))
         # the executors' Python workers start and import the engine while the driver takes the snapshot
         warm_up = session.WarmUp(spark)
         # 1. topics as the worker creates them; the snapshot; each source's partitioner

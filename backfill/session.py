@@ -153,24 +153,29 @@ def _zip_package(pkg_dir: Path, dest_dir: str) -> str:
     return target
 
 
-def ship_code(spark, obj, py_files=(), work_dir: str | None = None) -> list[str]:
-    """Ship what ``obj`` needs (``modules_to_ship``) and every path of ``py_files`` (``.py``,
-    ``.zip``, ``.egg``, or a package directory, zipped) to the executors. Returns what was added."""
-    sc = spark.sparkContext
-    work_dir = work_dir or tempfile.mkdtemp(prefix="backfill-py-files-")
-    added = []
-    wanted = [(name, path) for name, path in modules_to_ship(obj).items()]
+def code_to_ship(obj, py_files=()) -> list[tuple[str, Path]]:
+    """``(name, path)`` of what the executors need for ``obj`` (``modules_to_ship``) and of every
+    path of ``py_files`` (``.py``, ``.zip``, ``.egg``, or a package directory); ConfigError for
+    what cannot be shipped. Checked before the session starts."""
+    wanted = list(modules_to_ship(obj).items())
     for f in py_files or ():
         p = Path(f)
         if not p.exists():
             raise ConfigError(f"--py-files: {f} does not exist")
         wanted.append((p.name, p))
+    return wanted
+
+
+def ship(spark, wanted, work_dir: str | None = None) -> list[str]:
+    """``SparkContext.addPyFile`` for each of ``wanted`` (``code_to_ship``; a directory zipped
+    into ``work_dir`` first). Returns the paths shipped."""
+    sc = spark.sparkContext
+    work_dir = work_dir or tempfile.mkdtemp(prefix="backfill-py-files-")
+    os.makedirs(work_dir, exist_ok=True)
+    added = []
     for name, path in wanted:
         try:
-            src = _zip_package(path, work_dir) if path.is_dir() else str(path)
-            sc.addPyFile(src)
-        except ConfigError:
-            raise
+            sc.addPyFile(_zip_package(path, work_dir) if path.is_dir() else str(path))
         except Exception as exc:
             raise ConfigError(f"cannot ship {name} ({path}) to the executors: {exc}") from exc
         added.append(str(path))

@@ -28,3 +28,23 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """A Spark standalone cluster (one worker, 2 cores) whose executors see none of the driver's
+    files: the worker runs in a private mount namespace with a tmpfs over the test's temporary
+    directories (state directories, build roots, application modules written there) and over the
+    repository's ``tests`` package (``tests/support/spark_cluster.py``). Started on first use."""
+    import tempfile
+    from pathlib import Path
+
+    from tests.support.spark_cluster import StandaloneCluster
+
+    repo_tests = Path(__file__).resolve().parent.parent
+    hide = [str(tmp_path_factory.getbasetemp()), tempfile.gettempdir(), str(repo_tests)]
+    cluster = StandaloneCluster(hide, tmp_path_factory.mktemp("spark-cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
