@@ -34,7 +34,7 @@ def write_task(ctx, sub, partition, stores, t0) -> dict:
     (``load``: from ``t0`` to the changelogs) and, when the driver builds databases, ``db``: the
     task's column families and checkpoint as bytes (``DB_FORMAT``; ``build_database``)."""
     from processor import provenance
-    from processor.runtime import kafka
+    from processor.kafka import clients as kafka
     from processor.state import commit_record
     from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
 
@@ -104,7 +104,7 @@ def existing_keys(bootstrap_servers, topic, partition, end) -> list[bytes]:
     """The keys of ``topic[partition]`` below ``end`` (a changelog an earlier run wrote)."""
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-    from processor.runtime import kafka
+    from processor.kafka import clients as kafka
 
     conf = kafka.consumer_defaults(bootstrap_servers)
     conf.update({"group.id": f"backfill-keys-{time.time_ns()}", "fetch.wait.max.ms": 50})
@@ -173,7 +173,7 @@ def build_database(build_root, item: bytes) -> tuple[int, int]:
 def commit_group_offsets(bootstrap_servers, application_id, snapshot, internal_ends, consumer_config) -> None:
     from confluent_kafka import TopicPartition
 
-    from processor.runtime import kafka
+    from processor.kafka import clients as kafka
 
     conf = kafka.consumer_defaults(bootstrap_servers)
     conf.update(consumer_config or {})

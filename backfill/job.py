@@ -125,7 +125,7 @@ def _refuse_existing(bootstrap_servers, application_id, state_dir: Path | None, 
                      consumer_config) -> None:
     from confluent_kafka import TopicPartition
 
-    from processor.runtime import kafka
+    from processor.kafka import clients as kafka
 
     target = state_dir / application_id if state_dir is not None else None
     existing = sorted(p.name for p in target.glob("task-*")) if target is not None and target.exists() else []
@@ -160,10 +160,10 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
     """Rebuild every task's stores of ``topology`` for ``application_id`` from topic history and
     hand over to the worker (see the module docstring): the changelogs, commit records and group
     offsets always; the worker's layout in ``state_dir`` when one is given. ``client_config``
-    (``processor.runtime.client_config.ClientConfig``) reaches every client the driver and the
+    (``processor.kafka.client_config.ClientConfig``) reaches every client the driver and the
     executors open; ``consumer_config`` / ``producer_config`` are layered over its kinds.
     Internal topics are created and checked as the worker does (``replication_factor``,
-    ``topic_configs`` per kind: processor/runtime/internal_topics.py). ``processing_guarantee``
+    ``topic_configs`` per kind: processor/kafka/internal_topics.py). ``processing_guarantee``
     is the one of the worker that continues: the history is read at that worker's isolation level
     (``read_committed`` under ``exactly_once``, ``read_uncommitted`` otherwise; a consumer-config
     ``isolation.level`` overrides it), so the snapshot ends where that worker's view ends (below
@@ -173,9 +173,9 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
     executors (the topology's own module is shipped without it: ``backfill.session``)."""
     from processor.engine.routing import Routing
     from processor.engine.task import dlq_topic_for
-    from processor.runtime import internal_topics, kafka
-    from processor.runtime.client_config import ClientConfig
-    from processor.runtime.partitioning import determine_partitioners
+    from processor.kafka import clients as kafka, internal_topics
+    from processor.kafka.client_config import ClientConfig
+    from processor.kafka.partitioning import determine_partitioners
 
     from backfill import handoff, outputs, runs, session
     from backfill.context import JobContext
@@ -188,7 +188,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
     config = ((client_config or ClientConfig()).with_kind("consumer", consumer_config)
               .with_kind("producer", producer_config))
     # partitioner detection samples as the worker does: at the level the user gave, else
-    # read_uncommitted (processor/runtime/partitioning.py), so both decide on the same records
+    # read_uncommitted (processor/kafka/partitioning.py), so both decide on the same records
     sampling_config = {"isolation.level": "read_uncommitted", **config.for_kind("consumer")}
     if "isolation.level" not in config.for_kind("consumer"):
         # the worker's rule (processor/runtime/worker.py), for every other consumer below

@@ -46,7 +46,7 @@ def emit(spark, ctx, blobs, emit_outputs: bool) -> tuple[int, int]:
     from pyspark.sql.pandas.types import from_arrow_schema
     from pyspark.sql.window import Window
 
-    from processor.runtime import kafka
+    from processor.kafka import clients as kafka
 
     from backfill.rows import output_schema
 

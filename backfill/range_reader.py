@@ -41,7 +41,7 @@ def iter_range(bootstrap_servers: str, split, consumer_config: dict | None = Non
     partitions with it directly)."""
     from confluent_kafka import KafkaError, TopicPartition
 
-    from processor.runtime.kafka import consumer_defaults, new_consumer
+    from processor.kafka.clients import consumer_defaults, new_consumer
 
     where = f"{split.topic}[{split.partition}] offsets [{split.start}, {split.end})"
     if split.end <= split.start:

@@ -5,7 +5,7 @@
     python benchmarks/backfill.py --records 300000 --keys 20000 --customers 2000 --partitions 4 --master 'local[2]'
 
 Loads one history into two ``--partitions``-partition topics (JSON values, keys placed by
-murmur2 as ``processor.runtime.kafka.producer_defaults`` does): C customers (``--customers``,
+murmur2 as ``processor.kafka.clients.producer_defaults`` does): C customers (``--customers``,
 default 5,000), then N order updates (``--records``) over K order keys (``--keys``, default
 50,000; 10 % of updates move the order to another customer, 2 % are deletes) with one customer
 update (its region changes) per 100 order updates, timestamps rising in that global order. The
@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from confluent_kafka import Producer  # noqa: E402
 
 from processor import StreamsBuilder  # noqa: E402
-from processor.runtime import kafka  # noqa: E402
+from processor.kafka import clients as kafka  # noqa: E402
 
 from bench_broker import broker, produce  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402

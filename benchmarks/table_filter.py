@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from confluent_kafka import Consumer, Producer  # noqa: E402
 
 from processor import StreamsBuilder  # noqa: E402
-from processor.runtime import kafka  # noqa: E402
+from processor.kafka import clients as kafka  # noqa: E402
 
 from bench_broker import broker, produce  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402

@@ -202,7 +202,7 @@ def add_backfill_arguments(bf: argparse.ArgumentParser) -> None:
 
 
 def add_topic_arguments(p: argparse.ArgumentParser) -> None:
-    """How internal topics are created (processor/runtime/internal_topics.py)."""
+    """How internal topics are created (processor/kafka/internal_topics.py)."""
     p.add_argument("--replication-factor", type=int, default=None, metavar="N",
                    help="replication factor of the internal topics created (default: min(3, brokers))")
     for kind in ("changelog", "repartition", "foreign-key"):
@@ -212,8 +212,8 @@ def add_topic_arguments(p: argparse.ArgumentParser) -> None:
 
 def topic_settings_from_args(args) -> dict:
     """``replication_factor`` and ``topic_configs`` keyword arguments from the topic flags."""
-    from processor.runtime.client_config import parse_pairs
-    from processor.runtime.internal_topics import check_kind_configs
+    from processor.kafka.client_config import parse_pairs
+    from processor.kafka.internal_topics import check_kind_configs
 
     if args.replication_factor is not None and args.replication_factor < 1:
         raise ConfigError(f"--replication-factor must be at least 1, not {args.replication_factor}")
@@ -224,7 +224,7 @@ def topic_settings_from_args(args) -> dict:
 
 
 def add_client_arguments(p: argparse.ArgumentParser) -> None:
-    """Kafka client settings for every client a command opens (processor/runtime/client_config.py)."""
+    """Kafka client settings for every client a command opens (processor/kafka/client_config.py)."""
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="librdkafka setting for every Kafka client (repeatable; security settings go here)")
     p.add_argument("--config-file", action="append", default=[], metavar="PATH",
@@ -244,7 +244,7 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
 def client_config_from_args(args):
     """The ClientConfig of the parsed arguments; fills ``args.bootstrap_servers`` from a config
     file's ``bootstrap.servers`` when the flag is absent (and refuses two different ones)."""
-    from processor.runtime.client_config import build_client_config
+    from processor.kafka.client_config import build_client_config
 
     config = build_client_config(args.config_file, args.config, args.consumer_config,
                                  args.producer_config, args.admin_config,

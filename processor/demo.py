@@ -18,7 +18,7 @@ import time
 
 from processor import Emit, StreamsBuilder, TimeWindows
 from processor.graph import AggregateAttrs
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.local_broker import LocalBroker
 from processor.engine.task import dlq_topic_for
 from processor.runtime.worker import Worker

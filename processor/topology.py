@@ -411,7 +411,7 @@ class Topology:
 
     def with_partitioning(self, choices: dict) -> "Topology":
         """A copy that knows which partitioner placed each source topic (``{topic:
-        PartitionerChoice}``, decided by a host: ``processor/runtime/partitioning.py``); shown by
+        PartitionerChoice}``, decided by a host: ``processor/kafka/partitioning.py``); shown by
         ``describe()``."""
         bound = copy.copy(self)
         bound.partitioning = {**self.partitioning, **choices}

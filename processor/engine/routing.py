@@ -132,7 +132,7 @@ def decide_partitioners(topology, partition_counts: dict[str, int],
     co-partitioned inputs are placed by different partitioners.
 
     ``recorded``: the partitioner each topic that routes foreign-key subscriptions was given at the
-    application's first start (``processor/runtime/partitioning.py``); it is kept, as a
+    application's first start (``processor/kafka/partitioning.py``); it is kept, as a
     declaration is, and a declaration or data that contradicts it is refused."""
     from processor.engine.partitioners import KNOWN, explaining, resolve
 

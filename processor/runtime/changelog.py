@@ -46,7 +46,7 @@ from processor.errors import ChangelogMismatch, KafkaIOError
 from processor.state import commit_record, source_changelog
 from processor.state.change_logging import ChangeLoggingStores
 from processor.state.store import TASK_STORE
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 
 log = logging.getLogger("processor.restore")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from confluent_kafka import KafkaException
 
 from processor.errors import KafkaIOError
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 
 # librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner picks the partition
 _ANY_PARTITION = -1

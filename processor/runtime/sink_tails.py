@@ -26,8 +26,8 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from processor import provenance
 from processor.errors import KafkaIOError
-from processor.runtime import kafka
-from processor.runtime.partition_ends import snapshot_end_offsets
+from processor.kafka import clients as kafka
+from processor.kafka.partition_ends import snapshot_end_offsets
 
 log = logging.getLogger("processor.restore")
 

@@ -33,7 +33,8 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from processor.engine.task import Task, max_record_bytes_of
 from processor.errors import ChangelogMismatch
-from processor.runtime import kafka, sink_tails
+from processor.kafka import clients as kafka
+from processor.runtime import sink_tails
 from processor.runtime.changelog import ChangelogWriter, RestoreTarget, restore_steps, restore_tasks
 from processor.state.rocksdb import RocksDBDatabase
 

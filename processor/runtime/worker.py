@@ -9,7 +9,7 @@ tasks run here, assignment, restore, revocation, closing).
 
 Internal topics (repartition, FK subscription/response) and changelog topics (one partition per
 task, ``cleanup.policy=compact``) are created and checked at start-up
-(``processor/runtime/internal_topics.py``), before any record could auto-create them on a broker
+(``processor/kafka/internal_topics.py``), before any record could auto-create them on a broker
 that does that. What a commit unit produces goes through ``processor/runtime/collector.py``.
 
 Stop: SIGTERM/SIGINT finish the record in hand, flush deferred emissions (``Emit.every``),
@@ -40,10 +40,10 @@ from confluent_kafka import KafkaError, TopicPartition
 from processor.engine.routing import Routing
 from processor.errors import ConfigError
 from processor.graph import AggregateAttrs
-from processor.runtime import internal_topics, kafka
+from processor.kafka import clients as kafka, internal_topics
 from processor.runtime.commit_unit import CommitUnit
-from processor.runtime.client_config import ClientConfig
-from processor.runtime.partitioning import determine_partitioners
+from processor.kafka.client_config import ClientConfig
+from processor.kafka.partitioning import determine_partitioners
 from processor.runtime.changelog import RestoreInterrupted
 from processor.runtime.state_lock import StateDirLock
 from processor.engine.task import dlq_topic_for
@@ -88,7 +88,7 @@ class Worker(TaskManagement, CommitUnit):
         # group.instance.id = <application id>-<worker id> (kept in the state directory), unless
         # the consumer config names one
         self.static_membership = static_membership
-        # internal topics created with these (processor/runtime/internal_topics.py); None: min(3, brokers)
+        # internal topics created with these (processor/kafka/internal_topics.py); None: min(3, brokers)
         self.replication_factor = replication_factor
         self.topic_configs = internal_topics.check_kind_configs(topic_configs)
         # every client below is opened with the user's settings: common (client_config), then

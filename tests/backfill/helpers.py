@@ -5,7 +5,7 @@ from __future__ import annotations
 from confluent_kafka import Producer
 from pyspark.sql import functions as F
 
-from processor.runtime.kafka import create_topics, producer_defaults
+from processor.kafka.clients import create_topics, producer_defaults
 
 
 def records(n_per_partition: int, partitions: int, ts0: int = 1_700_000_000_000, tag: str = "r"):

@@ -21,7 +21,7 @@ import backfill
 import backfill.snapshot
 from backfill.kafka_source import SCHEMA
 from processor.engine.partitioners import INTERNAL
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from tests.integration.helpers import produce
 
 from .test_backfill_differential import T0, _backfilled, _driver, _js, filter_map, table_aggregates, table_history

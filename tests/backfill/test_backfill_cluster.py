@@ -27,7 +27,7 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_INVALID
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.backfill import apps, test_backfill_differential as diff, test_backfill_handoff as handoff
 from tests.backfill.helpers import (backfill_argv, contract_column_families, kill_session, run_cli, start_cli,

@@ -16,7 +16,7 @@ import pytest
 
 import backfill
 from processor import Emit, JoinWindows, StreamsBuilder, TimeWindows
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.state.rocksdb import RocksDBDatabase
 from processor.testing import TopologyTestDriver
 from tests.integration.helpers import produce

@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import OFFSET_INVALID
 
 import backfill
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from processor.testing import TopologyTestDriver
 from tests.backfill import apps

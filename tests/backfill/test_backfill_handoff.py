@@ -12,7 +12,7 @@ import pytest
 import backfill
 from processor import StreamsBuilder
 from processor.errors import ConfigError
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from processor.state.rocksdb import RocksDBDatabase
 from processor.testing import TopologyTestDriver

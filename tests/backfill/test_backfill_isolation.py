@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 import backfill
 from processor import StreamsBuilder
 from processor.errors import ConfigError
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from processor.testing import TopologyTestDriver
 from tests.backfill.test_backfill_handoff import _state_stores

@@ -27,7 +27,7 @@ import backfill
 import backfill.job
 from processor.engine.task import DLQ_HEADERS
 from processor.errors import ProcessorError
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver

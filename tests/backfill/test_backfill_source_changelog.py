@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 import backfill
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.backfill.test_backfill_handoff import (PARTS, _driver_stores, _produce_all, _state_stores, history,
                                                   make_topology)

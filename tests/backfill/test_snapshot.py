@@ -8,7 +8,7 @@ from confluent_kafka import Producer
 from backfill.kafka_source import read_history
 from backfill.snapshot import snapshot_end_offsets, snapshot_offsets, snapshot_start_offsets, to_ranges
 from processor.errors import BrokerUnreachable, ConfigError
-from processor.runtime.kafka import producer_defaults
+from processor.kafka.clients import producer_defaults
 
 from .helpers import new_topic, produce, records, row_tuples
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from processor.engine.partitioners import MURMUR2
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 

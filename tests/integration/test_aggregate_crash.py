@@ -19,7 +19,7 @@ import time
 from collections import Counter
 
 from processor import provenance
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps

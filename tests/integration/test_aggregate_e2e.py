@@ -10,7 +10,7 @@ import random
 from collections import Counter
 
 from processor.graph import AggregateAttrs
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.local_broker import LocalBroker
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver

@@ -14,7 +14,7 @@ import re
 import signal
 import time
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.local_broker import LocalBroker
 from processor.state.rocksdb import RocksDBDatabase
 from processor.state.store import TASK_STORE

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -21,8 +21,8 @@ import shutil
 import subprocess
 import sys
 
-from processor.runtime import kafka
-from processor.runtime.client_config import build_client_config
+from processor.kafka import clients as kafka
+from processor.kafka.client_config import build_client_config
 from processor.runtime.worker import Worker
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver

@@ -3,7 +3,7 @@ records after it are processed."""
 
 import json
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps

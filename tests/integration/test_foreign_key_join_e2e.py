@@ -26,7 +26,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from processor.serde import Serdes
 from processor.serde import subscription as wire

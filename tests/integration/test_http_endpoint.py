@@ -22,7 +22,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.local_broker import free_port
 from tests.integration import apps
 from tests.integration.helpers import produce_with_partitioner, start_worker_process, wait_until_tasks_committed

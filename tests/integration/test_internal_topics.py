@@ -1,4 +1,4 @@
-"""Internal topics on the broker (processor/runtime/internal_topics.py): created with the
+"""Internal topics on the broker (processor/kafka/internal_topics.py): created with the
 replication factor and the per-kind settings asked for; an existing one with the wrong partition
 count or cleanup policy refused by name (exit 2), never used."""
 
@@ -6,7 +6,7 @@ import pytest
 
 from processor import StreamsBuilder
 from processor.errors import ConfigError
-from processor.runtime import internal_topics, kafka
+from processor.kafka import clients as kafka, internal_topics
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps

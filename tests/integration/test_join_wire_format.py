@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 
 from processor import provenance
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from processor.serde import Serdes
 from processor.serde import subscription as wire

@@ -30,7 +30,7 @@ import time
 
 import pytest
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.serde import Serdes
 from processor.runtime.changelog import RestoreTarget, restore_tasks
 from processor.state.rocksdb import RocksDBDatabase

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from tests.integration.helpers import produce
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 from tests.integration import apps

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from processor.engine.partitioners import CONSISTENT, PARTITIONERS
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 
 NAMES = ("murmur2", "murmur2_random", "consistent", "consistent_random", "fnv1a", "fnv1a_random")
 COUNTS = (3, 7)

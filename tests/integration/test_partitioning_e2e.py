@@ -34,7 +34,7 @@ import pytest
 
 from processor.engine.partitioners import CONSISTENT, MURMUR2, PARTITIONERS
 from processor.engine.routing import REMEDY, REMEDY_ROUTED, PartitioningError
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import partitioning_apps as apps

@@ -17,7 +17,7 @@ import pytest
 
 from processor import StreamsBuilder
 from processor.errors import RecordError
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver

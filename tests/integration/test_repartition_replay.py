@@ -30,7 +30,7 @@ from collections import defaultdict
 from confluent_kafka import Producer
 
 from processor import provenance
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.serde import Serdes
 from processor.runtime.worker import Worker
 from processor.serde import change as change_codec

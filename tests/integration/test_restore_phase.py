@@ -15,7 +15,7 @@ import shutil
 import signal
 import time
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from tests.integration import apps
 from tests.integration.helpers import final_table, key_partition, produce, start_worker_process, wait_until_tasks_committed
 

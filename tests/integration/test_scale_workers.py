@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 from tests.integration import apps

@@ -11,8 +11,8 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from processor import StreamsBuilder
-from processor.runtime import kafka
-from processor.runtime.client_config import build_client_config
+from processor.kafka import clients as kafka
+from processor.kafka.client_config import build_client_config
 from processor.runtime.worker import Worker
 from processor.serde import SCHEMAS_DIR, Serdes
 from processor.serde.registry import client_for

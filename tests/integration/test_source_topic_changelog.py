@@ -13,7 +13,7 @@ import shutil
 import pytest
 from confluent_kafka import Producer
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.state import source_changelog
 from processor.state.rocksdb import RocksDBDatabase
 from processor.state.store import TASK_STORE
@@ -159,7 +159,7 @@ def test_turning_reuse_off_writes_the_whole_table_to_its_new_changelog(kafka_boo
 
 
 def test_a_source_topic_that_may_delete_records_is_named_in_a_warning(kafka_bootstrap, unique, caplog):
-    from processor.runtime import internal_topics
+    from processor.kafka import internal_topics
 
     plain, compact, forever = f"plain-{unique}", f"compact-{unique}", f"forever-{unique}"
     bounded = f"bounded-{unique}"

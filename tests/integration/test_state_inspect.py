@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.state_lock import StateDirLock
 from processor.runtime.worker import Worker
 from processor.testing import TopologyTestDriver

@@ -2,7 +2,7 @@
 broker's output equals the test driver's, key by key and in order."""
 
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps

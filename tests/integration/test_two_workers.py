@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 from tests.integration import apps
 from tests.integration.helpers import (by_key, committed_offsets, driver_output_by_key, produce,
                                        table_updates)

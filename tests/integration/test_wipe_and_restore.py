@@ -8,7 +8,8 @@ import logging
 import re
 import shutil
 
-from processor.runtime import changelog, kafka
+from processor.kafka import clients as kafka
+from processor.runtime import changelog
 from processor.runtime.worker import Worker
 from processor.state.rocksdb import RocksDBDatabase
 from tests.conftest import TEST_CONSUMER_CONFIG

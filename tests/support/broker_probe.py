@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, fields
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 
 # Error codes that mean "this producer has been fenced by a newer one with its transactional.id".
 FENCING_ERRORS = frozenset({

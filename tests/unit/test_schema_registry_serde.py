@@ -11,7 +11,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from processor import StreamsBuilder
 from processor.errors import ConfigError, TopologyError
-from processor.runtime.client_config import build_client_config
+from processor.kafka.client_config import build_client_config
 from processor.serde import SCHEMAS_DIR, Serdes
 from processor.serde.change import ChangeSerde
 from processor.serde.registry import RegistryAvroSerde, client_for

@@ -11,7 +11,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from processor.engine.routing import PartitionerChoice, decide_partitioners
 from processor.errors import ConfigError, KafkaIOError
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 
 log = logging.getLogger("processor.partitioning")
 

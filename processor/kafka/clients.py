@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from processor.errors import BrokerUnreachable, ConfigError, KafkaIOError
-from processor.runtime.client_config import ClientConfig, KafkaCluster, describe_settings, is_secret
+from processor.kafka.client_config import ClientConfig, KafkaCluster, describe_settings, is_secret
 
 # Explicit retention on every topic we create: some brokers (Tansu) report back only the
 # settings given at creation, and tools break on a missing retention key.

@@ -7,7 +7,7 @@ client that lacks them) must reach every one of them. Invariant: every client is
 ``kafka.consumer_defaults`` / ``kafka.producer_defaults`` / ``kafka.admin`` of a
 ``KafkaCluster``, which layers, each over the one before:
 
-1. the role's built-in defaults (``processor.runtime.kafka``);
+1. the role's built-in defaults (``processor.kafka.clients``);
 2. common settings: ``--config-file PATH`` (Java ``.properties``, as ``client.properties`` files
    are written), then each ``--config KEY=VALUE``;
 3. per client kind: ``--consumer-config``, ``--producer-config``, ``--admin-config``;
@@ -160,7 +160,7 @@ class ClientConfig:
 @dataclass(frozen=True)
 class KafkaCluster:
     """Where to connect and with which client settings. Every helper of
-    ``processor.runtime.kafka`` that takes ``bootstrap_servers`` takes one of these too; its
+    ``processor.kafka.clients`` that takes ``bootstrap_servers`` takes one of these too; its
     ``str`` is the bootstrap servers (safe to print)."""
 
     bootstrap_servers: str

@@ -22,7 +22,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import ConfigResource, ResourceType
 
 from processor.errors import ConfigError, KafkaIOError
-from processor.runtime import kafka
+from processor.kafka import clients as kafka
 
 log = logging.getLogger("processor.topics")
 

@@ -32,7 +32,7 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from processor.errors import ConfigError
-from processor.runtime.kafka import assign, consumer_defaults, new_consumer, topic_partitions
+from processor.kafka.clients import assign, consumer_defaults, new_consumer, topic_partitions
 
 TopicPartitionKey = tuple[str, int]
 
