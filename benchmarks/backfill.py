@@ -56,14 +56,14 @@ from confluent_kafka import Producer  # noqa: E402
 from processor import StreamsBuilder  # noqa: E402
 from processor.kafka import clients as kafka  # noqa: E402
 
+from backfill_topology import AGG_STORE, ENV, JOIN_STORE, topology  # noqa: E402,F401
 from bench_broker import broker, produce  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 
 T0 = 1_700_000_000_000
 REGIONS = 20
 CUSTOMER_UPDATE_EVERY = 100      # one customer update per this many order updates
-JOIN_STORE = "orders-customers"
-AGG_STORE = "revenue-by-region"
+BENCH_DIR = Path(__file__).resolve().parent
 
 
 # -- the history ------------------------------------------------------------------------------------
@@ -107,21 +107,6 @@ def load(bootstrap, orders, customers, n, keys, c, seed=42) -> dict[str, int]:
     if p.flush(120):
         raise SystemExit("benchmark: the history was not delivered within 120 s")
     return sent
-
-
-def topology(orders, customers, out):
-    b = StreamsBuilder()
-    o = b.table(orders, store_name="orders")
-    c = b.table(customers, store_name="customers")
-    enriched = o.join_on_foreign_key(
-        c, lambda v: v["customer"], lambda ov, cv: {"amount": ov["amount"], "region": cv["region"]},
-        name=JOIN_STORE)
-    enriched.group_by(lambda k, v: (v["region"], v["amount"])).aggregate(
-        lambda: {"orders": 0, "amount": 0},
-        lambda k, v, agg: {"orders": agg["orders"] + 1, "amount": agg["amount"] + v},
-        lambda k, v, agg: {"orders": agg["orders"] - 1, "amount": agg["amount"] - v},
-        name=AGG_STORE).to_stream().to(out)
-    return b.build()
 
 
 # -- comparing the two state directories ------------------------------------------------------------
@@ -280,6 +265,44 @@ def run_backfill(topo, bootstrap, app, state, master, rows) -> float:
     return wall
 
 
+def run_command(topics, bootstrap, app, state, master, rows, code_root, emit_outputs=False) -> float:
+    """The whole ``processor backfill`` command, as a user waits for it (Python's and Spark's
+    start included), of the code at ``code_root`` (default: this checkout), on ``master``.
+    Returns the wall time."""
+    import subprocess
+
+    env = dict(os.environ)
+    env.update(dict(zip(ENV, topics)))
+    env["PYTHONPATH"] = os.pathsep.join([str(code_root), str(BENCH_DIR)])
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    argv = [sys.executable, "-m", "processor.cli", "backfill", "backfill_topology:topology_from_env",
+            "--bootstrap-servers", bootstrap, "--application-id", app, "--state-dir", str(state),
+            "--master", master, "--conf", "spark.ui.showConsoleProgress=false"]
+    if emit_outputs:
+        argv.append("--emit-outputs")
+    t0 = time.monotonic()
+    res = subprocess.run(argv, cwd=str(code_root), env=env, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    if res.returncode != 0:
+        if "--conf" in res.stderr:   # code from before --conf (argparse: ambiguous or unknown)
+            res = subprocess.run([a for a in argv if a not in ("--conf", "spark.ui.showConsoleProgress=false")],
+                                 cwd=str(code_root), env=env, capture_output=True, text=True)
+            wall = time.monotonic() - t0
+        if res.returncode != 0:
+            raise SystemExit(f"processor backfill failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    stages = next((line.strip() for line in res.stdout.splitlines() if line.strip().startswith("seconds:")), "")
+    if logging.getLogger().isEnabledFor(logging.INFO):
+        for line in res.stderr.splitlines():
+            if "processor.backfill" in line:
+                print("    " + line)
+    label = "this checkout" if Path(code_root).resolve() == BENCH_DIR.parent else str(code_root)
+    print(f"processor backfill --master {master}{' --emit-outputs' if emit_outputs else ''} ({label}): "
+          f"{rows:,} input rows in {wall:.1f} s as a user waits (Spark's start included): "
+          f"{rows / wall:,.0f} input rows/s; {stages}")
+    return wall
+
+
 def run_live(topo, bootstrap, app, state, rows) -> tuple[float, float]:
     w = Worker(topo, bootstrap, app, state,
                consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
@@ -303,6 +326,16 @@ def main():
     ap.add_argument("--master", default="local[*]", help="Spark master of the backfill (default local[*])")
     ap.add_argument("--bootstrap-servers", help="an existing broker (default: start a local Tansu)")
     ap.add_argument("--no-live", action="store_true", help="backfill only (e.g. to profile it)")
+    ap.add_argument("--masters", default=None, metavar="M1,M2,...",
+                    help="run the whole `processor backfill` command (Spark's start included) once per master "
+                         "instead of backfill.run in this process; 'cluster' starts a Spark standalone "
+                         "cluster of one worker with 2 cores whose executors see none of this machine's "
+                         "temporary directories (e.g. local[1],local[2],cluster)")
+    ap.add_argument("--code-root", action="append", default=[], metavar="DIR",
+                    help="with --masters: the checkout whose code runs the command (repeatable: an A/B of "
+                         "two versions, alternated; default this checkout)")
+    ap.add_argument("--repeat", type=int, default=1, help="with --masters: runs of each (master, code root)")
+    ap.add_argument("--emit-outputs", action="store_true", help="the backfill also writes the outputs")
     ap.add_argument("--verbose", action="store_true", help="the backfill's and the worker's log (INFO)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -326,12 +359,51 @@ def main():
                 tempfile.TemporaryDirectory(prefix="bench-live-") as lstate:
             b_app, l_app = f"bench-backfill{suffix}", f"bench-live{suffix}"
             print()
-            b_wall = run_backfill(topo, bootstrap, b_app, bstate, args.master, rows)
+            walls: dict = {}
+            if args.masters:
+                masters = args.masters.split(",")
+                roots = args.code_root or [str(BENCH_DIR.parent)]
+                cluster = None
+                if "cluster" in masters:
+                    from tests.support.spark_cluster import StandaloneCluster
+
+                    cluster = StandaloneCluster([tempfile.gettempdir(), str(BENCH_DIR)],
+                                                Path(tempfile.mkdtemp(prefix="bench-spark-cluster-"))).start()
+                    print(f"standalone cluster {cluster.master_url}: 1 worker, 2 cores, in a private mount "
+                          f"namespace ({tempfile.gettempdir()} and {BENCH_DIR} hidden from its executors)")
+                try:
+                    n = 0
+                    for rep in range(args.repeat):
+                        for master in masters:
+                            for root in roots:
+                                state = Path(bstate) / f"run-{n}"
+                                app = b_app if (rep, master, root) == (args.repeat - 1, masters[-1], roots[0]) \
+                                    else f"{b_app}-{n}"
+                                m = cluster.master_url if master == "cluster" else master
+                                walls.setdefault((master, root), []).append(
+                                    run_command((orders, customers, out), bootstrap, app, state, m, rows, root,
+                                                args.emit_outputs))
+                                n += 1
+                                if app == b_app:
+                                    bstate_final = state
+                finally:
+                    if cluster is not None:
+                        cluster.stop()
+                b_wall = min(min(v) for v in walls.values())
+            else:
+                b_wall = run_backfill(topo, bootstrap, b_app, bstate, args.master, rows)
+                bstate_final = Path(bstate)
             if args.no_live:
                 return
             print()
             l_dt, l_wall = run_live(topo, bootstrap, l_app, lstate, rows)
             print()
+            for (master, root), ws in walls.items():
+                label = "" if len(args.code_root) < 2 else f" ({root})"
+                print(f"processor backfill --master {master}{label}: {', '.join(f'{w:.1f}' for w in ws)} s; "
+                      f"best {min(ws):.1f} s = {rows / min(ws):,.0f} input rows/s; the live replay took "
+                      f"{l_wall:.1f} s as a user waits ({l_wall / min(ws):.2f}x), {l_dt:.1f} s from its first "
+                      f"record ({l_dt / min(ws):.2f}x)")
             ratio = l_dt / b_wall
             print(f"machine: load average {os.getloadavg()[0]:.1f} after the runs")
             print(f"speed-up of the backfill over the live replay: {ratio:.2f}x ({b_wall:.1f} s vs {l_dt:.1f} s; "
@@ -343,7 +415,7 @@ def main():
             print()
             masks = timestamp_free(topo.for_application(b_app))
             FK_FED_TASKS.update(fk_fed_tasks(topo.for_application(b_app)))
-            bad, doc = compare(read_stores(Path(bstate), b_app), read_stores(Path(lstate), l_app), masks)
+            bad, doc = compare(read_stores(bstate_final, b_app), read_stores(Path(lstate), l_app), masks)
             if bad > doc:
                 print(f"!!! THE STORES DIFFER: {bad - doc:,} differing key(s) beyond the documented difference "
                       f"({bad:,} in all, see above)")
