@@ -1,10 +1,13 @@
 """What the driver gives every backfill Spark task (``JobContext``, ``RunSpec``: pickled into the
 task), and what comes back when a task fails on purpose (errors as data).
 
-Invariant: a task reads nothing from the driver's filesystem. Everything it needs is in these
-objects (the topology, the routing, the snapshot) or in Kafka; everything it leaves travels back
-as Spark data (``backfill.runs``). The one exception is observation only: on a ``local`` master
-the tasks write their rows-read counters under ``progress_root`` (``backfill.progress``).
+Invariant: on any master but ``local``, a task reads nothing from the driver's filesystem and
+leaves nothing in its own: everything it needs is in these objects (the topology, the routing,
+the snapshot) or in Kafka, and everything it leaves travels back as Spark data
+(``backfill.runs``). On a ``local`` master the executors are processes of the driver's machine,
+and ``local_root`` (the build root) is where they keep what passes between runs, their
+rows-read counters and the task databases (``LocalFiles``): measured faster than Spark's cache
+and shuffle on one machine (README "Backfill on a cluster").
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ class JobContext:
     """What executors need (pickled into every Spark task)."""
 
     def __init__(self, topo, routing, counts, bootstrap_servers, on_error, dlq, producer_config,
-                 emit_outputs=False, build_databases=True, progress_root=None):
+                 emit_outputs=False, build_databases=True, local_root=None):
         from backfill.compaction import compaction_plan
 
         self.emit_outputs = emit_outputs
         # whether the tasks send their final stores back to the driver (a --state-dir to fill)
         self.build_databases = build_databases
-        self.progress_root = progress_root   # rows-read counters (a local master only)
+        self.local_root = local_root   # the driver's build root, shared by the executors of a local master
         # set once the snapshot is taken (what the checkpoints and commit records say)
         self.snapshot: dict = {}          # (source topic, partition) -> (start, end)
         self.internal_ends: dict = {}     # (internal topic, partition) -> end
@@ -53,9 +56,84 @@ class JobContext:
         return max(self.counts[t] for t in self.topo.source_topics(sub))
 
     def progress_dir(self, run: int) -> str | None:
-        if self.progress_root is None:
+        if self.local_root is None:
             return None
-        return os.path.join(self.progress_root, f"run-{run:05d}")
+        return os.path.join(self.local_root, "progress", f"run-{run:05d}")
+
+    @property
+    def files(self) -> "LocalFiles | None":
+        return None if self.local_root is None else LocalFiles(self.local_root)
+
+
+class LocalFiles:
+    """Where the tasks of a ``local`` master keep what passes between runs, under the build root:
+
+    - ``staging/state/task-<sub>_<partition>``: a task's stores for its next run;
+    - ``staging/rows/run-<run>/<topic>/<partition>/<origin>``: the internal rows one task sent to
+      one partition in one run, pickled, in send order;
+    - ``staging/output/run-<run>-<origin>``: a task run's output rows (Arrow IPC);
+    - ``task-<sub>_<partition>/``: the task databases, built where the job installs them from.
+
+    Files are written to a temporary name and renamed, so a reader sees whole files only."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def _write(self, path: str, data: bytes) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def state_path(self, task_id: str) -> str:
+        return os.path.join(self.root, "staging", "state", f"task-{task_id}")
+
+    def write_state(self, task_id: str, blob: bytes) -> None:
+        self._write(self.state_path(task_id), blob)
+
+    def read_state(self, task_id: str) -> bytes | None:
+        try:
+            with open(self.state_path(task_id), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def rows_dir(self, run: int) -> str:
+        return os.path.join(self.root, "staging", "rows", f"run-{run:05d}")
+
+    def write_rows(self, part: int, payload) -> None:
+        run, topic, origin, blob = payload
+        self._write(os.path.join(self.rows_dir(run), topic, str(part), origin), blob)
+
+    def read_rows(self, runs, topics, part: int) -> list:
+        """``("rows", run, topic, origin, bytes)`` of ``runs`` and ``topics`` to partition ``part``."""
+        out = []
+        for run in runs:
+            for topic in topics:
+                d = os.path.join(self.rows_dir(run), topic, str(part))
+                if not os.path.isdir(d):
+                    continue
+                for origin in sorted(os.listdir(d)):
+                    if ".tmp-" in origin:
+                        continue
+                    with open(os.path.join(d, origin), "rb") as f:
+                        out.append(("rows", run, topic, origin, f.read()))
+        return out
+
+    def write_output(self, run: int, origin: str, blob: bytes) -> None:
+        self._write(os.path.join(self.root, "staging", "output", f"run-{run:05d}-{origin}"), blob)
+
+    def read_outputs(self) -> list[bytes]:
+        d = os.path.join(self.root, "staging", "output")
+        if not os.path.isdir(d):
+            return []
+        out = []
+        for name in sorted(os.listdir(d)):
+            if ".tmp-" not in name:
+                with open(os.path.join(d, name), "rb") as f:
+                    out.append(f.read())
+        return out
 
 
 @dataclass

@@ -10,8 +10,10 @@ Invariants:
   them: a worker on any machine, with an empty state directory, restores the same stores.
 - **The layout on the driver comes through Spark.** A task's contents and checkpoint travel
   back to the driver as Spark data (``("db", partition, bytes)`` items of its run); the driver
-  builds each database through SST files under its build root (``build_databases``) and the job
-  installs them all or none (``backfill.sst``). No file an executor wrote is ever read.
+  builds each database through SST files under its build root (``build_database``) and the job
+  installs them all or none (``backfill.sst``). No file an executor wrote is read, except on a
+  ``local`` master, whose executors are processes of the driver's machine: there each task
+  builds its database under the driver's build root itself (``JobContext.local_root``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ DB_FORMAT = 1   # version byte of a "db" item: (sub, partition, column families,
 def write_task(ctx, sub, partition, stores, t0) -> dict:
     """A task's final stores -> its changelogs and commit record (positions: the snapshot for
     sources, the end now for internal topics). Returns entries per contract store, seconds
-    (``load``: from ``t0`` to the changelogs) and, when the driver builds databases, ``db``: the
-    task's column families and checkpoint as bytes (``DB_FORMAT``; ``build_database``)."""
+    (``load``: from ``t0`` to the changelogs) and, when there is a state directory to fill,
+    either ``db``: the task's column families and checkpoint as bytes for the driver
+    (``DB_FORMAT``; ``build_database``), or on a local master ``built``: the database built
+    under the build root (``JobContext.local_root``) by the task itself."""
     from processor import provenance
     from processor.kafka import clients as kafka
     from processor.state import commit_record
@@ -94,8 +98,14 @@ def write_task(ctx, sub, partition, stores, t0) -> dict:
     t2 = time.monotonic()
     out = {"entries": {name: len(v) for name, v in contents.items() if not name.startswith("__")}}
     if ctx.build_databases:
-        out["db"] = bytes([DB_FORMAT]) + pickle.dumps((sub, partition, contents, checkpoint),
-                                                      protocol=pickle.HIGHEST_PROTOCOL)
+        if ctx.local_root is not None:   # a local master: the database built where it is installed from
+            from backfill.sst import build_task_database, task_dir_name
+
+            build_task_database(Path(ctx.local_root) / task_dir_name(sub, partition), contents, checkpoint)
+            out["built"] = 1
+        else:
+            out["db"] = bytes([DB_FORMAT]) + pickle.dumps((sub, partition, contents, checkpoint),
+                                                          protocol=pickle.HIGHEST_PROTOCOL)
     out["seconds"] = {"load": t1 - t0, "changelogs": t2 - t1, "database": time.monotonic() - t2}
     return out
 

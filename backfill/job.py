@@ -290,7 +290,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         report = BackfillReport(application_id, snapshot, seconds=seconds)
         ctx = JobContext(topo, Routing(choices, counts), counts, bootstrap_servers, on_error, dlq,
                          producer_config or {}, emit_outputs, build_databases=state_dir is not None,
-                         progress_root=str(build_root / "progress") if session.is_local(spark) else None)
+                         local_root=str(build_root) if session.is_local(spark) else None)
         ctx.snapshot, ctx.internal_ends, ctx.changelog_ends = snapshot, internal_ends, changelog_ends
         plan = {} if emit_outputs else compaction_plan(topo)
         why = ("every record replayed (--emit-outputs: the sinks receive what every change produces)"
@@ -308,7 +308,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
             failed = ", ".join(f"{t}: {c}" for t, c in sorted(report.failed_in_processing.items()))
             log.warning("records failed in processing (%s) while tables were reduced to their last "
                         "changes: processing the history again, record by record", failed)
-            spark_runs.close()
+            spark_runs.discard()
             ctx.compacted = set()
             report.compaction = {t: f"every record replayed (records failed in processing: {failed})"
                                  for t in sources}
@@ -335,8 +335,8 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
             built = runs.build_databases(spark_runs, build_root)
             if built != report.tasks:
                 raise RuntimeError(f"backfill: internal error: {built} task databases came back, not {report.tasks}")
-            shutil.rmtree(build_root / "py-files", ignore_errors=True)
-            shutil.rmtree(build_root / "progress", ignore_errors=True)
+            for scratch in ("py-files", "progress", "staging"):
+                shutil.rmtree(build_root / scratch, ignore_errors=True)
             report.installed = [str(p) for p in install_task_databases(build_root, state_dir, application_id,
                                                                        force=force)]
         handoff.commit_group_offsets(bootstrap_servers, application_id, snapshot, internal_ends, consumer_config)

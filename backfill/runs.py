@@ -10,6 +10,10 @@ runs take their inputs from it. Nothing passes between runs through an executor'
 driver's, so executors on other machines (a standalone, YARN or Kubernetes cluster) run it as
 ``local[*]`` does.
 
+On a ``local`` master, whose executors are processes of the driver's machine, the same pieces
+pass through files under the driver's build root instead (``context.LocalFiles``): Spark's cache
+and shuffle cost ~1 s more per run there (README "Backfill on a cluster").
+
 Invariant: a result is unpersisted only once nothing can read it any more (every reader of its
 rows has run after it, and its stores have been taken by the sub-topology's next run or written).
 """
@@ -72,10 +76,15 @@ class Runs:
         self.final_results: list = []            # those items, kept apart from released results
         self.outputs = 0                         # "output" items in all
         self.db_bytes = 0                        # bytes of the "db" items in all
+        self.built = 0                           # databases the tasks built (a local master)
+        self.files = ctx.files                   # a local master's build root (context.LocalFiles)
 
     def inputs(self, sub: int, pending: list, reads) -> object:
-        """Task ``i`` of ``sub`` at partition ``i``: its stores and the pending runs' rows to it."""
+        """Task ``i`` of ``sub`` at partition ``i``: its stores and the pending runs' rows to it
+        (on a local master the task reads them from the build root itself)."""
         n = self.ctx.tasks_of(sub)
+        if self.files is not None:
+            return self.sc.parallelize(range(n), n)
         parts = []
         if sub in self.state_of:
             parts.append(self.results[self.state_of[sub]].filter(_is("state")).map(_as_input))
@@ -88,7 +97,13 @@ class Runs:
 
     def run(self, spec, reads, task_fn, what: str, total_rows=None) -> list[dict]:
         """One Spark job: ``task_fn`` over the tasks of ``spec.sub``; returns each task's stats."""
-        rdd = self.inputs(spec.sub, spec.pending, reads).mapPartitionsWithIndex(task_fn).persist(self.level)
+        rdd = self.inputs(spec.sub, spec.pending, reads).mapPartitionsWithIndex(task_fn)
+        if self.files is not None:   # a local master: the tasks yield their stats only
+            with StageProgress(self.spark, what, self.ctx.progress_dir(spec.run_no), total_rows):
+                stats = rdd.map(_stats).collect()
+            self._count_final_items(spec.run_no, stats)
+            return stats
+        rdd = rdd.persist(self.level)
         with StageProgress(self.spark, what, self.ctx.progress_dir(spec.run_no), total_rows):
             stats = rdd.filter(_is("stats")).map(_stats).collect()
         self.results[spec.run_no] = rdd
@@ -100,12 +115,21 @@ class Runs:
         db = sum(s.get("db", 0) for s in stats)
         self.outputs += outputs
         self.db_bytes += db
+        self.built += sum(s.get("built", 0) for s in stats)
         if outputs or db:
             self.with_final_items.add(run_no)
 
     def release(self, keep) -> None:
         """Unpersist every result not in ``keep`` (run numbers); what such a result holds for the
-        end (outputs, databases) is kept apart first, persisted on its own."""
+        end (outputs, databases) is kept apart first, persisted on its own. (A local master: the
+        rows of such runs are deleted from the build root.)"""
+        if self.files is not None:
+            import shutil
+
+            for r in range(max(keep, default=-1)):
+                if r not in keep:
+                    shutil.rmtree(self.files.rows_dir(r), ignore_errors=True)
+            return
         for r in [r for r in self.results if r not in keep]:
             rdd = self.results.pop(r)
             if r in self.with_final_items:
@@ -119,9 +143,25 @@ class Runs:
         no run had any)."""
         if not (self.outputs if kind == "output" else self.db_bytes):
             return None
+        if self.files is not None:   # (outputs only: a local master's tasks build their databases)
+            blobs = self.files.read_outputs()
+            return self.sc.parallelize(blobs, max(1, min(len(blobs), self.sc.defaultParallelism)))
         self.release(set())
         parts = [r.filter(_is(kind)).map(_stats) for r in self.final_results]
         return self.sc.union(parts) if parts else None
+
+    def discard(self) -> None:
+        """Forget everything the runs left (a retry starts afresh): the results, and on a local
+        master the files and the task databases under the build root."""
+        self.close()
+        if self.files is not None:
+            import glob
+            import os
+            import shutil
+
+            shutil.rmtree(os.path.join(self.files.root, "staging"), ignore_errors=True)
+            for d in glob.glob(os.path.join(self.files.root, "task-*")):
+                shutil.rmtree(d, ignore_errors=True)
 
     def close(self) -> None:
         for rdd in [*self.results.values(), *self.final_results]:
@@ -254,13 +294,17 @@ def finalize(runs: Runs, finalized: set) -> dict[str, int]:
     if not subs:
         return {}
     parts = [runs.inputs(sub, [], ()).mapPartitionsWithIndex(FinalizeTask(ctx, sub)) for sub in subs]
-    rdd = (runs.sc.union(parts) if len(parts) > 1 else parts[0]).persist(runs.level)
+    rdd = runs.sc.union(parts) if len(parts) > 1 else parts[0]
+    if runs.files is None:
+        rdd = rdd.persist(runs.level)
     n = sum(ctx.tasks_of(sub) for sub in subs)
     with StageProgress(runs.spark, f"writing the changelogs of {n} task(s)"):
         results = rdd.filter(_is("stats")).map(_stats).collect()
     raise_task_errors(results)
-    runs.final_results.append(rdd)
+    if runs.files is None:
+        runs.final_results.append(rdd)
     runs.db_bytes += sum(r.get("db", 0) for r in results)
+    runs.built += sum(r.get("built", 0) for r in results)
     for sub in subs:
         runs.state_of.pop(sub, None)
     runs.release(set())
@@ -284,6 +328,8 @@ def build_databases(runs: Runs, build_root) -> int:
     under ``build_root``. Returns how many."""
     from backfill.handoff import build_database
 
+    if runs.files is not None:   # a local master: built by the tasks, where they are installed from
+        return runs.built
     items = runs.items("db")
     if items is None:
         return 0

@@ -7,7 +7,9 @@ earlier runs addressed to it (``("rows", run, topic, origin, bytes)``); it reads
 partitions' history from Kafka itself (Kafka partition i is task i). What it yields is the run's
 result: ``("stats", i, dict)``, ``("state", i, bytes)`` for its next run, ``("rows", j, ...)`` for
 other tasks, ``("output", i, bytes)`` for the outputs, and in its last run ``("db", i, bytes)``
-when the driver builds databases.
+when the driver builds databases. On a ``local`` master the same pieces go to files under the
+build root instead (``context.LocalFiles``), the database is built there, and only the stats are
+yielded.
 
 Invariant: a task processes its history and its internal rows as the worker's task would
 (``backfill.rows.merge``), with the topology's own ``Task``; the bytes it leaves are all it
@@ -80,7 +82,13 @@ class TaskRun:
         from processor.errors import ProcessorError
 
         executor_logging(self.ctx.log_level, getattr(self.ctx, "log_json", False))
-        state, rows = _split_inputs(items)
+        files = self.ctx.files
+        if files is None:
+            state, rows = _split_inputs(items)
+        else:   # a local master: what the task's previous runs left, from the build root
+            task_id = f"{self.spec.sub}_{partition}"
+            state = files.read_state(task_id)
+            rows = files.read_rows(self.spec.pending, self.spec.reads, partition)
         # No cyclic garbage collection during a run: the task's rows and stores are hundreds of
         # thousands of live objects that every full collection would walk again (measured: the
         # runs of benchmarks/backfill.py took 15 % longer with it); what a run leaves is
@@ -147,11 +155,22 @@ class TaskRun:
         if spec.final:
             written = write_task(ctx, spec.sub, partition, stores, time.monotonic())
             stats["entries"] = written["entries"]
+            stats["built"] = written.get("built", 0)
             if "db" in written:
                 out.append(("db", partition, written["db"]))
                 stats["db"] = len(written["db"])
         else:
             out.append(("state", partition, encode_state(stores, offsets)))
+        files = ctx.files
+        if files is not None:   # a local master: kept in the build root for the next runs
+            for kind, part, payload in out:
+                if kind == "state":
+                    files.write_state(task_id, payload)
+                elif kind == "rows":
+                    files.write_rows(part, payload)
+                elif kind == "output":
+                    files.write_output(spec.run_no, task_id, payload)
+            out = []
         stats["seconds"] = {"read": t_read - started, "process": t_process - t_read,
                             "write": time.monotonic() - t_process}
         out.append(("stats", partition, stats))
@@ -235,7 +254,8 @@ class FinalizeTask:
         from backfill.handoff import write_task
 
         executor_logging(self.ctx.log_level, getattr(self.ctx, "log_json", False))
-        state, _ = _split_inputs(items)
+        files = self.ctx.files
+        state = _split_inputs(items)[0] if files is None else files.read_state(f"{self.sub}_{partition}")
         try:
             t0 = time.monotonic()
             stores, _ = decode_state(state)
@@ -243,7 +263,7 @@ class FinalizeTask:
         except ProcessorError as exc:
             return [("stats", partition, {"error": error_info(exc)})]
         out = [("stats", partition, {"entries": written["entries"], "seconds": written["seconds"],
-                                     "db": len(written.get("db", b""))})]
+                                     "db": len(written.get("db", b"")), "built": written.get("built", 0)})]
         if "db" in written:
             out.append(("db", partition, written["db"]))
         return out
