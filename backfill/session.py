@@ -22,6 +22,7 @@ import io
 import logging
 import os
 import pickle
+import shutil
 import sys
 import sysconfig
 import tempfile
@@ -43,9 +44,55 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+CDS_DIR = os.path.join(os.path.expanduser("~"), ".cache", "processor", "spark-cds")
+CDS_SETTLE_S = 60.0   # a recorded archive unchanged this long is complete
+
+
+def driver_jvm_options(cache_dir: str = CDS_DIR) -> str:
+    """Options for the driver JVM the job starts itself, for a shorter start (measured here: the
+    session in ~2.6 s instead of ~5 s): C1 only (``-XX:TieredStopAtLevel=1``: the driver's JVM
+    schedules, the Python workers compute) and a class-data-sharing archive of the classes Spark
+    loads, kept under ``~/.cache/processor/spark-cds`` (~110 MB) per pyspark version and ``java``.
+    A run without an archive records one at the JVM's exit (its start takes ~3 s more, once)
+    under a name of its own, which a later run adopts once it has not changed for
+    ``CDS_SETTLE_S`` (the JVM may still be writing it after the Python process ended); while a
+    recording is that recent, no other run records one. An archive the JVM cannot use (another
+    Java build, another class path) is ignored by the JVM."""
+    import hashlib
+
+    import pyspark
+
+    java = shutil.which("java") or ""
+    home = os.environ.get("JAVA_HOME", "")
+    key = hashlib.sha1(f"{pyspark.__version__}|{os.path.realpath(java) if java else ''}|{home}".encode()).hexdigest()[:16]
+    archive = os.path.join(cache_dir, f"spark-{pyspark.__version__}-{key}.jsa")
+    base = "-XX:TieredStopAtLevel=1 -Xlog:cds=off -Xlog:cds+dynamic=off"
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        if not os.path.exists(archive):
+            now = time.time()
+            recorded = [os.path.join(cache_dir, n) for n in os.listdir(cache_dir)
+                        if n.rpartition(".")[0] == os.path.basename(archive)]
+            settled = sorted((f for f in recorded if now - os.path.getmtime(f) > CDS_SETTLE_S), key=os.path.getmtime)
+            if settled:
+                os.replace(settled[-1], archive)
+                for f in settled[:-1]:
+                    os.unlink(f)
+            elif recorded:   # one being recorded, or just written: this run goes without
+                return base
+        if os.path.exists(archive):
+            return f"{base} -XX:SharedArchiveFile={archive}"
+        return f"{base} -XX:ArchiveClassesAtExit={archive}.{os.getpid()}"
+    except OSError as exc:   # no cache directory: C1 alone
+        log.info("no class-data-sharing archive for Spark's JVM (%s)", exc)
+        return base
+
+
 def spark_session(master: str | None, conf: dict | None = None):
     """The job's session: ``master`` (default ``local[*]``; spark-submit's under spark-submit),
-    the job's defaults, then ``conf`` over them; under spark-submit its own settings win."""
+    the job's defaults, then ``conf`` over them; under spark-submit its own settings win. A JVM
+    the job starts itself gets ``driver_jvm_options`` unless ``conf`` names
+    ``spark.driver.extraJavaOptions``."""
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
@@ -54,6 +101,8 @@ def spark_session(master: str | None, conf: dict | None = None):
     submitted = SparkConf() if under_spark_submit() else None   # spark-submit's settings
     if master or submitted is None:
         builder = builder.master(master or "local[*]")
+    if submitted is None and "spark.driver.extraJavaOptions" not in (conf or {}):
+        builder = builder.config("spark.driver.extraJavaOptions", driver_jvm_options())
     builder = builder.appName("processor-backfill")
     for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
         if submitted is not None and submitted.contains(key):
