@@ -309,6 +309,10 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
             log.warning("records failed in processing (%s) while tables were reduced to their last "
                         "changes: processing the history again, record by record", failed)
             spark_runs.discard()
+            # the first attempt's last runs wrote changelogs: where they end now is what the
+            # second attempt tombstones below (keys it does not write must not survive there)
+            ctx.changelog_ends = {tp: e for tp, (_, e) in snapshot_offsets(
+                bootstrap_servers, list(changelog_topics), consumer_config=consumer_config).items()}
             ctx.compacted = set()
             report.compaction = {t: f"every record replayed (records failed in processing: {failed})"
                                  for t in sources}

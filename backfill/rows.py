@@ -123,10 +123,12 @@ class RowCollector:
             import pyarrow as pa
 
             table = pa.Table.from_pydict(self.outputs, schema=output_schema())
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, table.schema) as writer:
-                writer.write_table(table)
-            out.append(("output", partition, sink.getvalue().to_pybytes()))
+            step = max(1, int(self.ctx.item_bytes // max(1, table.nbytes / max(1, table.num_rows))))
+            for start in range(0, table.num_rows, step):   # (each blob about item_bytes at most)
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, table.schema) as writer:
+                    writer.write_table(table.slice(start, step))
+                out.append(("output", partition, sink.getvalue().to_pybytes()))
         return out
 
     def flush(self):

@@ -159,7 +159,8 @@ class Runs:
             import os
             import shutil
 
-            shutil.rmtree(os.path.join(self.files.root, "staging"), ignore_errors=True)
+            for scratch in ("staging", "progress"):
+                shutil.rmtree(os.path.join(self.files.root, scratch), ignore_errors=True)
             for d in glob.glob(os.path.join(self.files.root, "task-*")):
                 shutil.rmtree(d, ignore_errors=True)
 
@@ -334,9 +335,22 @@ def build_databases(runs: Runs, build_root) -> int:
     if items is None:
         return 0
     n = 0
+    from backfill.task_run import join_pieces
+
     with StageProgress(runs.spark, "building the task databases on the driver"):
         blobs = items.collect() if runs.db_bytes <= COLLECT_AT_ONCE_BYTES else items.toLocalIterator()
+        pending: list = []   # the pieces of a database, until all have come
         for blob in blobs:
+            if isinstance(blob, tuple):
+                pending.append(blob)
+                joined = join_pieces([b for b in pending if b[1] == blob[1]]) \
+                    if sum(1 for b in pending if b[1] == blob[1]) == blob[3] else None
+                if joined is None:
+                    continue
+                pending = [b for b in pending if b[1] != blob[1]]
+                blob = joined[0]
             build_database(build_root, blob)
             n += 1
+        if pending:
+            raise RuntimeError(f"backfill: internal error: {len(pending)} pieces of task databases left over")
     return n

@@ -62,9 +62,14 @@ def driver_jvm_options(cache_dir: str = CDS_DIR) -> str:
 
     import pyspark
 
-    java = shutil.which("java") or ""
+    java = os.path.realpath(shutil.which("java") or "")
     home = os.environ.get("JAVA_HOME", "")
-    key = hashlib.sha1(f"{pyspark.__version__}|{os.path.realpath(java) if java else ''}|{home}".encode()).hexdigest()[:16]
+    try:   # the binary's identity: an upgrade in place makes a new key (the JVM rejects an old archive)
+        st = os.stat(os.path.join(home, "bin", "java") if home else java)
+        ident = f"{st.st_size}-{int(st.st_mtime)}"
+    except OSError:
+        ident = ""
+    key = hashlib.sha1(f"{pyspark.__version__}|{java}|{home}|{ident}".encode()).hexdigest()[:16]
     archive = os.path.join(cache_dir, f"spark-{pyspark.__version__}-{key}.jsa")
     base = "-XX:TieredStopAtLevel=1 -Xlog:cds=off -Xlog:cds+dynamic=off"
     try:
@@ -78,6 +83,9 @@ def driver_jvm_options(cache_dir: str = CDS_DIR) -> str:
                 os.replace(settled[-1], archive)
                 for f in settled[:-1]:
                     os.unlink(f)
+                for name in os.listdir(cache_dir):   # archives of other pyspark or Java builds
+                    if name.endswith(".jsa") and name != os.path.basename(archive):
+                        os.unlink(os.path.join(cache_dir, name))
             elif recorded:   # one being recorded, or just written: this run goes without
                 return base
         if os.path.exists(archive):
@@ -96,12 +104,16 @@ def spark_session(master: str | None, conf: dict | None = None):
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
+    submitted = SparkConf() if under_spark_submit() else None   # spark-submit's settings
+    if submitted is None and (conf or {}).get("spark.pyspark.python"):
+        # (pyspark takes the executors' Python from this variable; spark-submit sets it from the setting)
+        os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
-    submitted = SparkConf() if under_spark_submit() else None   # spark-submit's settings
     if master or submitted is None:
         builder = builder.master(master or "local[*]")
-    if submitted is None and "spark.driver.extraJavaOptions" not in (conf or {}):
+    if submitted is None and "spark.driver.extraJavaOptions" not in (conf or {}) \
+            and not _in_spark_defaults("spark.driver.extraJavaOptions"):
         builder = builder.config("spark.driver.extraJavaOptions", driver_jvm_options())
     builder = builder.appName("processor-backfill")
     for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
@@ -111,6 +123,26 @@ def spark_session(master: str | None, conf: dict | None = None):
             continue
         builder = builder.config(key, str(value))
     return builder.getOrCreate()
+
+
+def _in_spark_defaults(key: str) -> bool:
+    """Whether the ``spark-defaults.conf`` spark-submit will read sets ``key`` (then the job's own
+    value would replace it)."""
+    dirs = [os.environ.get("SPARK_CONF_DIR")]
+    if os.environ.get("SPARK_HOME"):
+        dirs.append(os.path.join(os.environ["SPARK_HOME"], "conf"))
+    else:
+        import pyspark
+
+        dirs.append(os.path.join(os.path.dirname(pyspark.__file__), "conf"))
+    for d in filter(None, dirs):
+        try:
+            with open(os.path.join(d, "spark-defaults.conf")) as f:
+                if any(line.split() and line.split()[0] == key for line in f):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def is_local(spark) -> bool:
@@ -149,7 +181,9 @@ def _project_packages() -> set[str]:
 
 
 def modules_referenced(obj) -> set[str]:
-    """The modules an unpickler of ``obj`` (pickled as Spark pickles a task: cloudpickle) imports."""
+    """The modules an unpickler of ``obj`` (pickled as Spark pickles a task: cloudpickle) imports:
+    those of classes and functions pickled by name, and those a function pickled by value
+    imports through its globals (cloudpickle's ``subimport``)."""
     from pyspark import cloudpickle
 
     names: set[str] = set()
@@ -157,48 +191,106 @@ def modules_referenced(obj) -> set[str]:
     class Recorder(pickle.Unpickler):
         def find_class(self, module, name):
             names.add(module)
-            return super().find_class(module, name)
+            found = super().find_class(module, name)
+            if name in ("subimport", "dynamic_subimport") and module.startswith(("cloudpickle", "pyspark.cloudpickle")):
+                def recorded(modname, *args):
+                    names.add(modname)
+                    return found(modname, *args)
+                return recorded
+            return found
 
     Recorder(io.BytesIO(cloudpickle.dumps(obj))).load()
     return names
 
 
+def _imported_by(mod) -> set[str]:
+    """Modules a module's globals name: the modules it imported and those of the functions and
+    classes it imported from others (what its own import will need on an executor)."""
+    import types
+
+    out = set()
+    for value in list(vars(mod).values()):
+        if isinstance(value, types.ModuleType):
+            out.add(value.__name__)
+        else:
+            m = getattr(value, "__module__", None)
+            if isinstance(m, str) and (isinstance(value, (type, types.FunctionType))):
+                out.add(m)
+    return out
+
+
+def _archive_of(path: str) -> str | None:
+    """The zip or egg a module was imported from (``.../deps.zip/pkg/mod.py`` -> ``.../deps.zip``)."""
+    p = path
+    while p and p != os.path.dirname(p):
+        if os.path.isfile(p) and zipfile.is_zipfile(p):
+            return p
+        p = os.path.dirname(p)
+    return None
+
+
 def modules_to_ship(obj) -> dict[str, Path]:
     """``{top-level name: path}`` of each module or package ``obj`` needs that is not installed in
-    the environment (nor part of the standard library, nor this project)."""
+    the environment (nor part of the standard library, nor this project), with what those import
+    in turn: a module file, a package directory (a namespace package's too), or the zip it was
+    imported from."""
     roots = _installed_roots()
     out: dict[str, Path] = {}
-    for name in sorted(modules_referenced(obj)):
+    seen: set[str] = set()
+    work = sorted(modules_referenced(obj))
+    while work:
+        name = work.pop()
+        if name in seen:
+            continue
+        seen.add(name)
         top = name.split(".")[0]
-        if top in out or top in sys.builtin_module_names or top in sys.stdlib_module_names \
+        if top in sys.builtin_module_names or top in sys.stdlib_module_names \
                 or top in _project_packages() or top == "__main__":
             continue
         mod = sys.modules.get(top)
         f = getattr(mod, "__file__", None)
         if not f:
-            if mod is not None and getattr(mod, "__path__", None) is not None:
-                continue   # a namespace package: its modules are found by their own names
-            raise ConfigError(f"cannot ship module {top!r} to the executors: it has no file (made at run "
-                              f"time?), and the topology's functions refer to it by name ({name}); define "
-                              f"them in a module file, or install the module where the executors run")
-        f = os.path.realpath(f)
-        if not os.path.exists(f):
-            raise ConfigError(f"cannot ship module {top!r} to the executors: its file {f} no longer exists")
+            locations = list(getattr(mod, "__path__", None) or [])
+            if mod is None or not locations:
+                raise ConfigError(f"cannot ship module {top!r} to the executors: it has no file (made at run "
+                                  f"time?), and the topology's functions refer to it by name ({name}); define "
+                                  f"them in a module file, or install the module where the executors run")
+            f = os.path.join(os.path.realpath(locations[0]), "__init__.py")   # a namespace package
+        else:
+            f = os.path.realpath(f)
         if any(f.startswith(r + os.sep) for r in roots):
             continue
-        path = Path(f)
-        out[top] = path.parent if path.name == "__init__.py" else path
+        if top not in out:
+            archive = _archive_of(f)
+            if archive is not None:
+                out[top] = Path(archive)
+            elif os.path.basename(f) == "__init__.py":
+                out[top] = Path(os.path.dirname(f))
+            elif os.path.exists(f):
+                out[top] = Path(f)
+            else:
+                raise ConfigError(f"cannot ship module {top!r} to the executors: its file {f} no longer exists")
+        sub = sys.modules.get(name)
+        if sub is not None:
+            work.extend(sorted(_imported_by(sub) - seen))
     return out
 
 
 def _zip_package(pkg_dir: Path, dest_dir: str) -> str:
-    """A zip of a package directory (its ``.py`` files, under the package's name)."""
+    """A zip of a package directory (its ``.py`` files, under the package's name), with an entry
+    for each directory (zipimport finds a namespace package's portions by them)."""
     target = os.path.join(dest_dir, f"{pkg_dir.name}.zip")
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
+        dirs = set()
         for p in sorted(pkg_dir.rglob("*.py")):
             if "__pycache__" in p.parts:
                 continue
-            z.write(p, str(Path(pkg_dir.name) / p.relative_to(pkg_dir)))
+            rel = Path(pkg_dir.name) / p.relative_to(pkg_dir)
+            for parent in reversed(rel.parents[:-1]):
+                if parent not in dirs:
+                    dirs.add(parent)
+                    z.writestr(f"{parent.as_posix()}/", "")
+            z.write(p, rel.as_posix())
     return target
 
 
@@ -223,6 +315,8 @@ def ship(spark, wanted, work_dir: str | None = None) -> list[str]:
     os.makedirs(work_dir, exist_ok=True)
     added = []
     for name, path in wanted:
+        if str(path) in added:
+            continue   # (two modules of one zip)
         try:
             sc.addPyFile(_zip_package(path, work_dir) if path.is_dir() else str(path))
         except Exception as exc:

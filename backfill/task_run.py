@@ -54,9 +54,62 @@ def decode_state(blob: bytes | None):
     return stores, saved["offsets"]
 
 
+# -- pieces: no item Spark carries holds more than ``JobContext.item_bytes`` (a JVM byte array and
+# PySpark's framing stop at 2 GiB): bigger bytes travel as numbered pieces and are joined again
+PIECE = "~piece"
+
+
+def to_pieces(blob: bytes, limit: int) -> list:
+    """``blob`` itself, or ``(PIECE, id, index, count, bytes)`` pieces of at most ``limit`` bytes."""
+    if len(blob) <= limit:
+        return [blob]
+    import uuid
+
+    gid = uuid.uuid4().hex
+    n = -(-len(blob) // limit)
+    return [(PIECE, gid, i, n, blob[i * limit:(i + 1) * limit]) for i in range(n)]
+
+
+def join_pieces(values: list) -> list:
+    """``values`` with every complete set of pieces joined into its bytes (in first-seen order);
+    a set with a piece missing is an error."""
+    out, groups, order = [], {}, []
+    for v in values:
+        if isinstance(v, tuple) and len(v) == 5 and v[0] == PIECE:
+            if v[1] not in groups:
+                groups[v[1]] = {}
+                order.append(len(out))
+                out.append(v[1])
+            groups[v[1]][v[2]] = v
+        else:
+            out.append(v)
+    for i in order:
+        parts = groups[out[i]]
+        n = next(iter(parts.values()))[3]
+        if len(parts) != n:
+            raise RuntimeError(f"backfill: internal error: {n - len(parts)} of {n} pieces of an item missing")
+        out[i] = b"".join(parts[k][4] for k in range(n))
+    return out
+
+
+def in_pieces(items, limit: int) -> list:
+    """A run's result items with every big bytes payload (a task's stores, a database, a rows
+    list) cut into pieces."""
+    out = []
+    for kind, part, payload in items:
+        if kind in ("state", "db"):
+            out.extend((kind, part, p) for p in to_pieces(payload, limit))
+        elif kind == "rows":
+            run, topic, origin, blob = payload
+            out.extend(("rows", part, (run, topic, origin, p)) for p in to_pieces(blob, limit))
+        else:
+            out.append((kind, part, payload))
+    return out
+
+
 def _split_inputs(items) -> tuple[bytes | None, list]:
-    """A run's partition -> (the task's state bytes, its rows items sorted by run)."""
-    state, rows = None, []
+    """A run's partition -> (the task's state bytes, its rows items sorted by run), pieces joined."""
+    states, rows = [], {}
     for it in items:
         if not isinstance(it, tuple):
             continue            # a partition marker (range of task numbers)
@@ -64,11 +117,17 @@ def _split_inputs(items) -> tuple[bytes | None, list]:
         if item is None:
             continue
         if item[0] == "state":
-            state = item[1]
+            states.append(item[1])
         else:
-            rows.append(item)
-    rows.sort(key=lambda r: r[1])
-    return state, rows
+            _, run, topic, origin, blob = item
+            rows.setdefault((run, topic, origin), []).append(blob)
+    state = join_pieces(states)
+    if len(state) > 1:
+        raise RuntimeError(f"backfill: internal error: {len(state)} stores for one task")
+    joined = [("rows", run, topic, origin, b) for (run, topic, origin), blobs in rows.items()
+              for b in join_pieces(blobs)]
+    joined.sort(key=lambda r: r[1])
+    return (state[0] if state else None), joined
 
 
 class TaskRun:
@@ -171,6 +230,8 @@ class TaskRun:
                 elif kind == "output":
                     files.write_output(spec.run_no, task_id, payload)
             out = []
+        else:
+            out = in_pieces(out, ctx.item_bytes)
         stats["seconds"] = {"read": t_read - started, "process": t_process - t_read,
                             "write": time.monotonic() - t_process}
         out.append(("stats", partition, stats))
@@ -265,5 +326,5 @@ class FinalizeTask:
         out = [("stats", partition, {"entries": written["entries"], "seconds": written["seconds"],
                                      "db": len(written.get("db", b"")), "built": written.get("built", 0)})]
         if "db" in written:
-            out.append(("db", partition, written["db"]))
+            out.extend(("db", partition, p) for p in to_pieces(written["db"], self.ctx.item_bytes))
         return out

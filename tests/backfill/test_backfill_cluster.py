@@ -38,12 +38,12 @@ from tests.integration.helpers import committed_offsets
 pytestmark = pytest.mark.integration
 
 
-def cluster_backfill(factory: str, args: list, run_kwargs: dict, timeout_s: float = 300) -> dict:
+def cluster_backfill(factory: str, args: list, run_kwargs: dict, timeout_s: float = 300, env=None) -> dict:
     """``backfill.run(factory(*args), **run_kwargs)`` in a process of its own; its report."""
     import sys
 
     spec = json.dumps({"factory": factory, "args": args, "run": run_kwargs})
-    res = run_cli([sys.executable, "-m", "tests.backfill.cluster_job", spec], {}, timeout_s=timeout_s)
+    res = run_cli([sys.executable, "-m", "tests.backfill.cluster_job", spec], env or {}, timeout_s=timeout_s)
     assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-6000:])
     line = [x for x in res.stdout.splitlines() if x.startswith("REPORT ")][-1]
     rep = json.loads(line[len("REPORT "):])
@@ -62,9 +62,12 @@ def _shipped(log: str) -> str:
 def test_cluster_backfill_stores_equal_the_drivers(case, spark_cluster, kafka_bootstrap, tmp_path, unique, report):
     topo, topics, history = diff.case_input(case, kafka_bootstrap, unique, prefix="dc")
     app = f"dc-{case}-{unique}"
+    # fk_joins_3: every stores, rows and database item cut into pieces of at most 2 KiB on its way
+    # (task_run.to_pieces; 256 MiB by default, under the 2 GiB a JVM byte array holds)
+    env = {"PROCESSOR_BACKFILL_ITEM_BYTES": "2048"} if case == "fk_joins_3" else {}
     rep = cluster_backfill(f"tests.backfill.test_backfill_differential:{diff.CASES[case][0].__name__}", [topics],
                            {"bootstrap_servers": kafka_bootstrap, "application_id": app,
-                            "state_dir": str(tmp_path), "master": spark_cluster.master_url})
+                            "state_dir": str(tmp_path), "master": spark_cluster.master_url}, env=env)
     assert rep["rows_read"] == len(history)
     sizes = diff.check_stores(case, topo, topics, history, tmp_path, app)
     report(f"{case} on the cluster: {len(history)} records, {rep['runs']} run(s), stores {sizes}, "
@@ -128,29 +131,34 @@ def test_cluster_backfill_hands_over_through_the_changelogs(spark_cluster, kafka
            f"records processed after the snapshot")
 
 
+# a namespace package (no __init__.py) whose app module imports a top-level helper module: the
+# job must ship both (the helper only through the app module's own imports)
 APP_PACKAGE = {
-    "__init__.py": "",
-    "rules.py": (
+    "shipped_rules.py": (
         "def big(key, value):\n"
         "    return value['amount'] > 50\n\n\n"
         "def doubled(value):\n"
         "    return {'amount': value['amount'] * 2}\n"),
-    "app.py": (
+    "shipped_app/app.py": (
         "import os\n\n"
-        "from processor import StreamsBuilder\n"
-        "from shipped_app.rules import big, doubled\n\n\n"
+        "import shipped_rules\n"
+        "from processor import StreamsBuilder\n\n\n"
+        "def big_order(key, value):\n"
+        "    return shipped_rules.big(key, value)\n\n\n"
+        "def as_doubled(value):\n"
+        "    return shipped_rules.doubled(value)\n\n\n"
         "def topology():\n"
         "    b = StreamsBuilder()\n"
-        "    b.table(os.environ['BF_TEST_ORDERS'], store_name='orders').filter(big).map_values(doubled)\\\n"
+        "    b.table(os.environ['BF_TEST_ORDERS'], store_name='orders').filter(big_order).map_values(as_doubled)\\\n"
         "        .to_stream().to(os.environ['BF_TEST_ORDERS'] + '-big')\n"
         "    return b.build()\n"),
 }
 
 
 def test_cluster_backfill_ships_the_topology_package(spark_cluster, kafka_bootstrap, tmp_path, unique, report):
-    """A topology whose functions are named functions of a package the executors do not have (in
-    the test's temporary directory, hidden from them): the job ships it, and the stores equal the
-    driver's."""
+    """A topology whose functions are named functions of a namespace package the executors do
+    not have (in the test's temporary directory, hidden from them), calling a module that package
+    imports: the job ships both, and the stores equal the driver's."""
     import importlib
     import sys
 
@@ -160,14 +168,14 @@ def test_cluster_backfill_ships_the_topology_package(spark_cluster, kafka_bootst
     kafka.create_topics(kafka_bootstrap, {topics["orders"] + "-big": 3})
     root = tmp_path / "code"
     for name, text in APP_PACKAGE.items():
-        (root / "shipped_app").mkdir(parents=True, exist_ok=True)
-        (root / "shipped_app" / name).write_text(text)
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
     app = f"bfcs-{unique}"
     res = run_cli(backfill_argv("shipped_app.app:topology", kafka_bootstrap, app, tmp_path / "state",
                                 master=spark_cluster.master_url), {**env, "PYTHONPATH": str(root)})
     assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-6000:])
     shipped = _shipped(res.stderr)
-    assert str(root / "shipped_app") in shipped, shipped
+    assert str(root / "shipped_app") in shipped and str(root / "shipped_rules.py") in shipped, shipped
     got = contract_column_families(tmp_path / "state", app)
 
     sys.path.insert(0, str(root))
@@ -177,7 +185,7 @@ def test_cluster_backfill_ships_the_topology_package(spark_cluster, kafka_bootst
         topo = importlib.import_module("shipped_app.app").topology()
     finally:
         sys.path.remove(str(root))
-        for m in [m for m in sys.modules if m.startswith("shipped_app")]:
+        for m in [m for m in sys.modules if m.startswith(("shipped_app", "shipped_rules"))]:
             del sys.modules[m]
     from tests.backfill import test_backfill_failures as failures
     recs = failures._history(seed=31, orders=6000, customers=900)
