@@ -104,7 +104,12 @@ def spark_session(master: str | None, conf: dict | None = None):
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
-    submitted = SparkConf() if under_spark_submit() else None   # spark-submit's settings
+    submitted = None
+    if under_spark_submit():   # spark-submit's settings: its JVM's, once the gateway is joined
+        from pyspark import SparkContext
+
+        SparkContext._ensure_initialized()
+        submitted = SparkConf()
     if submitted is None and (conf or {}).get("spark.pyspark.python"):
         # (pyspark takes the executors' Python from this variable; spark-submit sets it from the setting)
         os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]

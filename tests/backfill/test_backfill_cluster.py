@@ -298,3 +298,37 @@ def test_cluster_bad_input_is_one_line_and_leaves_nothing(spark_cluster, kafka_b
     assert spark_cluster.master_url in line and "no executor" in line
     assert secs < 90
     report(f"no free cores: {secs:.1f} s: {line}")
+
+
+def test_cluster_backfill_under_spark_submit(spark_cluster, kafka_bootstrap, spark, tmp_path, unique, report):
+    """``spark-submit --master <cluster> backfill/__main__.py MODULE:ATTR ...`` (spark-submit owns
+    the session): the stores equal an in-process ``local[2]`` backfill's of the same history, and
+    a ``--conf`` the job is given where spark-submit set the same key loses to spark-submit's."""
+    import os
+    import sys
+
+    import backfill
+    import backfill.__main__ as entry
+    from tests.backfill.helpers import _root
+    from tests.backfill.test_backfill_failures import SPEC, _diff
+    from tests.support.spark_cluster import spark_class
+
+    topics, env = _fk_history(kafka_bootstrap, f"submit-{unique}")
+    ref_app, app = f"bfss-ref-{unique}", f"bfss-{unique}"
+    backfill.run(apps.fk_aggregate_for(topics["orders"], topics["customers"]), bootstrap_servers=kafka_bootstrap,
+                 application_id=ref_app, state_dir=tmp_path / "ref", spark=spark)
+    want = without_application_id(contract_column_families(tmp_path / "ref", ref_app), ref_app)
+
+    submit = os.path.join(os.path.dirname(spark_class()), "spark-submit")
+    argv = [submit, "--master", spark_cluster.master_url, "--conf", "spark.sql.shuffle.partitions=3",
+            "--conf", f"spark.pyspark.python={sys.executable}", "--conf", f"spark.pyspark.driver.python={sys.executable}",
+            entry.__file__, SPEC, "--bootstrap-servers", kafka_bootstrap, "--application-id", app,
+            "--state-dir", str(tmp_path / "state"), "--conf", "spark.sql.shuffle.partitions=5"]
+    res = run_cli(argv, env)
+    assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-6000:])
+    # (spark-submit passes the Python driver's stderr to its stdout)
+    assert "spark.sql.shuffle.partitions=5: spark-submit's 3 wins" in res.stdout + res.stderr
+    got = without_application_id(contract_column_families(tmp_path / "state", app), app)
+    assert got == want, _diff(got, want)
+    assert _root() and len(got) == 4 * 3
+    report(f"spark-submit on the cluster: {len(got)} task databases equal the local backfill's")
