@@ -33,7 +33,7 @@ their timestamps (a result's timestamp depends on the order the two sides met; R
 "Backfill"), the application id in keys and values written ``<app>`` (internal topic names).
 Differing keys are printed per store, loudly, but do not fail the benchmark; live-only
 high-water marks of records whose source is an internal topic are counted apart (the backfill
-does not keep them, by design: backfill/job.py).
+does not keep them, by design: backfill/handoff.py).
 Targets on a 2-core machine (issue 13): backfill >= 5x faster than the live replay and
 >= 200k input rows/s excluding Spark's session start.
 """

@@ -2,7 +2,7 @@
 
 The worker (``processor/runtime``: RocksDB databases, a Kafka producer), the test driver
 (``processor/testing.py``: memory stores, in-memory topics) and the Spark backfill
-(``backfill/job.py``: memory stores written out as SST files, a producer for outputs) each
+(``backfill/task_run.py``: memory stores written out as SST files, rows for other tasks) each
 implement these; ``Task`` and the operators see nothing else, so the three run the same code.
 """
 

@@ -132,7 +132,7 @@ def test_reference_backfill_equals_the_driver(history, report):
 
 def _wait_for_built_task(proc, state, app, log_path, timeout_s: float = 300.0) -> str:
     """Wait until the build root holds a task database (``task-*`` or ``task-*.partial``): the
-    job is past its runs and has written that task's changelogs (``_FinalizeTask`` produces
+    job is past its runs and has written that task's changelogs (``FinalizeTask`` produces
     them before it builds the database). Returns its name."""
     deadline = time.monotonic() + timeout_s
     while True:
