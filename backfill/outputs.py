@@ -37,21 +37,14 @@ def _decode(batches):
                 yield from reader
 
 
-def emit(spark, ctx, blobs, emit_outputs: bool) -> tuple[int, int]:
-    """Produce the output rows of ``blobs`` (an RDD of Arrow IPC bytes, ``RowCollector.items``;
-    None: no task had any):
-    dead-letter records always (the on-error policy), sink records with ``emit_outputs`` (table
-    sinks: last record per key). Returns (outputs, dead-lettered)."""
+def _selected_in_spark(spark, ctx, blobs, emit_outputs: bool):
+    """The rows ``emit`` produces, as a Spark DataFrame in its order (a cluster's outputs)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
     from pyspark.sql.window import Window
 
-    from processor.kafka import clients as kafka
-
     from backfill.rows import output_schema
 
-    if blobs is None:
-        return 0, 0
     rows = (spark.createDataFrame(blobs.map(lambda b: (b,)), "ipc binary")
             .mapInArrow(_decode, from_arrow_schema(output_schema())).where(F.col("kind") == "output"))
     dlq = rows.where(F.col("topic") == ctx.dlq)
@@ -66,11 +59,76 @@ def emit(spark, ctx, blobs, emit_outputs: bool) -> tuple[int, int]:
         selected = selected.unionByName(streams)
         if table_rows is not None:
             selected = selected.unionByName(table_rows)
+    return selected.orderBy("run", "origin", "seq")
+
+
+def _selected_on_the_driver(ctx, blobs: list, emit_outputs: bool):
+    """The rows ``emit`` produces, in its order, computed in this process (a local master's
+    outputs, read from the build root): what the Spark path computes with a window and a sort,
+    without Spark SQL's stages (~4 s of fixed cost on the 1M-record benchmark)."""
+    import pyarrow as pa
+
+    from backfill.rows import OUTPUT_FIELDS
+
+    rows = []
+    for blob in blobs:
+        with pa.ipc.open_stream(blob) as reader:
+            cols = reader.read_all().to_pydict()
+        rows.extend(zip(*(cols[f] for f in OUTPUT_FIELDS)))
+    i = {f: n for n, f in enumerate(OUTPUT_FIELDS)}
+    kind, topic, key, run, seq, origin = (i[f] for f in ("kind", "topic", "key", "run", "seq", "origin"))
+    rows = [r for r in rows if r[kind] == "output" and (emit_outputs or r[topic] == ctx.dlq)]
+    tables = table_sinks(ctx.topo) if emit_outputs else set()
+    if tables:
+        last: dict = {}
+        for n, r in enumerate(rows):
+            if r[topic] in tables:
+                k = (r[topic], r[key])
+                best = last.get(k)
+                if best is None or (r[run], r[seq], r[origin]) > (rows[best][run], rows[best][seq], rows[best][origin]):
+                    last[k] = n
+        keep = set(last.values())
+        rows = [r for n, r in enumerate(rows) if r[topic] not in tables or n in keep]
+    rows.sort(key=lambda r: (r[run], r[origin], r[seq]))
+    return [_Row(r[i["topic"]], r[i["partition"]], r[key], r[i["value"]], r[i["ts"]],
+                 [_Header(h["key"], h["value"]) for h in r[i["headers"]]] if r[i["headers"]] else None)
+            for r in rows]
+
+
+class _Header:
+    __slots__ = ("key", "value")
+
+    def __init__(self, key, value):
+        self.key, self.value = key, value
+
+
+class _Row:
+    """An output row with the attributes of the Spark Row ``emit`` reads."""
+    __slots__ = ("topic", "partition", "key", "value", "ts", "headers")
+
+    def __init__(self, topic, partition, key, value, ts, headers):
+        self.topic, self.partition, self.key, self.value, self.ts, self.headers = \
+            topic, partition, key, value, ts, headers
+
+
+def emit(spark, ctx, blobs, emit_outputs: bool) -> tuple[int, int]:
+    """Produce the output rows of ``blobs`` (Arrow IPC bytes, ``RowCollector.items``: an RDD on a
+    cluster, a list on a local master; None: no task had any):
+    dead-letter records always (the on-error policy), sink records with ``emit_outputs`` (table
+    sinks: last record per key). Returns (outputs, dead-lettered)."""
+    from processor.kafka import clients as kafka
+
+    if blobs is None:
+        return 0, 0
+    if isinstance(blobs, list):
+        selected = _selected_on_the_driver(ctx, blobs, emit_outputs)
+    else:
+        selected = _selected_in_spark(spark, ctx, blobs, emit_outputs).toLocalIterator()
     producer = kafka.new_producer({**kafka.producer_defaults(ctx.bootstrap_servers), **ctx.producer_config},
                                   "backfill outputs")
     outputs = dead = 0
     errors = []
-    for r in selected.orderBy("run", "origin", "seq").toLocalIterator():
+    for r in selected:
         kw = {"timestamp": r.ts, "on_delivery": lambda err, msg: errors.append(err.str()) if err else None}
         if r.headers:
             kw["headers"] = [(h.key, h.value) for h in r.headers]

@@ -140,12 +140,11 @@ class Runs:
 
     def items(self, kind: str):
         """An RDD of the payloads of every ``kind`` item (outputs, databases) of every run (None:
-        no run had any)."""
+        no run had any); on a local master the outputs as a list of bytes."""
         if not (self.outputs if kind == "output" else self.db_bytes):
             return None
         if self.files is not None:   # (outputs only: a local master's tasks build their databases)
-            blobs = self.files.read_outputs()
-            return self.sc.parallelize(blobs, max(1, min(len(blobs), self.sc.defaultParallelism)))
+            return self.files.read_outputs() or None   # bytes in this process (outputs.emit)
         self.release(set())
         parts = [r.filter(_is(kind)).map(_stats) for r in self.final_results]
         return self.sc.union(parts) if parts else None

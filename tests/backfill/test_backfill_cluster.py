@@ -172,7 +172,7 @@ def test_cluster_backfill_ships_the_topology_package(spark_cluster, kafka_bootst
         (root / name).write_text(text)
     app = f"bfcs-{unique}"
     res = run_cli(backfill_argv("shipped_app.app:topology", kafka_bootstrap, app, tmp_path / "state",
-                                master=spark_cluster.master_url), {**env, "PYTHONPATH": str(root)})
+                                "--emit-outputs", master=spark_cluster.master_url), {**env, "PYTHONPATH": str(root)})
     assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-6000:])
     shipped = _shipped(res.stderr)
     assert str(root / "shipped_app") in shipped and str(root / "shipped_rules.py") in shipped, shipped
@@ -194,8 +194,17 @@ def test_cluster_backfill_ships_the_topology_package(spark_cluster, kafka_bootst
             if name == "orders":
                 d.pipe_raw(topics["orders"], k, v, timestamp=failures.T0 + i)
         want = sorted((k, v) for t in d.tasks for k, v in t.stores.store("orders").items())
+        last: dict = {}
+        for r in d.read_output(topics["orders"] + "-big"):
+            last[r.key] = r.value
     assert sorted(kv for per in got.values() for kv in per["orders"]) == want
     assert len(want) > 1000
+    # --emit-outputs on the cluster (outputs through Spark): the table's sink holds the driver's
+    # last record per key, once each, tombstones included
+    sink = kafka.read_topic(kafka_bootstrap, topics["orders"] + "-big")
+    assert sorted((m.key().decode(), None if m.value() is None else json.loads(m.value())) for m in sink) == \
+        sorted(last.items(), key=lambda kv: (kv[0], kv[1] is not None, json.dumps(kv[1], sort_keys=True)))
+    assert len(sink) == len(last) and sum(v is None for v in last.values()) > 0
     report(f"shipped to the cluster: {shipped.split(': ', 2)[-1]}; {len(want)} orders in the store")
 
 
