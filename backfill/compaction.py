@@ -9,14 +9,24 @@ meets exactly what a full replay meets.
 
 from __future__ import annotations
 
-def compaction_plan(topo) -> dict[str, str]:
+def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals: dict | None = None
+                    ) -> dict[str, str]:
     """``{external table topic: reason}`` for every table source whose history may be reduced to
     the last two real changes per key (README "Backfill"): every store and output downstream of it
     ends the same from them. That holds when what reads the table's changes is only table
     filters and map_values, a table's sink, or a foreign-key join (its left or right side; a
     foreign-key join's results are compared without timestamps anyway), and what looks it up is
     only a foreign-key join. Anything else (aggregations, primary-key and stream-table joins, a
-    table's changes as a stream) replays every record: its state depends on the history."""
+    table's changes as a stream) replays every record: its state depends on the history.
+
+    With ``emit_outputs`` the sinks are written too, so a source is reduced only when every user
+    sink downstream of it (through internal topics, joins and aggregations) carries a table
+    (``outputs.table_sinks``: the history's result is its final table) that starts empty (not in
+    ``held_outputs``, the sink topics holding records at the snapshot), and no table map_values
+    lies between (it skips a result equal to the one before, so the timestamp of a sink's last
+    record may come from a change the reduction drops). A key the reduction leaves absent then
+    needs no tombstone: the topic never held it. ``refusals`` receives the reason of each source
+    refused for its outputs."""
     from processor.operators.filter import TableFilter
     from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
                                                       ForeignKeyJoinSubscriptionReceiver,
@@ -61,9 +71,60 @@ def compaction_plan(topo) -> dict[str, str]:
                     via.add("foreign-key join")
                 else:
                     ok = False
+        if ok and emit_outputs:
+            why = _outputs_need_history(topo, src, lookers, set(held_outputs), op)
+            if why:
+                ok = False
+                if refusals is not None:
+                    refusals[src.source_topic] = f"every record replayed (--emit-outputs: {why})"
         if ok:
             out[src.source_topic] = "last real changes per key (" + (", ".join(sorted(via)) or "no reader") + ")"
     return out
+
+
+def downstream(topo, node, lookers=None) -> list:
+    """Every node whose input depends on ``node``'s output: its children, what looks its table
+    up, and the readers of an internal topic one of them writes, transitively (``node`` excluded)."""
+    if lookers is None:
+        lookers = {}
+        for n in topo.nodes:
+            for x in n.lookups:
+                lookers.setdefault(id(x), []).append(n)
+    readers: dict[str, list] = {}
+    for n in topo.nodes:
+        if n.source_topic:
+            readers.setdefault(n.source_topic, []).append(n)
+    seen, out, stack = {id(node)}, [], [node]
+    while stack:
+        n = stack.pop()
+        nxt = list(n.children) + lookers.get(id(n), [])
+        if n.sink_topic and n.attrs.internal:
+            nxt += readers.get(n.sink_topic, [])
+        for c in nxt:
+            if id(c) not in seen:
+                seen.add(id(c))
+                out.append(c)
+                stack.append(c)
+    return out
+
+
+def _outputs_need_history(topo, src, lookers, held: set, op) -> str | None:
+    """Why the user sinks downstream of table source ``src`` need every record of it under
+    ``--emit-outputs`` (None: they do not)."""
+    from backfill.outputs import table_sinks
+    from processor.operators.map_values import TableMapValues
+
+    tables = table_sinks(topo)
+    for n in downstream(topo, src, lookers):
+        if op(n) is TableMapValues:
+            return (f"{n.name} (a table map_values) skips unchanged results, so a sink's last "
+                    f"timestamp may come from a change the reduction drops")
+        if n.sink_topic and not n.attrs.internal:
+            if n.sink_topic not in tables:
+                return f"{n.sink_topic} is a stream sink: it receives what every change produces"
+            if n.sink_topic in held:
+                return f"{n.sink_topic} already holds records: its tombstones need the history"
+    return None
 
 def last_changes(rows, key_serde=None, value_serde=None):
     """Rows of one table partition in offset order -> the last two real changes of each key, in

@@ -38,9 +38,10 @@ class JobContext:
         self.snapshot: dict = {}          # (source topic, partition) -> (start, end)
         self.internal_ends: dict = {}     # (internal topic, partition) -> end
         self.changelog_ends: dict = {}    # (changelog topic, partition) -> end before the backfill
-        # with outputs emitted, nothing is compacted: a key whose last changes fail a filter would
-        # lose the tombstone its earlier passing value needs at the sink
-        self.compacted = set() if emit_outputs else set(compaction_plan(topo))
+        self.output_ends: dict = {}       # (user sink topic, partition) -> (start, end) (--emit-outputs)
+        # the table sources reduced to their last real changes (backfill.compaction); the job
+        # sets it once it knows which sink topics already hold records
+        self.compacted = set(compaction_plan(topo, emit_outputs, held_outputs=topo.sink_topics(internal=False)))
         self.topo = topo
         self.routing = routing
         self.counts = counts

@@ -273,8 +273,9 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         with ThreadPoolExecutor(1) as pool:
             sampling = pool.submit(determine_partitioners, topo, bootstrap_servers, dict(counts),
                                    sampling_config, application_id)
+            user_sinks = topo.sink_topics(internal=False) if emit_outputs else []
             everything = snapshot_offsets(bootstrap_servers,
-                                          sources + list(internal_counts) + list(changelog_topics),
+                                          sources + list(internal_counts) + list(changelog_topics) + user_sinks,
                                           consumer_config=consumer_config)
             choices = sampling.result()
         snapshot = {tp: r for tp, r in everything.items() if tp[0] in set(sources)}
@@ -292,10 +293,15 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
                          producer_config or {}, emit_outputs, build_databases=state_dir is not None,
                          local_root=str(build_root) if session.is_local(spark) else None)
         ctx.snapshot, ctx.internal_ends, ctx.changelog_ends = snapshot, internal_ends, changelog_ends
-        plan = {} if emit_outputs else compaction_plan(topo)
-        why = ("every record replayed (--emit-outputs: the sinks receive what every change produces)"
-               if emit_outputs else "every record replayed (a reader's state depends on the history)")
-        report.compaction = {t: plan.get(t, why) for t in sources}
+        # the user sink topics' ends (--emit-outputs): a table sink gets a tombstone only for a
+        # key it already holds
+        ctx.output_ends = {tp: r for tp, r in everything.items() if tp[0] in user_sinks}
+        held = {tp[0] for tp, (s, e) in everything.items() if tp[0] in user_sinks and e > s}
+        refusals: dict = {}
+        plan = compaction_plan(topo, emit_outputs, held_outputs=held, refusals=refusals)
+        ctx.compacted = set(plan)
+        report.compaction = {t: plan.get(t) or refusals.get(t)
+                             or "every record replayed (a reader's state depends on the history)" for t in sources}
         t1 = time.monotonic()
         spark_runs = runs.Runs(spark, ctx)
         runs.process(spark_runs, snapshot, archives, consumer_config, report)

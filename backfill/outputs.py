@@ -2,7 +2,9 @@
 ``--emit-outputs``) -> produced once, at the end, by the driver.
 
 Invariant: each sink receives the history's result once: a table's sink (``to_stream().to()``)
-the last record per key, a stream sink every record, in the order the tasks sent them (run,
+its final table (the last record per key; a tombstone only for a key the topic already held, so
+an empty topic gets no tombstone: the same table as a full replay's sink), a stream sink every
+record, in the order the tasks sent them (run,
 origin task, send order); dead letters follow the topology's ``on_error`` policy as in the
 worker. Output rows travel from the tasks as Arrow IPC bytes in Spark data, never as files.
 """
@@ -27,6 +29,19 @@ def table_sinks(topo) -> set[str]:
 
 
 
+def held_keys(ctx, tables) -> dict[str, set]:
+    """``{table sink topic: the keys it holds below its end at the snapshot}`` for the table
+    sinks that hold records: the only keys whose absence from the history's result is written
+    as a tombstone."""
+    from backfill.handoff import existing_keys
+
+    out: dict[str, set] = {}
+    for (topic, partition), (start, end) in sorted(ctx.output_ends.items()):
+        if topic in tables and end > start:
+            out.setdefault(topic, set()).update(existing_keys(ctx.bootstrap_servers, topic, partition, end))
+    return out
+
+
 def _decode(batches):
     """``mapInArrow``: batches of one ``ipc`` binary column -> the output rows they hold."""
     import pyarrow as pa
@@ -37,7 +52,7 @@ def _decode(batches):
                 yield from reader
 
 
-def _selected_in_spark(spark, ctx, blobs, emit_outputs: bool):
+def _selected_in_spark(spark, ctx, blobs, emit_outputs: bool, held: dict):
     """The rows ``emit`` produces, as a Spark DataFrame in its order (a cluster's outputs)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -56,13 +71,20 @@ def _selected_in_spark(spark, ctx, blobs, emit_outputs: bool):
         last = Window.partitionBy("topic", "key").orderBy(F.col("run").desc(), F.col("seq").desc())
         table_rows = (sinks.where(F.col("topic").isin(tables)).withColumn("_n", F.row_number().over(last))
                       .where(F.col("_n") == 1).drop("_n")) if tables else None
+        if table_rows is not None:
+            tombstones = table_rows.where(F.col("value").isNull())
+            table_rows = table_rows.where(F.col("value").isNotNull())
+            pairs = [(t, k) for t, keys in held.items() for k in keys]
+            if pairs:   # a tombstone only for a key the topic holds
+                table_rows = table_rows.unionByName(tombstones.join(
+                    spark.createDataFrame(pairs, "topic string, key binary"), ["topic", "key"], "left_semi"))
         selected = selected.unionByName(streams)
         if table_rows is not None:
             selected = selected.unionByName(table_rows)
     return selected.orderBy("run", "origin", "seq")
 
 
-def _selected_on_the_driver(ctx, blobs: list, emit_outputs: bool):
+def _selected_on_the_driver(ctx, blobs: list, emit_outputs: bool, held: dict):
     """The rows ``emit`` produces, in its order, computed in this process (a local master's
     outputs, read from the build root): what the Spark path computes with a window and a sort,
     without Spark SQL's stages (~4 s of fixed cost on the 1M-record benchmark)."""
@@ -76,7 +98,8 @@ def _selected_on_the_driver(ctx, blobs: list, emit_outputs: bool):
             cols = reader.read_all().to_pydict()
         rows.extend(zip(*(cols[f] for f in OUTPUT_FIELDS)))
     i = {f: n for n, f in enumerate(OUTPUT_FIELDS)}
-    kind, topic, key, run, seq, origin = (i[f] for f in ("kind", "topic", "key", "run", "seq", "origin"))
+    kind, topic, key, value, run, seq, origin = (i[f] for f in ("kind", "topic", "key", "value", "run", "seq",
+                                                                 "origin"))
     rows = [r for r in rows if r[kind] == "output" and (emit_outputs or r[topic] == ctx.dlq)]
     tables = table_sinks(ctx.topo) if emit_outputs else set()
     if tables:
@@ -87,7 +110,9 @@ def _selected_on_the_driver(ctx, blobs: list, emit_outputs: bool):
                 best = last.get(k)
                 if best is None or (r[run], r[seq], r[origin]) > (rows[best][run], rows[best][seq], rows[best][origin]):
                     last[k] = n
-        keep = set(last.values())
+        # the last record per key; a tombstone only for a key the topic holds
+        keep = {n for n in last.values()
+                if rows[n][value] is not None or rows[n][key] in held.get(rows[n][topic], ())}
         rows = [r for n, r in enumerate(rows) if r[topic] not in tables or n in keep]
     rows.sort(key=lambda r: (r[run], r[origin], r[seq]))
     return [_Row(r[i["topic"]], r[i["partition"]], r[key], r[i["value"]], r[i["ts"]],
@@ -115,15 +140,17 @@ def emit(spark, ctx, blobs, emit_outputs: bool) -> tuple[int, int]:
     """Produce the output rows of ``blobs`` (Arrow IPC bytes, ``RowCollector.items``: an RDD on a
     cluster, a list on a local master; None: no task had any):
     dead-letter records always (the on-error policy), sink records with ``emit_outputs`` (table
-    sinks: last record per key). Returns (outputs, dead-lettered)."""
+    sinks: the last record per key, a tombstone only for a key the topic held at the snapshot).
+    Returns (outputs, dead-lettered)."""
     from processor.kafka import clients as kafka
 
     if blobs is None:
         return 0, 0
+    held = held_keys(ctx, table_sinks(ctx.topo)) if emit_outputs else {}
     if isinstance(blobs, list):
-        selected = _selected_on_the_driver(ctx, blobs, emit_outputs)
+        selected = _selected_on_the_driver(ctx, blobs, emit_outputs, held)
     else:
-        selected = _selected_in_spark(spark, ctx, blobs, emit_outputs).toLocalIterator()
+        selected = _selected_in_spark(spark, ctx, blobs, emit_outputs, held).toLocalIterator()
     producer = kafka.new_producer({**kafka.producer_defaults(ctx.bootstrap_servers), **ctx.producer_config},
                                   "backfill outputs")
     outputs = dead = 0

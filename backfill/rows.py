@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import pickle
+from typing import Iterator
 
 ROW_FIELDS = ["kind", "topic", "partition", "key", "value", "ts", "headers", "origin", "seq", "phase"]
 OUTPUT_FIELDS = ROW_FIELDS + ["run"]
@@ -179,9 +180,7 @@ def input_rows(batch):
     return [("input", topic, part, keys[i], values[i], ts[i], hs[i], "", offsets[i], 0) for i in range(n)]
 
 
-
-
-def merge(streams: dict) -> "Iterator":
+def merge(streams: dict) -> Iterator:
     """A task's rows of one run, from ``{(phase, topic, partition, origin): [rows in stream
     order]}``: each stream as it came; across streams phase 0 before phase 1 (records of a
     flush), then the lowest timestamp first (ties: topic, partition, origin)."""

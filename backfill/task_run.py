@@ -175,7 +175,8 @@ class TaskRun:
         collector = RowCollector(ctx, task_id, spec.run_no)
         task = Task(ctx.topo, spec.sub, partition, stores, collector, lambda: int(time.time() * 1000),
                     on_error=ctx.on_error, dlq_topic=ctx.dlq, routing=ctx.routing,
-                    max_record_bytes=max_record_bytes_of(ctx.producer_config), journal=journal)
+                    max_record_bytes=max_record_bytes_of(ctx.producer_config), journal=journal,
+                    topic_exists=ctx.counts.__contains__)   # the topics at the snapshot
         n = 0
         for kind, topic, part, key, value, ts, headers, origin, seq, phase in merge(streams):
             if kind == "input":

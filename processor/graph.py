@@ -113,6 +113,11 @@ class SinkAttrs(NodeAttrs):
     carries_table: bool = False
     # the key serde of the stream the sink was attached to (the table's), when ``to()`` named another
     stream_key_serde: Any = None
+    # ``to(extractor)``: ``extractor(key, value) -> topic`` names each record's topic (the node
+    # has no ``sink_topic``)
+    extractor: Any = None
+    # ``repartition(partitions=n)``: the internal topic's partition count, as declared
+    partitions: int | None = None
 
     @property
     def internal(self) -> bool:
@@ -152,7 +157,7 @@ class JoinResultAttrs(TableAttrs):
 @dataclass(frozen=True, kw_only=True)
 class SelfJoin:
     """Set by a join builder on the first side of a join that the ``self-join`` pass
-    (``topology.rewrite_self_joins``) may rewrite when both sides are the same input.
+    (``topology.passes.rewrite_self_joins``) may rewrite when both sides are the same input.
 
     ``kind``: "table" or "stream"; ``how``: inner/left/outer; ``other``: the second side node's
     name; ``rewrite(topology, node)`` replaces both sides by one operator over one store.

@@ -85,7 +85,9 @@ class ReadOnlyStore:
 
 class TopologyTestDriver:
     def __init__(self, topology, application_id: str = "test-app", on_error: str = "dlq",
-                 initial_wall_clock_ms: int = 0):
+                 initial_wall_clock_ms: int = 0, topics=None):
+        """``topics``: the user topics that exist, for a topic extractor's sink (``to(extractor)``
+        sends only to one that does; default: every topic exists, as in Kafka Streams' driver)."""
         topology = topology.for_application(application_id)
         self.topology = topology
         self.application_id = application_id
@@ -98,7 +100,8 @@ class TopologyTestDriver:
         collector = _MemoryCollector(self)
         self.tasks = [
             Task(topology, sub, 0, MemoryStores(), collector, lambda: self.wall_clock_ms,
-                 on_error=on_error, dlq_topic=self.dlq_topic)
+                 on_error=on_error, dlq_topic=self.dlq_topic,
+                 topic_exists=None if topics is None else set(topics).__contains__)
             for sub in range(len(topology.subtopologies))
         ]
         self._closed = False
@@ -154,7 +157,9 @@ class TopologyTestDriver:
     def read_output(self, topic: str, key_serde=None, value_serde=None) -> list[OutputRecord]:
         """Deserialize and drain everything written to ``topic`` so far."""
         recs = self._topics.pop(topic, [])
-        sinks = self.topology.sink_nodes(topic)
+        # a topic named by a topic extractor: read with that sink's serdes
+        sinks = self.topology.sink_nodes(topic) or [n for n in self.topology.nodes
+                                                    if n.kind == "sink" and n.attrs.extractor is not None]
         if key_serde is None or value_serde is None:
             if not sinks and topic != self.dlq_topic:
                 raise ConfigError(f"topic {topic!r} is not written by this topology "

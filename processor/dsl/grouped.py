@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from processor.dsl.emit import Emit
 from processor.errors import TopologyError
-from processor.graph import AggregateAttrs, GetterSpec, SinkAttrs, SourceAttrs
+from processor.dsl.repartition import repartition_through
+from processor.graph import AggregateAttrs, GetterSpec
 from processor.operators.aggregate import StreamAggregate, TableAggregate, WindowedStreamAggregate
 from processor.operators.group_by import StreamGroupBy, TableGroupBy
-from processor.operators.sink import Sink
 from processor.operators.value_getter import EmittedValueGetter
-from processor.operators.source import StreamSource
 from processor.serde import Serdes
 from processor.serde.change import ChangeSerde
 from processor.state.window_key import WindowStoreKeySerde
 from processor.topology import LogicalNode, StoreSpec
+from processor.topology.naming import repartition_topic
 
 
 def _check_emit(emit, windowed: bool) -> Emit:
@@ -44,24 +44,12 @@ def _count_sub(key, value, agg):
     return agg - 1
 
 
-def _repartition(builder, parent: LogicalNode, select: LogicalNode, store: str, key_serde, value_serde):
-    """select -> sink(<store>-repartition) | source(<store>-repartition); returns the source node."""
-    b = builder
-    topic = f"{store}-repartition"
-    b.add_node(select, parent)
-    sink = LogicalNode(
-        name=b.new_name("KSTREAM-SINK"), kind="sink", sink_topic=topic,
-        factory=lambda n: Sink(n.name, n.sink_topic, n.attrs.key_serde, n.attrs.value_serde, internal=True),
-        attrs=SinkAttrs(key_serde=key_serde, value_serde=value_serde, internal_topic=topic),
-    )
-    b.add_node(sink, select)
-    source = LogicalNode(
-        name=b.new_name("KSTREAM-SOURCE"), kind="source", source_topic=topic,
-        factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs.key_serde, n.attrs.value_serde),
-        attrs=SourceAttrs(key_serde=key_serde, value_serde=value_serde, internal_topic=topic),
-    )
-    b.add_node(source)
-    return source
+def _repartition(builder, parent: LogicalNode, select: LogicalNode | None, store: str, key_serde, value_serde):
+    """[select ->] sink(<store>-repartition) | source(<store>-repartition); returns the source node."""
+    if select is not None:
+        builder.add_node(select, parent)
+        parent = select
+    return repartition_through(builder, parent, repartition_topic(store), key_serde, value_serde)
 
 
 def _aggregate_node(builder, parent, store, key_serde, value_serde, factory, kind, emit, windows=None,
@@ -127,15 +115,19 @@ class KGroupedTable:
 class KGroupedStream:
     """``stream.group_by_key()`` or ``stream.group_by(selector)`` (then through a repartition topic)."""
 
-    def __init__(self, stream, selector, key_serde, value_serde):
+    def __init__(self, stream, selector, key_serde, value_serde, repartition: bool = False):
         self._stream = stream
-        self._selector = selector   # None: group by the existing key, no repartition
+        self._selector = selector   # None: group by the existing key
         self.key_serde = key_serde
         self.value_serde = value_serde
+        # by the existing key after a key-changing operator: through a repartition topic
+        self._repartition = repartition
 
     def _input(self, store):
         b = self._stream._builder
         if self._selector is None:
+            if self._repartition:
+                return _repartition(b, self._stream._node, None, store, self.key_serde, self.value_serde)
             return self._stream._node
         select = LogicalNode(name=b.new_name("KSTREAM-KEY-SELECT"), kind="processor",
                              factory=lambda n: StreamGroupBy(n.name, self._selector))

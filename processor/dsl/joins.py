@@ -140,10 +140,10 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
     sub_topic = f"{base}-subscription-registration-topic"
     resp_topic = f"{base}-subscription-response-topic"
     lks, rks, rvs = left.key_serde, right.key_serde, right.value_serde
-    from processor.topology import _holds_registry_serde
+    from processor.topology.serdes import holds_registry_serde
 
     for what, serde in (("key", rks), ("value", rvs)):
-        if _holds_registry_serde(serde):
+        if holds_registry_serde(serde):
             # (the response topic carries the right row re-serialized with it, and a registry
             # serde is bound to a topic only for sources, sinks and stores)
             raise TopologyError(

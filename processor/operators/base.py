@@ -23,6 +23,10 @@ def describe_function(fn: Callable) -> str:
     return name
 
 
+def _every_topic_exists(topic: str) -> bool:
+    return True
+
+
 class ProcessorContext:
     """Per-task context. The task sets the ``record_*`` fields before each record."""
 
@@ -33,6 +37,9 @@ class ProcessorContext:
         self.collector = collector
         self.wall_clock = wall_clock
         self.routing = Routing()      # the host's (processor/engine/routing.py); set by the Task
+        # whether a user topic exists (a topic extractor's sink sends only to one that does); the
+        # host's, set by the Task (the test driver's: every topic exists, as Kafka Streams')
+        self.topic_exists: Callable[[str], bool] = _every_topic_exists
         # Provenance of what is being processed: the input record's topic, partition and offset;
         # during a punctuation or flush, a synthetic one (``"__punctuation:<sub>"``, the task's
         # partition, the commit that will persist it) with ``in_record`` False.

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from processor.errors import OutputError
 from processor import provenance
-from processor.operators.base import Processor
+from processor.operators.base import Processor, describe_function
 
 
 class Routed(NamedTuple):
@@ -70,8 +70,11 @@ class Sink(Processor):
     kind = "sink"
 
     def __init__(self, name, topic, key_serde, value_serde, passthrough=False, internal=False,
-                 route_like: str | None = None, carries_table: bool = False):
+                 route_like: str | None = None, carries_table: bool = False, extractor=None):
         super().__init__(name)
+        # ``to(extractor)``: ``extractor(key, value)`` names each record's topic, which must exist
+        # (``ProcessorContext.topic_exists``); else an OutputError under the on-error policy
+        self.extractor = extractor
         self.carries_table = carries_table
         # route by the partitioner that placed this source topic (FK subscriptions: the right table's)
         self.route_like = route_like
@@ -130,7 +133,21 @@ class Sink(Processor):
             if self.carries_table and ctx.origin_head is not None:
                 headers = [*headers, (provenance.ORIGIN_HEADER, ctx.origin())] if headers else \
                     [(provenance.ORIGIN_HEADER, ctx.origin())]
-            ctx.send(self.topic, kb, vb, timestamp, headers)
+            topic = self.topic if self.extractor is None else self._extracted(key, value)
+            ctx.send(topic, kb, vb, timestamp, headers)
+
+    def _extracted(self, key, value) -> str:
+        try:
+            topic = self.extractor(key, value)
+        except Exception as exc:
+            raise self.user_error(self.extractor, exc) from exc
+        if not isinstance(topic, str) or not topic:
+            raise OutputError(f"the topic extractor {describe_function(self.extractor)} named no topic: it "
+                              f"returned {topic!r}", step=self.name)
+        if not self.context.topic_exists(topic):
+            raise OutputError(f"the topic extractor {describe_function(self.extractor)} named topic {topic!r}, "
+                              f"which does not exist (topics are not created for it)", step=self.name)
+        return topic
 
     def metrics(self):
         return {"records_out": self.records_out}

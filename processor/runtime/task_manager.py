@@ -45,6 +45,23 @@ RESTORE_STEP_S = 0.2
 
 
 class TaskManagement:
+    # the user topics the cluster had at the last look (``_topic_exists``) and when that was
+    _known_topics: frozenset = frozenset()
+    _topics_looked_at: float = float("-inf")
+    TOPIC_REFRESH_S = 5.0
+
+    def _topic_exists(self, topic: str) -> bool:
+        """Whether ``topic`` exists (a topic extractor's sink sends only there): the cluster's
+        topics as last listed, listed again on a miss at most every ``TOPIC_REFRESH_S`` seconds
+        (a topic created since may be reported missing, and its record dead-lettered, that long)."""
+        if topic in self._known_topics:
+            return True
+        now = time.monotonic()
+        if now - self._topics_looked_at >= self.TOPIC_REFRESH_S:
+            self._topics_looked_at = now
+            self._known_topics = frozenset(kafka.topic_partitions(self.bootstrap_servers))
+        return topic in self._known_topics
+
     def _restore_consumer_config(self) -> dict:
         conf = kafka.consumer_defaults(self.bootstrap_servers)
         conf["group.id"] = f"{self.application_id}-restore"   # assign() only; never commits
@@ -93,7 +110,7 @@ class TaskManagement:
                         max_record_bytes=max_record_bytes_of(self._producer_config),
                         origin=self.application_id if self._table_sinks.get(sub) else None,
                         stage_internal=self._stage_internal,
-                        coalesce_fk_records=self.coalesce_fk_records)
+                        coalesce_fk_records=self.coalesce_fk_records, topic_exists=self._topic_exists)
             self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog,
                                                             self.collector.send_changelog_records)
             self.tasks[(sub, partition)] = task

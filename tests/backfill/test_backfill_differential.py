@@ -146,10 +146,30 @@ def stream_stream(t):
     return b.build()
 
 
+def stream_operators(t):
+    """The stateless stream operators (issue 29) in front of stores: a key change before
+    group_by_key and to_table (each repartitions), flat_map, flat_map_values, split, peek,
+    foreach, repartition(partitions=2), a topic extractor's sink."""
+    b = StreamsBuilder()
+    s = b.stream(t["s"])
+    s.map(lambda k, v: (f"m{v['x'] % 7}", {"x": v["x"], "from": k})).group_by_key().count(name="by-mapped")
+    s.select_key(lambda k, v: f"s{v['x'] % 5}").to_table(name="last-by-selected")
+    s.flat_map(lambda k, v: [(k, v["x"])] * (v["x"] % 3)).group_by_key().aggregate(
+        lambda: 0, lambda k, v, agg: agg + v, name="flat-sum")
+    s.flat_map_values(lambda v: range(v["x"] % 4)).peek(lambda k, v: None).group_by_key().count(name="fmv-count")
+    branches = s.split(name="x-").branch(lambda k, v: v["x"] < 10, name="low") \
+        .branch(lambda k, v: v["x"] < 30, name="mid").default_branch(name="high")
+    branches["x-low"].group_by_key().count(name="low-count")
+    branches["x-high"].repartition(partitions=2, name="high").group_by_key().count(name="high-count")
+    branches["x-mid"].foreach(lambda k, v: None)
+    branches["x-mid"].to(lambda k, v: t["out"] if v["x"] % 2 else t["out2"])
+    return b.build()
+
+
 def _history(case, rnd):
     if case in ("filter_map", "table_aggregates", "table_aggregate_every", "self_joins"):
         return interleave(rnd, {"a": table_history(rnd, 1500, 120)})
-    if case in ("stream_aggregates", "windowed", "stream_stream"):
+    if case in ("stream_aggregates", "windowed", "stream_stream", "stream_operators"):
         return interleave(rnd, {"s": stream_history(rnd, 1500, 30)})
     if case == "pk_joins":
         return interleave(rnd, {"a": table_history(rnd, 1200, 100), "c": table_history(rnd, 800, 100)})
@@ -178,6 +198,7 @@ CASES = {
     "fk_joins_3": (fk_joins, 3, ("fk-inner", "fk-left")),
     "self_joins": (self_joins, 3, ()),
     "stream_stream": (stream_stream, 1, ()),
+    "stream_operators": (stream_operators, 3, ()),
 }
 
 

@@ -3,9 +3,9 @@ local Spark, compared with ``TopologyTestDriver`` fed the same records in timest
 order a backfill task merges its inputs) and with a live ``Worker``:
 
 - ``--emit-outputs`` (the command, as a subprocess): each sink receives the history's result
-  once. A table's sink (``table.filter(...).to_stream().to(t)``) and an aggregate's sink hold
-  exactly the driver's last record per key (a list in key order, keys whose last record is a
-  tombstone included); a stream sink (``stream.filter(...).to(t)``) exactly the driver's records,
+  once. A table's sink (``table.filter(...).to_stream().to(t)``) and an aggregate's sink receive
+  their final table: exactly the driver's last record per key, a tombstone only for a key the
+  topic held before (records produced there first); a stream sink (``stream.filter(...).to(t)``) exactly the driver's records,
   in order per key. Nothing goes to the dead-letter topic. The stores equal the driver's.
 - Without it (``backfill.run``, the default) every sink stays empty.
 - Poison records (values that are not JSON, a value that is not UTF-8, a key that is not UTF-8,
@@ -159,26 +159,37 @@ def test_emit_outputs_writes_each_sinks_history_once(sinks_input, kafka_bootstra
     outs = [t["out_table"], t["out_stream"], t["out_sum"], t["out_count"]]
     want_stores, want_out, want_dlq = _driver(topo, topics, history, outs)
     assert want_dlq == []
+    # the table sink already holds 3 keys the history ends (a tombstone is owed), 3 it ends with
+    # a value, 1 it never writes; the other sinks are empty
+    last = _last_per_key(want_out[t["out_table"]])
+    tombstoned = [r for r in last if r[1] is None]
+    assert len(tombstoned) > 6, "the history must end some keys of the table sink with a tombstone"
+    held = [r[0] for r in tombstoned[:3]] + [r[0] for r in last if r[1] is not None][:3] + [b"never"]
+    pre = [(t["out_table"], key_partition(k, PARTS), k, b'{"n": -1}', T0 - 1000, None) for k in held]
+    produce(kafka_bootstrap, t["out_table"], [r[1:] for r in pre])
     app = f"bfo-emit-{unique}"
     env = {apps.OUTPUT_ENVS[name]: topic for name, topic in t.items()}
     res = run_cli(backfill_argv("tests.backfill.apps:sinks", kafka_bootstrap, app, tmp_path, "--emit-outputs"), env)
     assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-4000:])
 
     got = {o: _messages(kafka_bootstrap, o) for o in outs}
-    # table sinks: exactly the last record per key (tombstones included), once each
-    for o in (t["out_table"], t["out_sum"], t["out_count"]):
-        expected = _last_per_key(want_out[o])
-        assert sorted(got[o]) == expected, o
-    tombstoned = [r for r in _last_per_key(want_out[t["out_table"]]) if r[1] is None]
-    assert tombstoned, "the history must end some keys of the table sink with a tombstone"
+    # table sinks: exactly the final table, once each: the last record per key, a tombstone only
+    # for a key the topic held
+    held_before = [(k, v, ts, ()) for _, _, k, v, ts, _ in pre]
+    expected = [r for r in last if r[1] is not None or r[0] in held]
+    assert sorted(got[t["out_table"]], key=repr) == sorted(held_before + expected, key=repr)
+    assert [r for r in expected if r[1] is None] == tombstoned[:3]
+    for o in (t["out_sum"], t["out_count"]):
+        assert sorted(got[o]) == [r for r in _last_per_key(want_out[o]) if r[1] is not None], o
     # the stream sink: every record the driver produced, in order per key
     assert len(got[t["out_stream"]]) == len(want_out[t["out_stream"]])
     assert _per_key(got[t["out_stream"]]) == _per_key(want_out[t["out_stream"]])
     assert _messages(kafka_bootstrap, f"{app}-dlq") == []
     emitted = int(re.search(r"(\d+) output record\(s\) emitted", res.stdout).group(1))
-    assert emitted == sum(len(v) for v in got.values())
     assert _merged(tmp_path, app) == want_stores
-    report(f"emitted {emitted}: table sink {len(got[t['out_table']])} keys ({len(tombstoned)} tombstones; driver "
+    assert emitted == sum(len(v) for v in got.values()) - len(pre)
+    report(f"emitted {emitted}: table sink {len(got[t['out_table']])} records ({len(held)} held before, 3 of "
+           f"the {len(tombstoned)} keys the history ends tombstoned; driver "
            f"sent {len(want_out[t['out_table']])}), stream sink {len(got[t['out_stream']])}, sum "
            f"{len(got[t['out_sum']])} (driver {len(want_out[t['out_sum']])}), count {len(got[t['out_count']])} "
            f"(driver {len(want_out[t['out_count']])})")
@@ -209,35 +220,50 @@ def _catalog_history(seed):
 
 
 @pytest.mark.integration
-def test_emit_outputs_of_a_compactable_table_source(kafka_bootstrap, spark, tmp_path, unique, report):
-    """A table read only by a filter feeding a sink is compacted without outputs (last real
-    changes per key). With ``--emit-outputs`` it must not be: a key whose last changes fail the
-    filter still owes the sink the tombstone of an earlier passing value (found by this test:
-    22 of 63 tombstones were missing when it was compacted). Its sink holds exactly the driver's
-    last record per key, tombstones included."""
+@pytest.mark.parametrize("sink_holds_records", [False, True], ids=["empty-sink", "sink-holds-records"])
+def test_emit_outputs_of_a_compactable_table_source(kafka_bootstrap, spark, tmp_path, unique, report,
+                                                    sink_holds_records):
+    """A table read only by a filter feeding a table sink. The sink's result is its final table:
+    a key whose last changes fail the filter after an earlier passing value ends absent, which
+    needs a tombstone only where the topic holds the key. So into an empty sink topic the source
+    is reduced to its last real changes per key (the filter forwards nothing for two failing
+    changes) and the sink receives exactly the driver's last record per key minus its
+    tombstones; into a sink topic that holds records every record is replayed, the reason
+    named, and exactly the held keys that end absent get their tombstone. (Before the rule, a
+    reduction lost 22 of 63 tombstones here.)"""
     t = {"catalog": f"bfc-catalog-{unique}", "out_catalog": f"bfc-out-{unique}"}
     kafka.create_topics(kafka_bootstrap, {v: PARTS for v in t.values()})
     history = _catalog_history(seed=8)
     _produce_history(kafka_bootstrap, {"catalog": t["catalog"]}, history)
     topo = apps.compacted_sink_for(t)
     want_stores, want_out, _ = _driver(topo, t, history, [t["out_catalog"]])
-    expected = _last_per_key(want_out[t["out_catalog"]])
+    last = _last_per_key(want_out[t["out_catalog"]])
+    tombstoned = [r[0] for r in last if r[1] is None]
+    assert len(tombstoned) > 20   # tombstones a reduction loses
+    held = tombstoned[::2] + [r[0] for r in last if r[1] is not None][:5] if sink_holds_records else []
+    pre = [(key_partition(k, PARTS), k, b'{"n": 1}', T0 - 1000, None) for k in held]
+    if pre:
+        produce(kafka_bootstrap, t["out_catalog"], pre)
     app = f"bfc-{unique}"
     rep = backfill.run(topo, bootstrap_servers=kafka_bootstrap, application_id=app, state_dir=tmp_path, spark=spark,
                        emit_outputs=True)
-    got = sorted(_messages(kafka_bootstrap, t["out_catalog"]))
-    got_keys, want_keys = {r[0] for r in got}, {r[0] for r in expected}
+    got = _messages(kafka_bootstrap, t["out_catalog"])
+    expected = [(k, v, ts, ()) for _, k, v, ts, _ in pre] + [r for r in last if r[1] is not None or r[0] in held]
     report(f"compaction: {rep.compaction}; rows read {rep.rows_read}, replayed {rep.rows_replayed}; sink "
-           f"{len(got)} records vs driver's last per key {len(expected)} "
-           f"({sum(1 for r in expected if r[1] is None)} tombstones); keys only in the driver's: "
-           f"{sorted(want_keys - got_keys)[:8]}, only in the backfill's: {sorted(got_keys - want_keys)[:8]}")
+           f"{len(got)} records ({len(pre)} before), expected {len(expected)} "
+           f"({sum(1 for r in expected if r[1] is None)} tombstones of {len(tombstoned)} keys the history ends)")
     assert backfill.job.compaction_plan(topo)[t["catalog"]] == "last real changes per key (table sink)"
-    assert rep.compaction[t["catalog"]].startswith("every record replayed (--emit-outputs"), rep.compaction
-    assert rep.rows_replayed == rep.rows_read == len(history)
-    assert sum(1 for r in expected if r[1] is None) > 20   # tombstones a compaction would have lost
+    if sink_holds_records:
+        assert rep.compaction[t["catalog"]] == (f"every record replayed (--emit-outputs: {t['out_catalog']} "
+                                                f"already holds records: its tombstones need the history)")
+        assert rep.rows_replayed == rep.rows_read == len(history)
+        assert sum(1 for r in expected if r[1] is None) == len(tombstoned[::2])
+    else:
+        assert rep.compaction[t["catalog"]] == "last real changes per key (table sink)", rep.compaction
+        assert rep.rows_replayed < rep.rows_read == len(history)
     assert _merged(tmp_path, app) == want_stores
-    assert [r for r in got if r[1] is not None] == [r for r in expected if r[1] is not None]
-    assert got == expected
+    assert sorted(got, key=repr) == sorted(expected, key=repr)
+    assert rep.outputs_emitted == len(got) - len(pre)
 
 
 # -- poison records ------------------------------------------------------------------------------------

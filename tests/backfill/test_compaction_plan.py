@@ -103,3 +103,34 @@ def test_poison_records_are_kept_whatever_follows_them():
     # the keyless record and the undeserializable one stay (the task dead-letters them, as a full
     # replay does); of the real changes, the last two
     assert [r[8] for r in kept] == [1, 2, 3, 4]
+
+
+def test_with_emit_outputs_only_sources_whose_sinks_carry_an_empty_table_are_compacted():
+    """``--emit-outputs``: a source is reduced only when every user sink downstream carries a
+    table (its final table is the result) that held no record at the snapshot, with no table
+    map_values between; ``refusals`` names why the others replay every record."""
+    def topo():
+        b = StreamsBuilder()
+        orders, customers = b.table("orders"), b.table("customers")
+        orders.filter(lambda k, v: v["n"] > 1).to_stream().to("big")
+        joined = orders.join_on_foreign_key(customers, lambda v: v["c"], lambda o, c: [o, c])
+        joined.group_by(lambda k, v: (v[1], 1)).count().to_stream().to("per-customer")
+        b.table("mapped").map_values(lambda v: v["n"] % 2).to_stream().to("parity")
+        b.table("streamed").filter(lambda k, v: True).to_stream().filter(lambda k, v: True).to("s")
+        return b.build()
+
+    refusals: dict = {}
+    plan = compaction_plan(topo(), emit_outputs=True, refusals=refusals)
+    assert sorted(plan) == ["customers", "orders"]
+    assert sorted(refusals) == ["mapped"]
+    assert "table map_values" in refusals["mapped"] and refusals["mapped"].startswith(
+        "every record replayed (--emit-outputs: ")
+    # a sink that already holds records: its tombstones need the history, for both sides of the join
+    refusals = {}
+    plan = compaction_plan(topo(), emit_outputs=True, held_outputs={"per-customer"}, refusals=refusals)
+    assert sorted(plan) == []
+    del refusals["mapped"]
+    assert refusals == {t: "every record replayed (--emit-outputs: per-customer already holds records: its "
+                           "tombstones need the history)" for t in ("customers", "orders")}
+    # without outputs the held sinks do not matter
+    assert sorted(compaction_plan(topo(), held_outputs={"per-customer"})) == ["customers", "mapped", "orders"]

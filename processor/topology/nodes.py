@@ -1,0 +1,64 @@
+"""The logical graph's node and store declarations (what the DSL creates).
+
+Invariant: a node's ``attrs`` is one frozen ``processor.graph.NodeAttrs`` class per node kind;
+``clone_graph`` copies nodes and edges, never attributes (passes replace them, never mutate).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable
+
+from processor.graph import NodeAttrs, ProcessorAttrs
+
+
+@dataclass(eq=False)
+class LogicalNode:
+    name: str
+    kind: str                                    # source | table-source | processor | sink
+    factory: Callable[["LogicalNode"], object]   # builds the operator for one task
+    parents: list["LogicalNode"] = field(default_factory=list)
+    children: list["LogicalNode"] = field(default_factory=list)
+    source_topic: str | None = None
+    sink_topic: str | None = None
+    stores: list[str] = field(default_factory=list)
+    value_preserving: bool = False               # forwards the value object it received
+    # What this kind of node declares: one class per node kind (``processor/graph.py``).
+    attrs: NodeAttrs = field(default_factory=ProcessorAttrs)
+    # Tables whose current values this node reads (joins): not an edge records flow along, but
+    # it puts both in one sub-topology, so the table's store is in the same task.
+    lookups: list["LogicalNode"] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not isinstance(self.attrs, NodeAttrs):
+            raise TypeError(f"node {self.name}: attrs must be a processor.graph.NodeAttrs, "
+                            f"not {type(self.attrs).__name__}")
+
+    def __repr__(self):
+        return f"<{self.name}>"
+
+
+@dataclass
+class StoreSpec:
+    name: str
+    owner: str                   # node name
+    source_topic: str | None     # the topic a table source reads (its store mirrors it), or None
+    key_serde: object = None
+    value_serde: object = None
+    kind: str = "kv"             # kv | aggregate | emitted (last-emitted column) | window |
+    #                              version / subscription (FK join) | join-window / join-outer
+
+
+def clone_graph(nodes: list[LogicalNode]) -> list[LogicalNode]:
+    """Copies of ``nodes`` wired to each other (attributes shared: they are immutable)."""
+    clones = {id(n): copy.copy(n) for n in nodes}
+    for n in nodes:
+        c = clones[id(n)]
+        c.parents = [clones[id(p)] for p in n.parents]
+        c.children = [clones[id(x)] for x in n.children]
+        c.lookups = [clones[id(x)] for x in n.lookups]
+        c.stores = list(n.stores)
+    return [clones[id(n)] for n in nodes]
+
+
