@@ -17,7 +17,10 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     filters and map_values, a table's sink, or a foreign-key join (its left or right side; a
     foreign-key join's results are compared without timestamps anyway), and what looks it up is
     only a foreign-key join. Anything else (aggregations, primary-key and stream-table joins, a
-    table's changes as a stream) replays every record: its state depends on the history.
+    table's changes as a stream) replays every record: its state depends on the history. So a
+    stream operator (map, select_key, flat_map, flat_map_values, peek, foreach, split, a topic
+    extractor's sink, repartition, to_table) below a table's ``to_stream()`` makes it replay every
+    record, and streams are never reduced: each of their records is an event.
 
     With ``emit_outputs`` the sinks are written too, so a source is reduced only when every user
     sink downstream of it (through internal topics, joins and aggregations) carries a table
@@ -119,7 +122,9 @@ def _outputs_need_history(topo, src, lookers, held: set, op) -> str | None:
         if op(n) is TableMapValues:
             return (f"{n.name} (a table map_values) skips unchanged results, so a sink's last "
                     f"timestamp may come from a change the reduction drops")
-        if n.sink_topic and not n.attrs.internal:
+        if n.kind == "sink" and not n.attrs.internal:
+            if n.sink_topic is None:
+                return f"{n.name} sends to the topics its topic extractor names: each receives every record"
             if n.sink_topic not in tables:
                 return f"{n.sink_topic} is a stream sink: it receives what every change produces"
             if n.sink_topic in held:
