@@ -16,6 +16,7 @@ class StreamsBuilder:
     def __init__(self):
         self._nodes: list[LogicalNode] = []
         self._stores: dict[str, StoreSpec] = {}
+        self._user_stores: dict = {}   # Processor API stores added, connected by process()
         self._index = 0
         self._built = False
 
@@ -47,6 +48,32 @@ class StreamsBuilder:
         for name in names:
             if name in self._stores:
                 raise TopologyError(f"store name {name!r} is used twice")
+
+    def add_state_store(self, store) -> "StreamsBuilder":
+        """A store for the Processor API (``Stores.key_value(...)``), connected to a processor by
+        ``KStream.process(P, stores=[name])``."""
+        from processor.papi import StoreBuilder
+
+        if not isinstance(store, StoreBuilder):
+            raise TopologyError(f"add_state_store takes Stores.key_value(...), not {store!r}")
+        self.check_store_names_free(store.name)
+        if store.name in self._user_stores:
+            raise TopologyError(f"store name {store.name!r} is used twice")
+        self._user_stores[store.name] = store
+        return self
+
+    def connect_user_store(self, name: str, node_name: str) -> StoreSpec:
+        """Give store ``name`` (added by ``add_state_store``) to processor ``node_name``."""
+        store = self._user_stores.get(name)
+        if store is None:
+            raise TopologyError(f"process(): no store {name!r} was added (builder.add_state_store"
+                                f"(Stores.key_value({name!r}, ...)))")
+        if name in self._stores:
+            raise TopologyError(f"store {name!r} is connected to {self._stores[name].owner} already: a store "
+                                f"shared by two processors is not supported")
+        spec = StoreSpec(name, node_name, None, store.key_serde, store.value_serde, kind="kv")
+        self.add_store(spec)
+        return spec
 
     def add_store(self, spec: StoreSpec) -> None:
         self.check_store_names_free(spec.name)
@@ -164,5 +191,9 @@ class StreamsBuilder:
         cannot bring back what the broker deleted. README "Reliability"."""
         if not self._nodes:
             raise TopologyError("the topology is empty: add a stream or table first")
+        unconnected = sorted(set(self._user_stores) - set(self._stores))
+        if unconnected:
+            raise TopologyError(f"store(s) {', '.join(unconnected)} added but connected to no processor "
+                                f"(KStream.process(P, stores=[...]))")
         self._built = True
         return Topology(self._nodes, self._stores, optimize=optimize, reuse_source_topics=reuse_source_topics)

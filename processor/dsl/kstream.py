@@ -11,6 +11,7 @@ from processor.operators.sink import PassThrough, Sink
 from processor.operators.stream_map import (StreamBranch, StreamFlatMap, StreamFlatMapValues, StreamMap,
                                             StreamPeek, StreamSelectKey)
 from processor.operators.to_table import StreamToTable
+from processor.operators.user_processor import UserProcessor
 from processor.operators.value_getter import StoreValueGetter
 from processor.serde import Serdes
 from processor.topology import LogicalNode, StoreSpec
@@ -67,6 +68,23 @@ class KStream:
     def foreach(self, action, name: str | None = None) -> None:
         """``action(key, value)`` for each record; a terminal operation."""
         self._then("KSTREAM-FOREACH", lambda n: StreamPeek(n.name, action), name, value_preserving=True)
+
+    def process(self, processor, stores=(), name: str | None = None) -> "KStream":
+        """A user ``processor.Processor`` (a class, or a zero-argument factory: one instance per
+        task) over this stream, with the stores ``stores`` (added by ``builder.add_state_store``);
+        returns the stream of what it forwards (serdes: this stream's; the key may change, so a
+        later keyed operator repartitions)."""
+        if not callable(processor):
+            raise TopologyError(f"process() takes a Processor class or a factory of one, not {processor!r}")
+        if isinstance(stores, str):
+            stores = [stores]
+        b = self._builder
+        node_name = b.new_name("KSTREAM-PROCESSOR", name)
+        specs = {s: b.connect_user_store(s, node_name) for s in stores}
+        node = LogicalNode(name=node_name, kind="processor", stores=list(specs),
+                           factory=lambda n: UserProcessor(n.name, processor, specs))
+        b.add_node(node, self._node)
+        return KStream(b, node, self.key_serde, self.value_serde, True)
 
     def split(self, name: str | None = None) -> "BranchedKStream":
         """Branches: ``.branch(predicate, name=...)`` (repeatable), then ``.default_branch()``

@@ -222,6 +222,8 @@ class Task:
         failed record's writes were undone: operators keep no state the stores do not hold)."""
         if getattr(self, "ops", None):
             for name, op in self.ops.items():
+                if op.closes_on_rebuild:   # a user processor: its instance is replaced
+                    op.close()
                 if m := op.metrics():
                     kept = self._retired_metrics.setdefault(name, {})
                     for k, v in m.items():

@@ -119,6 +119,8 @@ class Processor:
     # revocation (deferred emissions go out). Stream-time punctuation is the operator's own
     # business: it sees every record that advances its stream time.
     punctuates_wall = False
+    # closed when the task rebuilds its operators after a failed record (a user processor)
+    closes_on_rebuild = False
 
     def flush(self) -> None:
         pass

@@ -15,7 +15,8 @@ import random
 import pytest
 
 import backfill
-from processor import Emit, JoinWindows, StreamsBuilder, TimeWindows
+from processor import Emit, JoinWindows, Stores, StreamsBuilder, TimeWindows
+from processor.serde import Serdes
 from processor.kafka import clients as kafka
 from processor.state.rocksdb import RocksDBDatabase
 from processor.testing import TopologyTestDriver
@@ -166,10 +167,24 @@ def stream_operators(t):
     return b.build()
 
 
+def processor_api(t):
+    """Processor API (issue 29): a dedup with a store, and a counter whose stream-time
+    punctuation forwards the count every 40 ms into a count by key."""
+    from tests.unit.test_processor_api import Dedup, Ticker
+
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("seen", key_serde=Serdes.string(), value_serde=Serdes.json()))
+    b.add_state_store(Stores.key_value("n"))
+    s = b.stream(t["s"])
+    s.process(Dedup, stores=["seen"]).to(t["out"])
+    s.process(lambda: Ticker("stream", 40), stores=["n"]).group_by_key().count(name="ticks")
+    return b.build()
+
+
 def _history(case, rnd):
     if case in ("filter_map", "table_aggregates", "table_aggregate_every", "self_joins"):
         return interleave(rnd, {"a": table_history(rnd, 1500, 120)})
-    if case in ("stream_aggregates", "windowed", "stream_stream", "stream_operators"):
+    if case in ("stream_aggregates", "windowed", "stream_stream", "stream_operators", "processor_api"):
         return interleave(rnd, {"s": stream_history(rnd, 1500, 30)})
     if case == "pk_joins":
         return interleave(rnd, {"a": table_history(rnd, 1200, 100), "c": table_history(rnd, 800, 100)})
@@ -199,6 +214,8 @@ CASES = {
     "self_joins": (self_joins, 3, ()),
     "stream_stream": (stream_stream, 1, ()),
     "stream_operators": (stream_operators, 3, ()),
+    # one partition: stream-time punctuation follows the task's records
+    "processor_api": (processor_api, 1, ()),
 }
 
 

@@ -1,0 +1,155 @@
+"""``KStream.process(P, stores=[...])``: a user ``processor.papi.Processor`` hosted as an operator.
+
+Invariant: one user instance per task (``P`` a class or a zero-argument factory), initialised
+with a ``papi.ProcessorContext`` after the task's stores are open, closed with the task. Each
+input record reaches ``process(Record)`` with its key, value, timestamp, headers and
+provenance; what the user forwards goes to the children with the forwarded record's timestamp
+and headers. This operator's stream time is the largest timestamp that reached it, kept in the
+task's bookkeeping (``observed_time\\x00<operator>``) so a restored task punctuates as the one
+before it did; punctuations follow ``papi``'s rules. A user function that raises is a
+``UserFunctionError`` naming the step and the function.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from processor import papi
+from processor.errors import TopologyError
+from processor.operators.base import Processor
+from processor.records import Record
+from processor.state.store import BOOKKEEPING_STORE
+
+_TIME = struct.Struct(">q")
+
+
+class _Schedule:
+    __slots__ = ("interval", "callback", "next", "handle")
+
+    def __init__(self, interval, callback, first):
+        self.interval, self.callback, self.next = interval, callback, first
+        self.handle = papi.Cancellable()
+
+    def advance(self, now: int) -> None:
+        """The next time after a punctuation at ``now`` (missed intervals skipped)."""
+        nxt = self.next + self.interval
+        if now >= nxt:
+            nxt = self.next + ((now - self.next) // self.interval + 1) * self.interval
+        self.next = nxt
+
+
+class UserProcessor(Processor):
+    kind = "user-processor"
+
+    def __init__(self, name, factory, stores: dict):
+        super().__init__(name)
+        self.factory = factory
+        self.store_specs = stores          # {name: StoreSpec} this processor may use
+        self.user = None
+        self.observed_time = -1
+        self._time_key = b"observed_time\x00" + name.encode("utf-8")
+        self._stream_schedules: list[_Schedule] = []
+        self._wall_schedules: list[_Schedule] = []
+        self._stores: dict = {}
+        self._ts = 0                        # the timestamp of what is being processed
+        self.punctuations = 0
+
+    # the task calls punctuate_wall only on operators that say so; a user may schedule one at any time
+    punctuates_wall = True
+    closes_on_rebuild = True
+
+    def init(self, context):
+        super().init(context)
+        self._bookkeeping = context.get_store(BOOKKEEPING_STORE)
+        raw = self._bookkeeping.get(self._time_key)
+        self.observed_time = -1 if raw is None else _TIME.unpack(raw)[0]
+        try:
+            self.user = self.factory()
+        except Exception as exc:
+            raise self.user_error(self.factory, exc) from exc
+        if not isinstance(self.user, papi.Processor) and not callable(getattr(self.user, "process", None)):
+            raise TopologyError(f"{self.name}: process() needs a processor.Processor (or a factory of one), "
+                                f"got {self.user!r}")
+        try:
+            self.user.init(papi.ProcessorContext(self))
+        except Exception as exc:
+            raise self.user_error(self.user.init, exc) from exc
+
+    # -- what papi.ProcessorContext calls -------------------------------------------------------
+    def user_store(self, name: str):
+        s = self._stores.get(name)
+        if s is None:
+            spec = self.store_specs.get(name)
+            if spec is None:
+                raise TopologyError(f"{self.name}: store {name!r} is not connected to this processor "
+                                    f"(process(..., stores=[...]) names {sorted(self.store_specs)})")
+            s = self._stores[name] = papi.KeyValueStore(name, self.context.get_store(name), spec.key_serde,
+                                                        spec.value_serde, lambda: self._ts)
+        return s
+
+    def forward_record(self, record: Record) -> None:
+        ctx = self.context
+        headers = ctx.headers
+        given = tuple(record.headers) if record.headers else ()
+        if given != tuple(headers or ()):
+            ctx.headers = list(given) or None
+        try:
+            self.forward(record.key, record.value, record.timestamp)
+        finally:
+            ctx.headers = headers
+
+    def schedule(self, interval_ms: int, punctuation_type: str, callback) -> papi.Cancellable:
+        if not isinstance(interval_ms, int) or interval_ms < 1:
+            raise TopologyError(f"{self.name}: schedule() takes an interval of at least 1 ms, not {interval_ms!r}")
+        if punctuation_type == "stream":
+            s = _Schedule(interval_ms, callback, 0)   # aligned to 0: the first at the first record
+            self._stream_schedules.append(s)
+        elif punctuation_type == "wall":
+            s = _Schedule(interval_ms, callback, self.context.wall_clock() + interval_ms)
+            self._wall_schedules.append(s)
+        else:
+            raise TopologyError(f"{self.name}: schedule() takes 'stream' or 'wall', not {punctuation_type!r}")
+        return s.handle
+
+    # -- the operator -------------------------------------------------------------------------
+    def process(self, key, value, timestamp):
+        ctx = self.context
+        self._ts = timestamp
+        rec = Record(key, value, timestamp, tuple(ctx.headers or ()), ctx.topic, ctx.partition, ctx.offset)
+        try:
+            self.user.process(rec)
+        except Exception as exc:
+            raise self.user_error(self.user.process, exc) from exc
+        if timestamp > self.observed_time:
+            self.observed_time = timestamp
+            self._bookkeeping.put(self._time_key, _TIME.pack(timestamp))
+            if self._stream_schedules:
+                self._punctuate(self._stream_schedules, timestamp)
+
+    def _punctuate(self, schedules, now: int) -> None:
+        for s in list(schedules):
+            if s.handle.cancelled:
+                schedules.remove(s)
+                continue
+            if now >= s.next:
+                self._ts = now
+                try:
+                    s.callback(now)
+                except Exception as exc:
+                    raise self.user_error(s.callback, exc) from exc
+                self.punctuations += 1
+                s.advance(now)
+
+    def punctuate_wall(self, now_ms: int) -> None:
+        if self._wall_schedules:
+            self._punctuate(self._wall_schedules, now_ms)
+
+    def close(self) -> None:
+        if self.user is not None:
+            try:
+                self.user.close()
+            finally:
+                self.user = None
+
+    def metrics(self):
+        return {"punctuations": self.punctuations}

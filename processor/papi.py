@@ -1,0 +1,168 @@
+"""The Processor API (Kafka Streams' ``org.apache.kafka.streams.processor.api``): user processors
+with state stores and punctuation, attached with ``KStream.process(P, stores=[...])``.
+
+    from processor import Processor, Record, Stores
+
+    class Dedup(Processor):
+        def init(self, context):
+            self.ctx = context
+            self.seen = context.get_state_store("seen")
+        def process(self, record):
+            if self.seen.get(record.key) is None:
+                self.seen.put(record.key, record.value)
+                self.ctx.forward(record)
+
+    builder.add_state_store(Stores.key_value("seen", key_serde=Serdes.string(), value_serde=Serdes.json()))
+    stream.process(Dedup, stores=["seen"]).to("unique")
+
+Invariants:
+- A store added with ``Stores.key_value`` is a key-value store like every other one: its
+  changelog, restore, checkpoint, ``/stores``, ``processor state dump`` and the backfill treat it
+  alike. Each entry holds the value bytes behind the 8-byte timestamp of the record (or
+  punctuation) that wrote it.
+- ``context.schedule(interval, "stream", cb)``: ``cb(stream_time)`` runs when this processor's
+  stream time (the largest timestamp of the records that reached it, kept in the task's
+  bookkeeping and committed with the state) reaches the next punctuation time, once per
+  advance, however many intervals it jumped (the next time is then the first interval boundary
+  after it), as Kafka Streams' ``PunctuationSchedule``: the first at the first record. ``"wall"``:
+  ``cb(now)`` when the task's wall clock reaches ``now + interval`` from the schedule, then every
+  ``interval``, missed intervals skipped alike. A punctuation's forwards are records outside an
+  input record (their own provenance), and a failure in one is fatal (no record to dead-letter).
+- ``process()`` raising is a ``UserFunctionError`` under the on-error policy, all or nothing:
+  its store writes are undone and its forwards dropped when the record is dead-lettered or
+  skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from processor.records import Record
+
+__all__ = ["Processor", "Record", "Stores", "StoreBuilder", "ProcessorContext", "KeyValueStore", "Cancellable"]
+
+
+class Processor:
+    """Subclass and override ``process``; ``init`` and ``close`` are optional."""
+
+    def init(self, context: "ProcessorContext") -> None:
+        pass
+
+    def process(self, record: Record) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class StoreBuilder:
+    """What ``Stores.key_value`` returns: a store for ``StreamsBuilder.add_state_store``."""
+
+    name: str
+    key_serde: Any
+    value_serde: Any
+    kind: str = "kv"
+
+
+class Stores:
+    @staticmethod
+    def key_value(name: str, key_serde=None, value_serde=None) -> StoreBuilder:
+        """A persistent key-value store (serdes default to string keys and JSON values)."""
+        from processor.errors import TopologyError
+        from processor.serde import Serdes
+
+        if not isinstance(name, str) or not name or name.startswith("_"):
+            raise TopologyError(f"a store name is a non-empty string not starting with '_', not {name!r}")
+        return StoreBuilder(name, key_serde or Serdes.string(), value_serde or Serdes.json())
+
+
+class Cancellable:
+    """``schedule()``'s result: ``cancel()`` stops the punctuation."""
+
+    def __init__(self):
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class KeyValueStore:
+    """A state store as a user processor sees it: keys and values as objects, through the
+    store's serdes; ``range(lo, hi)`` is inclusive of both ends (Kafka Streams'), in the order
+    of the keys' bytes; ``prefix_scan(prefix)`` every key whose bytes start with the prefix's."""
+
+    def __init__(self, name, raw, key_serde, value_serde, clock: Callable[[], int]):
+        self.name = name
+        self._raw = raw
+        self._ks = key_serde
+        self._vs = value_serde
+        self._clock = clock   # the timestamp of what is being processed
+
+    def get(self, key):
+        raw = self._raw.get(self._ks.serialize(key))
+        return None if raw is None else self._vs.deserialize(raw[8:])
+
+    def put(self, key, value) -> None:
+        if value is None:
+            self.delete(key)
+            return
+        from processor.state import timestamped
+
+        self._raw.put(self._ks.serialize(key), timestamped.encode(self._clock(), self._vs.serialize(value)))
+
+    def delete(self, key):
+        kb = self._ks.serialize(key)
+        old = self._raw.get(kb)
+        if old is not None:
+            self._raw.delete(kb)
+        return None if old is None else self._vs.deserialize(old[8:])
+
+    def _pairs(self, it):
+        for k, v in it:
+            yield self._ks.deserialize(k), self._vs.deserialize(v[8:])
+
+    def range(self, from_key, to_key):
+        lo = None if from_key is None else self._ks.serialize(from_key)
+        hi = None if to_key is None else self._ks.serialize(to_key) + b"\x00"   # the next key: inclusive
+        return self._pairs(self._raw.range(lo, hi))
+
+    def prefix_scan(self, prefix):
+        pb = prefix if isinstance(prefix, bytes) else self._ks.serialize(prefix)
+        return self._pairs(self._raw.prefix(pb))
+
+    def all(self):
+        return self._pairs(self._raw.items())
+
+
+class ProcessorContext:
+    """What ``Processor.init`` receives (one per processor instance, i.e. per task)."""
+
+    def __init__(self, node):
+        self._node = node
+
+    @property
+    def task_id(self) -> str:
+        return self._node.context.task_id
+
+    @property
+    def partition(self) -> int:
+        return self._node.context.task_partition
+
+    def forward(self, record: Record) -> None:
+        """Send ``record`` to the next operators (its key, value, timestamp and headers)."""
+        self._node.forward_record(record)
+
+    def get_state_store(self, name: str) -> KeyValueStore:
+        return self._node.user_store(name)
+
+    def schedule(self, interval_ms: int, punctuation_type: str, callback: Callable[[int], None]) -> Cancellable:
+        """``punctuation_type``: ``"stream"`` (stream time) or ``"wall"`` (wall-clock time)."""
+        return self._node.schedule(interval_ms, punctuation_type, callback)
+
+    def current_stream_time_ms(self) -> int:
+        return self._node.observed_time
+
+    def current_system_time_ms(self) -> int:
+        return self._node.context.wall_clock()

@@ -1,0 +1,248 @@
+"""The Processor API (issue 29): ``KStream.process(P, stores=[...])`` with ``Stores.key_value``
+stores and punctuation on both clocks, in the test driver against plain-Python models of Kafka
+Streams' documented semantics; a ``process()`` that raises under each on-error policy."""
+
+import random
+
+import pytest
+
+from processor import Processor, Record, Stores, StreamsBuilder
+from processor.errors import TopologyError, UserFunctionError
+from processor.serde import Serdes
+from processor.testing import TopologyTestDriver
+
+
+class Dedup(Processor):
+    """Forwards a key's first value, with the value doubled; remembers every key seen."""
+
+    def init(self, context):
+        self.ctx = context
+        self.seen = context.get_state_store("seen")
+
+    def process(self, record):
+        if self.seen.get(record.key) is None:
+            self.seen.put(record.key, record.value)
+            self.ctx.forward(record._replace(value={"x2": record.value["x"] * 2}))
+
+
+def _records(seed=1, n=300, keys=40):
+    rnd = random.Random(seed)
+    return [(f"k{rnd.randrange(keys):02d}", {"x": rnd.randrange(100)}, 1000 + i) for i in range(n)]
+
+
+def dedup_topology():
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("seen", key_serde=Serdes.string(), value_serde=Serdes.json()))
+    b.stream("in").process(Dedup, stores=["seen"]).to("out")
+    return b.build()
+
+
+def test_a_processor_with_a_store_follows_the_model_and_its_store_is_a_real_store():
+    recs = _records()
+    with TopologyTestDriver(dedup_topology()) as d:
+        for k, v, ts in recs:
+            d.pipe_input("in", k, v, timestamp=ts)
+        got = [(r.key, r.value, r.timestamp) for r in d.read_output("out")]
+        first: dict = {}
+        for k, v, ts in recs:
+            first.setdefault(k, (v, ts))
+        assert got == [(k, {"x2": v["x"] * 2}, ts) for k, v, ts in recs if first[k] == (v, ts)]
+        store = d.get_store("seen")
+        assert [store.get(k) for k in sorted(first)] == [first[k][0] for k in sorted(first)]
+        # the entry's timestamp is the writing record's
+        assert [store.get_with_timestamp(k)[1] for k in sorted(first)] == [first[k][1] for k in sorted(first)]
+    desc = dedup_topology().describe()
+    assert "KSTREAM-PROCESSOR-0000000001 (stores: [seen])" in desc
+    assert "seen (kv; owner: KSTREAM-PROCESSOR-0000000001; changelog: <application-id>-seen-changelog)" in desc
+
+
+class Scanner(Processor):
+    """Puts, deletes and scans a store; forwards what range/prefix_scan/all return."""
+
+    def init(self, context):
+        self.ctx = context
+        self.store = context.get_state_store("s")
+
+    def process(self, record):
+        op, arg = record.value["op"], record.value["arg"]
+        if op == "put":
+            self.store.put(record.key, arg)
+        elif op == "delete":
+            self.ctx.forward(record._replace(value={"deleted": self.store.delete(record.key)}))
+        elif op == "range":
+            self.ctx.forward(record._replace(value=[list(kv) for kv in self.store.range(arg[0], arg[1])]))
+        elif op == "prefix":
+            self.ctx.forward(record._replace(value=[list(kv) for kv in self.store.prefix_scan(arg)]))
+        else:
+            self.ctx.forward(record._replace(value=[list(kv) for kv in self.store.all()]))
+
+
+def test_store_reads_follow_the_model_range_inclusive_prefix_scan_and_all():
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("s"))
+    b.stream("in").process(lambda: Scanner(), stores="s").to("out")
+    rnd = random.Random(5)
+    model: dict = {}
+    ops, want = [], []
+    for i in range(400):
+        k = f"{rnd.choice('ab')}{rnd.randrange(30):02d}"
+        r = rnd.random()
+        if r < 0.55:
+            ops.append((k, {"op": "put", "arg": i}))
+            model[k] = i
+        elif r < 0.7:
+            ops.append((k, {"op": "delete", "arg": None}))
+            want.append((k, {"deleted": model.pop(k, None)}))
+        elif r < 0.8:
+            lo, hi = sorted([f"a{rnd.randrange(30):02d}", f"b{rnd.randrange(30):02d}"])
+            ops.append((k, {"op": "range", "arg": [lo, hi]}))
+            want.append((k, [[x, model[x]] for x in sorted(model) if lo <= x <= hi]))
+        elif r < 0.9:
+            p = f"{rnd.choice('ab')}{rnd.randrange(3)}"
+            ops.append((k, {"op": "prefix", "arg": p}))
+            want.append((k, [[x, model[x]] for x in sorted(model) if x.startswith(p)]))
+        else:
+            ops.append((k, {"op": "all", "arg": None}))
+            want.append((k, [[x, model[x]] for x in sorted(model)]))
+    with TopologyTestDriver(b.build()) as d:
+        for i, (k, v) in enumerate(ops):
+            d.pipe_input("in", k, v, timestamp=i)
+        got = [(r.key, r.value) for r in d.read_output("out")]
+    assert got == want
+    assert any(len(v) > 3 for _, v in want if isinstance(v, list))   # scans that saw something
+
+
+class Ticker(Processor):
+    """Counts records in a store; a stream-time punctuation every 10 ms forwards the count."""
+
+    def __init__(self, clock="stream", interval=10):
+        self.clock, self.interval = clock, interval
+
+    def init(self, context):
+        self.ctx = context
+        self.store = context.get_state_store("n")
+        context.schedule(self.interval, self.clock, self.tick)
+
+    def tick(self, ts):
+        self.ctx.forward(Record("count", self.store.get("n") or 0, ts))
+
+    def process(self, record):
+        self.store.put("n", (self.store.get("n") or 0) + 1)
+
+
+def _ticker_topology(clock="stream"):
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("n"))
+    b.stream("in").process(lambda: Ticker(clock), stores=["n"]).to("ticks")
+    return b.build()
+
+
+def stream_punctuations(timestamps, interval):
+    """Kafka Streams' PunctuationSchedule on stream time: aligned to 0, fired at most once per
+    advance of stream time; the next time skips the intervals that were missed."""
+    out, nxt, stream_time, count = [], 0, -1, 0
+    for ts in timestamps:
+        count += 1
+        if ts > stream_time:
+            stream_time = ts
+            if stream_time >= nxt:
+                out.append((stream_time, count))
+                n2 = nxt + interval
+                nxt = n2 if stream_time < n2 else nxt + ((stream_time - nxt) // interval + 1) * interval
+    return out
+
+
+def test_stream_time_punctuation_follows_kafka_streams_schedule():
+    rnd = random.Random(7)
+    ts, t = [], 1
+    for _ in range(200):   # mostly forward, with jumps over several intervals and late records
+        t += rnd.choice([0, 1, 2, 3, 25, -4])
+        ts.append(max(t, 0))
+    with TopologyTestDriver(_ticker_topology()) as d:
+        for i, x in enumerate(ts):
+            d.pipe_input("in", f"k{i % 3}", {"i": i}, timestamp=x)
+        got = [(r.timestamp, r.value) for r in d.read_output("ticks")]
+    want = stream_punctuations(ts, 10)
+    assert got == want
+    assert len(want) > 20
+    assert stream_punctuations(list(range(1, 61)), 10) == [(1, 1), (10, 10), (20, 20), (30, 30), (40, 40),
+                                                          (50, 50), (60, 60)]
+
+
+def test_wall_clock_punctuation_fires_every_interval_of_the_drivers_clock():
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("n"))
+    b.stream("in").process(lambda: Ticker("wall", 100), stores=["n"]).to("ticks")
+    with TopologyTestDriver(b.build(), initial_wall_clock_ms=1000) as d:
+        d.pipe_input("in", "a", {}, timestamp=5)
+        d.advance_wall_clock(50)     # 1050: not yet (first at 1100)
+        d.advance_wall_clock(60)     # 1110
+        d.pipe_input("in", "b", {}, timestamp=6)
+        d.advance_wall_clock(350)    # 1460: once, the missed intervals skipped; next at 1500
+        d.advance_wall_clock(40)     # 1500
+        got = [(r.timestamp, r.value) for r in d.read_output("ticks")]
+    assert got == [(1110, 1), (1460, 2), (1500, 2)]
+
+
+@pytest.mark.parametrize("policy", ["dlq", "skip", "fail"])
+def test_a_process_that_raises_follows_the_on_error_policy_and_leaves_no_write(policy):
+    class Picky(Processor):
+        def init(self, context):
+            self.ctx, self.store = context, context.get_state_store("s")
+
+        def process(self, record):
+            self.store.put(record.key, record.value)       # written, then undone when it raises
+            if record.value["x"] == 13:
+                raise ValueError("unlucky")
+            self.ctx.forward(record)
+
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("s"))
+    b.stream("in").process(Picky, stores=["s"]).to("out")
+    recs = [("a", {"x": 1}), ("b", {"x": 13}), ("c", {"x": 2})]
+    with TopologyTestDriver(b.build(), on_error=policy) as d:
+        if policy == "fail":
+            with pytest.raises(UserFunctionError, match="unlucky"):
+                for i, (k, v) in enumerate(recs):
+                    d.pipe_input("in", k, v, timestamp=i)
+            return
+        for i, (k, v) in enumerate(recs):
+            d.pipe_input("in", k, v, timestamp=i)
+        assert [r.key for r in d.read_output("out")] == ["a", "c"]
+        assert d.get_store("s").get("b") is None and d.get_store("s").get("c") == {"x": 2}
+        dead = d.read_output(d.dlq_topic, Serdes.bytes(), Serdes.bytes())
+    if policy == "dlq":
+        assert [r.key for r in dead] == [b"b"]
+        assert "unlucky" in dict(dead[0].headers)["__streams.errors.message"].decode()
+    else:
+        assert dead == []
+
+
+def test_stores_must_be_added_and_connected_once():
+    b = StreamsBuilder()
+    with pytest.raises(TopologyError, match="no store 'nope' was added"):
+        b.stream("in").process(Dedup, stores=["nope"])
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("seen"))
+    b.stream("in").filter(lambda k, v: True)
+    with pytest.raises(TopologyError, match="connected to no processor"):
+        b.build()
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("seen"))
+    s = b.stream("in")
+    s.process(Dedup, stores=["seen"])
+    with pytest.raises(TopologyError, match="shared by two processors"):
+        s.process(Dedup, stores=["seen"])
+
+
+def test_a_key_change_in_process_repartitions_a_later_group_by_key():
+    class Rekey(Processor):
+        def init(self, context):
+            self.ctx = context
+
+        def process(self, record):
+            self.ctx.forward(record._replace(key=record.key[:2]))
+
+    b = StreamsBuilder()
+    b.stream("in").process(Rekey).group_by_key().count(name="c")
+    assert "-repartition" in b.build().describe()
