@@ -2,10 +2,11 @@
 
 from processor.dsl.builder import StreamsBuilder
 from processor.dsl.emit import Emit
-from processor.dsl.grouped import KGroupedStream, KGroupedTable, TimeWindowedKStream
+from processor.dsl.grouped import KGroupedStream, KGroupedTable, SessionWindowedKStream, TimeWindowedKStream
 from processor.dsl.kstream import KStream
 from processor.dsl.ktable import KTable
-from processor.dsl.windows import JoinWindows, TimeWindows
+from processor.dsl.windows import JoinWindows, SessionWindows, TimeWindows
 
 __all__ = ["StreamsBuilder", "KStream", "KTable", "KGroupedStream", "KGroupedTable", "TimeWindowedKStream",
-           "Emit", "TimeWindows", "JoinWindows"]
+           "Emit", "TimeWindows", "JoinWindows", "SessionWindows",
+           "SessionWindowedKStream"]

@@ -53,7 +53,7 @@ def _repartition(builder, parent: LogicalNode, select: LogicalNode | None, store
 
 
 def _aggregate_node(builder, parent, store, key_serde, value_serde, factory, kind, emit, windows=None,
-                    store_key_serde=None):
+                    store_key_serde=None, store_kind="window"):
     b = builder
     getter = None
     if store_key_serde is None:  # a windowed aggregate cannot be looked up by its table key
@@ -65,7 +65,7 @@ def _aggregate_node(builder, parent, store, key_serde, value_serde, factory, kin
                        attrs=AggregateAttrs(kind=kind, emit=emit, windows=windows, getter=getter))
     b.add_node(node, parent)
     b.add_store(StoreSpec(store, node.name, None, store_key_serde or key_serde, value_serde,
-                          kind="window" if store_key_serde else "aggregate"))
+                          kind=store_kind if store_key_serde else "aggregate"))
     b.add_store(StoreSpec(store + ".emitted", node.name, None, store_key_serde or key_serde, value_serde,
                           kind="emitted"))
     return node
@@ -169,12 +169,36 @@ class KGroupedStream:
         """``initializer()``, ``aggregator(key, value, agg)``; the value serde defaults to JSON."""
         return self._build("aggregate", initializer, aggregator, emit, name, value_serde or Serdes.json())
 
-    def windowed_by(self, windows) -> "TimeWindowedKStream":
-        from processor.dsl.windows import TimeWindows
+    def windowed_by(self, windows):
+        """``TimeWindows`` -> a ``TimeWindowedKStream``; ``SessionWindows`` -> a
+        ``SessionWindowedKStream``."""
+        from processor.dsl.windows import SessionWindows, TimeWindows
 
+        if isinstance(windows, SessionWindows):
+            return SessionWindowedKStream(self, windows)
         if not isinstance(windows, TimeWindows):
-            raise TopologyError(f"windowed_by takes TimeWindows.of(size)..., not {windows!r}")
+            raise TopologyError(f"windowed_by takes TimeWindows.of(size)... or SessionWindows."
+                                f"with_inactivity_gap(gap)..., not {windows!r}")
         return TimeWindowedKStream(self, windows)
+
+    def _build_sessions(self, kind, initializer, aggregator, merger, emit, name, value_serde, windows):
+        from processor.dsl.ktable import KTable
+        from processor.operators.session_aggregate import SessionWindowedStreamAggregate
+        from processor.serde.windowed import SessionWindowedSerde
+
+        emit = _check_emit(emit, windowed=True)
+        b = self._stream._builder
+        store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
+        b.check_store_names_free(store)
+        parent = self._input(store)
+        ks = self.key_serde
+        session_keys = SessionWindowedSerde(ks)
+        node = _aggregate_node(
+            b, parent, store, ks, value_serde,
+            lambda n: SessionWindowedStreamAggregate(n.name, store, ks, value_serde, emit, initializer, aggregator,
+                                                     merger, windows),
+            kind, emit, windows, store_key_serde=session_keys, store_kind="session")
+        return KTable(b, node, session_keys, value_serde, store_name=store)
 
 
 class TimeWindowedKStream:
@@ -197,3 +221,32 @@ class TimeWindowedKStream:
                   value_serde=None):
         return self._grouped._build("aggregate", initializer, aggregator, emit, name,
                                     value_serde or Serdes.json(), self.windows)
+
+
+def _merge_counts(key, a, b):
+    return a + b
+
+
+class SessionWindowedKStream:
+    """``group_by_key().windowed_by(SessionWindows.with_inactivity_gap(gap).grace(ms))``: one
+    aggregate per session of a key; result keys ``Windowed(key, start, end)``, ``end`` the
+    session's last record time (inclusive). Sessions merged into another are tombstoned."""
+
+    def __init__(self, grouped: KGroupedStream, windows):
+        self._grouped = grouped
+        self.windows = windows
+
+    def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
+        return self._grouped._build_sessions("count", _count_init, _count_add, _merge_counts, emit, name,
+                                             value_serde or Serdes.json(), self.windows)
+
+    def reduce(self, reducer, emit: Emit | None = None, name: str | None = None, value_serde=None):
+        """``reducer(agg, value)``; merging two sessions is ``reducer(agg1, agg2)``."""
+        return self._grouped._build_sessions("reduce", None, reducer, reducer, emit, name,
+                                             value_serde or self._grouped.value_serde, self.windows)
+
+    def aggregate(self, initializer, aggregator, merger, emit: Emit | None = None, name: str | None = None,
+                  value_serde=None):
+        """``initializer()``, ``aggregator(key, value, agg)``, ``merger(key, agg1, agg2)``."""
+        return self._grouped._build_sessions("aggregate", initializer, aggregator, merger, emit, name,
+                                             value_serde or Serdes.json(), self.windows)

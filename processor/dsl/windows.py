@@ -44,3 +44,24 @@ class JoinWindows:
         if grace_ms < 0:
             raise ValueError("grace must be >= 0")
         return replace(self, grace_ms=grace_ms)
+
+
+@dataclass(frozen=True)
+class SessionWindows:
+    """Sessions of one key separated by at least ``gap_ms`` of inactivity (Kafka Streams'
+    ``SessionWindows.ofInactivityGapAndGrace``); ``grace_ms``: how long after a session's close
+    (end + gap) a record may still join it."""
+
+    gap_ms: int
+    grace_ms: int = 0
+
+    @staticmethod
+    def with_inactivity_gap(gap_ms: int) -> "SessionWindows":
+        if gap_ms <= 0:
+            raise ValueError("the inactivity gap must be positive")
+        return SessionWindows(gap_ms)
+
+    def grace(self, grace_ms: int) -> "SessionWindows":
+        if grace_ms < 0:
+            raise ValueError("grace must be >= 0")
+        return replace(self, grace_ms=grace_ms)

@@ -282,6 +282,13 @@ class Serdes:
         return RegistryAvroSerde(schema, registry, auto_register)
 
     @staticmethod
+    def session_windowed(inner: Serde):
+        """Keys of a session-windowed aggregate: ``{inner key bytes}{8-byte BE end}{8-byte BE start}``."""
+        from processor.serde.windowed import SessionWindowedSerde
+
+        return SessionWindowedSerde(inner)
+
+    @staticmethod
     def windowed(inner: Serde, size_ms: int):
         """Keys of a windowed aggregate: ``{inner key bytes}{8-byte BE window start}``."""
         from processor.serde.windowed import WindowedSerde

@@ -15,7 +15,7 @@ import random
 import pytest
 
 import backfill
-from processor import Emit, JoinWindows, Stores, StreamsBuilder, TimeWindows
+from processor import Emit, JoinWindows, SessionWindows, Stores, StreamsBuilder, TimeWindows
 from processor.serde import Serdes
 from processor.kafka import clients as kafka
 from processor.state.rocksdb import RocksDBDatabase
@@ -181,11 +181,22 @@ def processor_api(t):
     return b.build()
 
 
+def session_windows(t):
+    b = StreamsBuilder()
+    w = b.stream(t["s"]).group_by_key().windowed_by(SessionWindows.with_inactivity_gap(12).grace(30))
+    w.count(name="sessions").to_stream().to(t["out"])
+    w.aggregate(lambda: 0, lambda k, v, agg: agg + v["x"], lambda k, a, c: a + c, emit=Emit.on_window_close(),
+                name="session-sums").to_stream().to(t["out2"])
+    return b.build()
+
+
 def _history(case, rnd):
     if case in ("filter_map", "table_aggregates", "table_aggregate_every", "self_joins"):
         return interleave(rnd, {"a": table_history(rnd, 1500, 120)})
     if case in ("stream_aggregates", "windowed", "stream_stream", "stream_operators", "processor_api"):
         return interleave(rnd, {"s": stream_history(rnd, 1500, 30)})
+    if case == "session_windows":   # sparse keys: sessions open, merge and close
+        return interleave(rnd, {"s": stream_history(rnd, 1500, 120)})
     if case == "pk_joins":
         return interleave(rnd, {"a": table_history(rnd, 1200, 100), "c": table_history(rnd, 800, 100)})
     if case == "stream_table":
@@ -216,6 +227,7 @@ CASES = {
     "stream_operators": (stream_operators, 3, ()),
     # one partition: stream-time punctuation follows the task's records
     "processor_api": (processor_api, 1, ()),
+    "session_windows": (session_windows, 1, ()),
 }
 
 

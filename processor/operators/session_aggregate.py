@@ -1,0 +1,129 @@
+"""Session-windowed stream aggregation (Kafka Streams' ``KStreamSessionWindowAggregate``).
+
+Invariant: the store (key layout ``processor/state/session_key.py``) holds, per key, sessions
+that never overlap within the inactivity gap: a record at ``ts`` merges every session of its key
+that ends at or after ``ts - gap`` and starts at or before ``ts + gap`` (their aggregates folded
+into ``initializer()`` with ``merger(key, agg, session_agg)``, in the store's order: by end),
+together with itself, into one session ``[min start, max end]``; the merged sessions are removed
+(and their emitted results tombstoned under the emission policy), then ``aggregator(key, value,
+agg)`` gives the new session's aggregate. Stream time (as ``operators/aggregate.py``) closes a
+session once ``end < stream time - grace - gap``: a record whose merged session would already be
+closed is dropped (``late_records_dropped``); closed sessions are emitted under
+``Emit.on_window_close`` and purged from both columns. Result keys are ``Windowed(key, start,
+end)`` with ``end`` the session's last record time (inclusive); a session's result (and the
+tombstone of a session merged away) carries its end as timestamp, as in Kafka Streams.
+"""
+
+from __future__ import annotations
+
+from processor.operators.aggregate import TS, StreamAggregate
+from processor.records import Windowed
+from processor.state import session_key, timestamped
+from processor.state.store import prefix_upper_bound
+
+
+class SessionWindowedStreamAggregate(StreamAggregate):
+    kind = "session-aggregate"
+
+    def __init__(self, name, store_name, key_serde, value_serde, emit, initializer, aggregator, merger, windows):
+        super().__init__(name, store_name, key_serde, value_serde, emit, initializer, aggregator)
+        self.merger = merger
+        self.gap = windows.gap_ms
+        self.grace = windows.grace_ms
+        self.punctuates_stream = True   # sessions close on stream time
+        self.late_records_dropped = 0
+        self.sessions_merged = 0
+        self.sessions_closed = 0
+        self._earliest_end: int | None = None
+
+    def init(self, context):
+        super().init(context)
+        ends = [session_key.decode(k)[2] for k, _ in self.store.items()]
+        self._earliest_end = min(ends) if ends else None
+
+    def _key_of(self, sk):
+        kb, start, end = session_key.decode(sk)
+        return Windowed(self.key_serde.deserialize(kb), start, end)
+
+    def _merge(self, key, agg, other):
+        if self.initializer is None:   # reduce: the merger is the reducer
+            return other if agg is None else self._call(self.merger, agg, other)
+        return self._call(self.merger, key, agg, other)
+
+    def process(self, key, value, timestamp):
+        if key is None or value is None:
+            self.skipped_null += 1
+            return
+        self.records_in += 1
+        advanced = self._observe(timestamp)
+        try:
+            kb = self.key_serde.serialize(key)
+        except Exception as exc:
+            raise self.serialize_error(self.key_serde, key, "group key", exc) from exc
+        close_time = self.observed_time - self.grace - self.gap
+        start, end = timestamp, timestamp
+        agg = None if self.initializer is None else self._call(self.initializer)
+        merged = []
+        lo = session_key.end_bound(kb, max(timestamp - self.gap, 0))
+        for sk, raw in self.store.range(lo, prefix_upper_bound(kb)):
+            if len(sk) != len(kb) + session_key.TIMES_SIZE:
+                continue   # a longer key sharing this key's bytes as a prefix
+            _, s_start, s_end = session_key.decode(sk)
+            if s_start > timestamp + self.gap:
+                continue
+            merged.append((sk, raw))
+            agg = self._merge(key, agg, self.value_serde.deserialize(raw[TS:]))
+            start, end = min(start, s_start), max(end, s_end)
+        if end < close_time:
+            self.late_records_dropped += 1
+            self._after(advanced)
+            return
+        new_sk = session_key.encode(kb, start, end)
+        for sk, raw in merged:
+            if sk != new_sk:   # merged into the new session: removed, its emitted result tombstoned
+                self.store.delete(sk)
+                if self.emit.mode != "on_window_close":
+                    s_end = session_key.decode(sk)[2]
+                    self.emitter.updated(sk, None, s_end, s_end)
+                self.emitter.forget(sk)
+                self.sessions_merged += 1
+        if self.initializer is None:
+            agg = value if agg is None else self._call(self.aggregator, agg, value)
+        else:
+            agg = self._call(self.aggregator, key, value, agg)
+        raw = self.store.get(new_sk)
+        self._put(new_sk, raw, agg, end)   # a session's result carries its end, as in Kafka Streams
+        if self._earliest_end is None or end < self._earliest_end:
+            self._earliest_end = end
+        self._after(advanced)
+
+    def punctuate_stream(self, stream_time: int) -> None:
+        if self.emit.mode == "every" and self.emit.clock == "stream":
+            self.emitter.punctuate(stream_time)
+        self._close_sessions(stream_time - self.grace - self.gap)
+
+    def _close_sessions(self, close_time: int) -> None:
+        if self._earliest_end is None or self._earliest_end >= close_time:
+            return
+        final = self.emit.mode == "on_window_close"
+        closed, earliest = [], None
+        for sk, raw in self.store.items():
+            end = session_key.decode(sk)[2]
+            if end < close_time:
+                closed.append((end, session_key.decode(sk)[1], sk, raw))
+            elif earliest is None or end < earliest:
+                earliest = end
+        closed.sort()   # in the order they closed: by end, then start
+        for _, _, sk, raw in closed:
+            if final:
+                self.emitter.window_closed(sk, raw[TS:], timestamped.timestamp_of(raw))
+            else:
+                self.emitter.emit_pending(sk)
+            self.store.delete(sk)
+            self.emitter.forget(sk)
+        self.sessions_closed += len(closed)
+        self._earliest_end = earliest
+
+    def metrics(self):
+        return {**super().metrics(), "late_records_dropped": self.late_records_dropped,
+                "sessions_merged": self.sessions_merged, "sessions_closed": self.sessions_closed}
