@@ -172,14 +172,35 @@ class KGroupedStream:
     def windowed_by(self, windows):
         """``TimeWindows`` -> a ``TimeWindowedKStream``; ``SessionWindows`` -> a
         ``SessionWindowedKStream``."""
-        from processor.dsl.windows import SessionWindows, TimeWindows
+        from processor.dsl.windows import SessionWindows, SlidingWindows, TimeWindows
 
         if isinstance(windows, SessionWindows):
             return SessionWindowedKStream(self, windows)
+        if isinstance(windows, SlidingWindows):
+            return SlidingWindowedKStream(self, windows)
         if not isinstance(windows, TimeWindows):
-            raise TopologyError(f"windowed_by takes TimeWindows.of(size)... or SessionWindows."
-                                f"with_inactivity_gap(gap)..., not {windows!r}")
+            raise TopologyError(f"windowed_by takes TimeWindows.of(size)..., SessionWindows."
+                                f"with_inactivity_gap(gap)... or SlidingWindows.of_time_difference_and_grace"
+                                f"(diff, grace), not {windows!r}")
         return TimeWindowedKStream(self, windows)
+
+    def _build_sliding(self, kind, initializer, aggregator, emit, name, value_serde, windows):
+        from processor.dsl.ktable import KTable
+        from processor.operators.sliding_aggregate import SlidingWindowedStreamAggregate
+        from processor.state.sliding_key import SlidingStoreKeySerde
+
+        emit = _check_emit(emit, windowed=True)
+        b = self._stream._builder
+        store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
+        b.check_store_names_free(store)
+        parent = self._input(store)
+        ks = self.key_serde
+        node = _aggregate_node(
+            b, parent, store, ks, value_serde,
+            lambda n: SlidingWindowedStreamAggregate(n.name, store, ks, value_serde, emit, initializer, aggregator,
+                                                     windows),
+            kind, emit, windows, store_key_serde=SlidingStoreKeySerde(ks, windows.diff_ms), store_kind="window")
+        return KTable(b, node, Serdes.windowed(ks, windows.diff_ms), value_serde, store_name=store)
 
     def _build_sessions(self, kind, initializer, aggregator, merger, emit, name, value_serde, windows):
         from processor.dsl.ktable import KTable
@@ -250,3 +271,25 @@ class SessionWindowedKStream:
         """``initializer()``, ``aggregator(key, value, agg)``, ``merger(key, agg1, agg2)``."""
         return self._grouped._build_sessions("aggregate", initializer, aggregator, merger, emit, name,
                                              value_serde or Serdes.json(), self.windows)
+
+
+class SlidingWindowedKStream:
+    """``group_by_key().windowed_by(SlidingWindows.of_time_difference_and_grace(diff, grace))``
+    (KIP-450); result keys ``Windowed(key, start, start + diff)``."""
+
+    def __init__(self, grouped: KGroupedStream, windows):
+        self._grouped = grouped
+        self.windows = windows
+
+    def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
+        return self._grouped._build_sliding("count", _count_init, _count_add, emit, name,
+                                            value_serde or Serdes.json(), self.windows)
+
+    def reduce(self, reducer, emit: Emit | None = None, name: str | None = None, value_serde=None):
+        return self._grouped._build_sliding("reduce", None, reducer, emit, name,
+                                            value_serde or self._grouped.value_serde, self.windows)
+
+    def aggregate(self, initializer, aggregator, emit: Emit | None = None, name: str | None = None,
+                  value_serde=None):
+        return self._grouped._build_sliding("aggregate", initializer, aggregator, emit, name,
+                                            value_serde or Serdes.json(), self.windows)

@@ -65,3 +65,25 @@ class SessionWindows:
         if grace_ms < 0:
             raise ValueError("grace must be >= 0")
         return replace(self, grace_ms=grace_ms)
+
+
+@dataclass(frozen=True)
+class SlidingWindows:
+    """KIP-450 sliding windows: ``[start, start + diff_ms]`` (both ends inclusive), one per
+    distinct set of a key's records that fit in ``diff_ms``; ``grace_ms``: how long after a
+    window's end a record may still join it."""
+
+    diff_ms: int
+    grace_ms: int
+
+    @staticmethod
+    def of_time_difference_and_grace(diff_ms: int, grace_ms: int) -> "SlidingWindows":
+        if diff_ms <= 0:
+            raise ValueError("the time difference must be positive")
+        if grace_ms < 0:
+            raise ValueError("grace must be >= 0")
+        return SlidingWindows(diff_ms, grace_ms)
+
+    @staticmethod
+    def of_time_difference_without_grace(diff_ms: int) -> "SlidingWindows":
+        return SlidingWindows.of_time_difference_and_grace(diff_ms, 0)

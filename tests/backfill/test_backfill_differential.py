@@ -15,7 +15,7 @@ import random
 import pytest
 
 import backfill
-from processor import Emit, JoinWindows, SessionWindows, Stores, StreamsBuilder, TimeWindows
+from processor import Emit, JoinWindows, SessionWindows, SlidingWindows, Stores, StreamsBuilder, TimeWindows
 from processor.serde import Serdes
 from processor.kafka import clients as kafka
 from processor.state.rocksdb import RocksDBDatabase
@@ -190,12 +190,21 @@ def session_windows(t):
     return b.build()
 
 
+def sliding_windows(t):
+    b = StreamsBuilder()
+    w = b.stream(t["s"]).group_by_key().windowed_by(SlidingWindows.of_time_difference_and_grace(15, 20))
+    w.count(name="sliding").to_stream().to(t["out"])
+    w.aggregate(lambda: 0, lambda k, v, agg: agg + v["x"], emit=Emit.on_window_close(),
+                name="sliding-sums").to_stream().to(t["out2"])
+    return b.build()
+
+
 def _history(case, rnd):
     if case in ("filter_map", "table_aggregates", "table_aggregate_every", "self_joins"):
         return interleave(rnd, {"a": table_history(rnd, 1500, 120)})
     if case in ("stream_aggregates", "windowed", "stream_stream", "stream_operators", "processor_api"):
         return interleave(rnd, {"s": stream_history(rnd, 1500, 30)})
-    if case == "session_windows":   # sparse keys: sessions open, merge and close
+    if case in ("session_windows", "sliding_windows"):   # sparse keys: windows open, merge and close
         return interleave(rnd, {"s": stream_history(rnd, 1500, 120)})
     if case == "pk_joins":
         return interleave(rnd, {"a": table_history(rnd, 1200, 100), "c": table_history(rnd, 800, 100)})
@@ -228,6 +237,7 @@ CASES = {
     # one partition: stream-time punctuation follows the task's records
     "processor_api": (processor_api, 1, ()),
     "session_windows": (session_windows, 1, ()),
+    "sliding_windows": (sliding_windows, 1, ()),
 }
 
 

@@ -1,0 +1,108 @@
+"""Sliding windows (KIP-450, issue 29) in the test driver against a plain-Python model of the
+documented semantics: a key's windows are ``[s, s + diff]`` for ``s`` in {each record time
+``t - diff`` (``t >= diff``)} ∪ {0, if a record is earlier than ``diff``} ∪ {``t + 1`` for each
+record time ``t`` with a record in ``(t, t + 1 + diff]``}, each aggregating exactly the records
+inside it, whatever the arrival order within grace (hypothesis draws times and orders)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from processor import Emit, SlidingWindows, StreamsBuilder, Windowed
+from processor.testing import TopologyTestDriver
+
+
+def model_windows(events, diff):
+    """``[(key, ts, x)]`` -> ``{Windowed(key, s, s + diff): (count, sum of x, max ts)}``."""
+    out = {}
+    for key in sorted({k for k, _, _ in events}):
+        times = [(ts, x) for k, ts, x in events if k == key]
+        ts_set = sorted({t for t, _ in times})
+        starts = {t - diff for t in ts_set if t >= diff}
+        if any(t < diff for t in ts_set):
+            starts.add(0)
+        starts |= {t + 1 for t in ts_set if any(t < u <= t + 1 + diff for u in ts_set)}
+        for s in starts:
+            inside = [(t, x) for t, x in times if s <= t <= s + diff]
+            out[Windowed(key, s, s + diff)] = (len(inside), sum(x for _, x in inside), max(t for t, _ in inside))
+    return out
+
+
+def topology(diff, grace, emit=None):
+    b = StreamsBuilder()
+    w = b.stream("in").group_by_key().windowed_by(SlidingWindows.of_time_difference_and_grace(diff, grace))
+    w.count(emit=emit, name="n").to_stream().to("counts")
+    w.aggregate(lambda: 0, lambda k, v, agg: agg + v["x"], emit=emit, name="sum").to_stream().to("sums")
+    w.reduce(lambda a, b: {"x": a["x"] + b["x"]}, emit=emit, name="red")
+    return b.build()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 120), st.integers(1, 9)),
+                min_size=1, max_size=40),
+       st.integers(1, 30), st.randoms(use_true_random=False))
+def test_windows_are_the_models_whatever_the_arrival_order_within_grace(events, diff, rnd):
+    order = list(events)
+    rnd.shuffle(order)
+    want = model_windows(events, diff)
+    with TopologyTestDriver(topology(diff, grace=10_000)) as d:
+        for k, ts, x in order:
+            d.pipe_input("in", k, {"x": x}, timestamp=ts)
+        n, s, red = d.get_store("n"), d.get_store("sum"), d.get_store("red")
+        stored = sorted(n._key_serde.deserialize(k) for st_ in n._stores for k, _ in st_.items())
+        assert stored == sorted(want)
+        assert [n.get_with_timestamp(w) for w in sorted(want)] == [(want[w][0], want[w][2]) for w in sorted(want)]
+        assert [s.get(w) for w in sorted(want)] == [want[w][1] for w in sorted(want)]
+        assert [red.get(w) for w in sorted(want)] == [{"x": want[w][1]} for w in sorted(want)]
+        last = {}
+        for r in d.read_output("counts"):
+            last[r.key] = r.value
+        assert sorted(last.items()) == sorted((w, c) for w, (c, _, _) in want.items())
+
+
+def test_kip_450_example_in_order():
+    """Records at 10, 15, 20 with diff 10: left windows [0,10], [5,15], [10,20] and right
+    windows [11,21] (of 10: 15 and 20 fall in it) and [16,26] (of 15: 20 falls in it)."""
+    with TopologyTestDriver(topology(10, grace=100)) as d:
+        for ts in (10, 15, 20):
+            d.pipe_input("in", "a", {"x": 1}, timestamp=ts)
+        last = {}
+        for r in d.read_output("counts"):
+            last[r.key] = r.value
+    assert last == {Windowed("a", 0, 10): 1, Windowed("a", 5, 15): 2, Windowed("a", 10, 20): 3,
+                    Windowed("a", 11, 21): 2, Windowed("a", 16, 26): 1}
+
+
+def test_on_window_close_emits_each_window_once_and_late_records_are_dropped():
+    events = [("a", t, 1) for t in (100, 103, 111, 130, 131, 160)]
+    with TopologyTestDriver(topology(10, grace=5, emit=Emit.on_window_close())) as d:
+        for k, ts, x in events:
+            d.pipe_input("in", k, {"x": x}, timestamp=ts)
+        d.pipe_input("in", "b", {"x": 1}, timestamp=1000)   # closes every window of a
+        d.pipe_input("in", "a", {"x": 1}, timestamp=150)    # 150 + 1 + 10 <= 1000 - 5: too late
+        got = [(r.key, r.value) for r in d.read_output("counts")]
+        node = next(n for n in d.topology.nodes if "n" in n.stores)
+        metrics = d.tasks[0].metrics()[node.name]
+    want = model_windows(events, 10)
+    assert got == sorted(((w, c) for w, (c, _, _) in want.items()), key=lambda wc: (wc[0].end, wc[0].start))
+    assert metrics["late_records_dropped"] == 1
+    assert metrics["windows_closed"] == len(want)
+
+
+def test_closed_windows_are_purged_after_twice_the_difference():
+    with TopologyTestDriver(topology(10, grace=0)) as d:
+        for ts in (100, 105):
+            d.pipe_input("in", "a", {"x": 1}, timestamp=ts)
+        n = d.get_store("n")
+        d.pipe_input("in", "b", {"x": 1}, timestamp=112)   # close 112: [90,100] and [95,105] closed
+        assert n.get(Windowed("a", 90, 100)) is None       # end 100 < 112 - 10: purged
+        assert n.get(Windowed("a", 95, 105)) == 2          # end 105 >= 102: kept (a record may need it)
+        d.pipe_input("in", "b", {"x": 1}, timestamp=200)   # 105 < 200 - 10: purged
+        assert n.get(Windowed("a", 95, 105)) is None and n.get(Windowed("a", 101, 111)) is None
+
+
+def test_sliding_windows_are_declared_checked():
+    with pytest.raises(ValueError):
+        SlidingWindows.of_time_difference_and_grace(0, 5)
+    with pytest.raises(ValueError):
+        SlidingWindows.of_time_difference_and_grace(5, -1)
