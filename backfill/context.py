@@ -39,6 +39,8 @@ class JobContext:
         self.internal_ends: dict = {}     # (internal topic, partition) -> end
         self.changelog_ends: dict = {}    # (changelog topic, partition) -> end before the backfill
         self.output_ends: dict = {}       # (user sink topic, partition) -> (start, end) (--emit-outputs)
+        # the global tables at the snapshot, the same for every task: {store: [(key, stored bytes)]}
+        self.global_tables: dict = {}
         # the table sources reduced to their last real changes (backfill.compaction); the job
         # sets it once it knows which sink topics already hold records
         self.compacted = set(compaction_plan(topo, emit_outputs, held_outputs=topo.sink_topics(internal=False)))
@@ -57,6 +59,18 @@ class JobContext:
         # foreign-key subscription topics (their sinks route like the right table)
         self.subscription_topics = {n.sink_topic for n in topo.nodes
                                     if n.sink_topic and getattr(n.attrs, "route_like", None)}
+
+    def global_stores(self) -> dict | None:
+        """A task's view of the global tables (its own copies: a task only reads them)."""
+        if not self.global_tables:
+            return None
+        from processor.state.memory import MemoryStore
+
+        out = {}
+        for name, entries in self.global_tables.items():
+            store = out[name] = MemoryStore(name)
+            store.put_all(entries)
+        return out
 
     def tasks_of(self, sub: int) -> int:
         return max(self.counts[t] for t in self.topo.source_topics(sub))

@@ -196,3 +196,26 @@ def commit_group_offsets(bootstrap_servers, application_id, snapshot, internal_e
             c.commit(offsets=offsets, asynchronous=False)
     finally:
         c.close()
+
+
+def read_global_tables(bootstrap_servers, topo, offsets: dict, consumer_config=None) -> tuple[dict, int]:
+    """The global tables at the snapshot: ``({store: [(key, stored bytes)]}, records read)``,
+    each topic read whole up to its snapshot end by the worker's rule
+    (``processor/engine/global_tables.py``), so every task joins what a worker bootstrapped to
+    the same offsets would hold."""
+    from backfill.range_reader import Range, iter_range
+    from processor.engine.global_tables import apply_global_record
+    from processor.state.memory import MemoryStore
+
+    tables, n = {}, 0
+    for g in topo.global_stores.values():
+        store = MemoryStore(g.name)
+        for (topic, partition), (start, end) in sorted(offsets.items()):
+            if topic != g.topic or end <= start:
+                continue
+            for msgs in iter_range(bootstrap_servers, Range(topic, partition, start, end), consumer_config):
+                for m in msgs:
+                    apply_global_record(store, g, m.key(), m.value(), m.timestamp()[1])
+                    n += 1
+        tables[g.name] = sorted(store.items())
+    return tables, n

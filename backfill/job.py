@@ -85,6 +85,7 @@ class BackfillReport:
     rows_read: int = 0                           # input records read from history
     rows_replayed: int = 0                       # of those, fed to the tasks (after compaction)
     compaction: dict = field(default_factory=dict)   # source topic -> mode (README "Backfill")
+    global_records: int = 0                      # global table records read (to the snapshot)
     records_processed: int = 0                   # every record a task processed (incl. internal)
     rows_per_store: dict = field(default_factory=dict)   # store -> entries (all tasks)
     tasks: int = 0
@@ -106,6 +107,9 @@ class BackfillReport:
         for t, mode in sorted(self.compaction.items()):
             out.append(f"  source {t}: {mode}")
         out.append(f"  rows read {self.rows_read}, replayed after compaction {self.rows_replayed}")
+        if self.global_records:
+            out.append(f"  global tables: {self.global_records} records read to the snapshot, the same table "
+                       f"given to every task")
         if self.subscriptions_superseded:
             out.append(f"  foreign-key subscription records superseded within a run (not sent): "
                        f"{self.subscriptions_superseded}")
@@ -206,6 +210,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
     counts = kafka.topic_partitions(bootstrap_servers)
     sources = list(dict.fromkeys(topo.external_source_topics()))
     wanted = sources + (topo.sink_topics(internal=False) if emit_outputs else [])
+    wanted += topo.global_topics()
     missing = sorted({t for t in wanted if t not in counts})
     if missing:
         raise ConfigError(f"topic(s) {', '.join(missing)} do not exist on {bootstrap_servers}; "
@@ -275,8 +280,8 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
                                    sampling_config, application_id)
             user_sinks = topo.sink_topics(internal=False) if emit_outputs else []
             everything = snapshot_offsets(bootstrap_servers,
-                                          sources + list(internal_counts) + list(changelog_topics) + user_sinks,
-                                          consumer_config=consumer_config)
+                                          sources + list(internal_counts) + list(changelog_topics) + user_sinks
+                                          + topo.global_topics(), consumer_config=consumer_config)
             choices = sampling.result()
         snapshot = {tp: r for tp, r in everything.items() if tp[0] in set(sources)}
         internal_ends = {tp: e for tp, (_, e) in everything.items() if tp[0] in internal_counts}
@@ -293,6 +298,9 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
                          producer_config or {}, emit_outputs, build_databases=state_dir is not None,
                          local_root=str(build_root) if session.is_local(spark) else None)
         ctx.snapshot, ctx.internal_ends, ctx.changelog_ends = snapshot, internal_ends, changelog_ends
+        if topo.global_stores:   # every task gets the same global tables: their topics at the snapshot
+            ctx.global_tables, report.global_records = handoff.read_global_tables(
+                bootstrap_servers, topo, everything, consumer_config)
         # the user sink topics' ends (--emit-outputs): a table sink gets a tombstone only for a
         # key it already holds
         ctx.output_ends = {tp: r for tp, r in everything.items() if tp[0] in user_sinks}

@@ -176,7 +176,8 @@ class TaskRun:
         task = Task(ctx.topo, spec.sub, partition, stores, collector, lambda: int(time.time() * 1000),
                     on_error=ctx.on_error, dlq_topic=ctx.dlq, routing=ctx.routing,
                     max_record_bytes=max_record_bytes_of(ctx.producer_config), journal=journal,
-                    topic_exists=ctx.counts.__contains__)   # the topics at the snapshot
+                    topic_exists=ctx.counts.__contains__,   # the topics at the snapshot
+                    global_stores=ctx.global_stores())
         n = 0
         for kind, topic, part, key, value, ts, headers, origin, seq, phase in merge(streams):
             if kind == "input":

@@ -199,3 +199,15 @@ def getter_spec(node) -> GetterSpec | None:
     looked up (a stream, a windowed aggregate)."""
     a = node.attrs
     return a.getter if isinstance(a, (TableSourceAttrs, TableAttrs)) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class UserProcessorAttrs(NodeAttrs):
+    """``KStream.process(P, stores=[...])``: a user processor (it may punctuate on the wall clock)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GlobalJoinAttrs(NodeAttrs):
+    """A stream joined with a global table: ``global_store`` names the global store it reads."""
+
+    global_store: str

@@ -98,10 +98,16 @@ class TopologyTestDriver:
         self._queue: deque = deque()
         self._sub_of_topic = topology.subtopology_of_topic()
         collector = _MemoryCollector(self)
+        # global tables: one store each, shared by every task, updated as their topics are piped
+        from processor.state.memory import MemoryStore
+
+        self.global_stores = {name: MemoryStore(name) for name in topology.global_stores}
+        self._global_of_topic = {g.topic: g for g in topology.global_stores.values()}
         self.tasks = [
             Task(topology, sub, 0, MemoryStores(), collector, lambda: self.wall_clock_ms,
                  on_error=on_error, dlq_topic=self.dlq_topic,
-                 topic_exists=None if topics is None else set(topics).__contains__)
+                 topic_exists=None if topics is None else set(topics).__contains__,
+                 global_stores=self.global_stores)
             for sub in range(len(topology.subtopologies))
         ]
         self._closed = False
@@ -109,6 +115,11 @@ class TopologyTestDriver:
     # -- input ---------------------------------------------------------------------------------
     def pipe_input(self, topic: str, key, value, timestamp: int | None = None, headers=None) -> None:
         """Serialize with the source's serdes and process, to completion."""
+        if topic in self._global_of_topic:
+            g = self._global_of_topic[topic]
+            kb, vb = g.key_serde.serialize(key), None if value is None else g.value_serde.serialize(value)
+            self.pipe_raw(topic, kb, vb, timestamp, headers)
+            return
         if topic not in self._sub_of_topic:
             raise ConfigError(f"topic {topic!r} is not a source of this topology "
                               f"(sources: {sorted(self._sub_of_topic)})")
@@ -121,6 +132,12 @@ class TopologyTestDriver:
                  headers=None) -> None:
         """Process a record given as bytes (for poison-record tests)."""
         ts = self.wall_clock_ms if timestamp is None else timestamp
+        if topic in self._global_of_topic:   # a global table's record: applied at once, as a host's
+            from processor.engine.global_tables import apply_global_record
+
+            apply_global_record(self.global_stores[self._global_of_topic[topic].name],
+                                self._global_of_topic[topic], key, value, ts)
+            return
         self._queue.append((topic, key, value, ts, headers))
         self._drain()
 

@@ -17,6 +17,7 @@ class StreamsBuilder:
         self._nodes: list[LogicalNode] = []
         self._stores: dict[str, StoreSpec] = {}
         self._user_stores: dict = {}   # Processor API stores added, connected by process()
+        self._global_stores: dict = {}  # global tables: {store name: GlobalStoreSpec}
         self._index = 0
         self._built = False
 
@@ -159,6 +160,26 @@ class StreamsBuilder:
                                  key_serde=key_serde, value_serde=value_serde))
         return KTable(self, node, key_serde, value_serde, store_name=store)
 
+    def global_table(self, topic: str, key_serde=None, value_serde=None, name: str | None = None):
+        """A table every host holds whole (all partitions of ``topic``, outside the tasks),
+        bootstrapped to the topic's end before any task processes a record, then kept current;
+        the topic is its changelog. Streams join it by a key selector (``KStream.join``)."""
+        from processor.dsl.global_table import GlobalKTable
+        from processor.topology.nodes import GlobalStoreSpec
+
+        key_serde = key_serde or Serdes.string()
+        value_serde = value_serde or Serdes.json()
+        store = name or f"{topic}-GLOBAL-STORE-{self._index:010d}"
+        self._index += 1
+        self.check_store_names_free(store)
+        if store in self._global_stores:
+            raise TopologyError(f"store name {store!r} is used twice")
+        if any(g.topic == topic for g in self._global_stores.values()) or \
+                any(n.source_topic == topic for n in self._nodes):
+            raise TopologyError(f"topic {topic!r} is read twice: a global table's topic is read by it alone")
+        self._global_stores[store] = GlobalStoreSpec(store, topic, key_serde, value_serde)
+        return GlobalKTable(store, topic, key_serde, value_serde)
+
     def _repartitioned_input(self, topic, node_name, key_serde, value_serde, require_key: bool) -> str:
         """source(topic) [-> require a key] -> sink(<node name>-repartition); returns the internal
         topic. Records that do not deserialize (and, for a table, have no key) are poison at the
@@ -196,4 +217,5 @@ class StreamsBuilder:
             raise TopologyError(f"store(s) {', '.join(unconnected)} added but connected to no processor "
                                 f"(KStream.process(P, stores=[...]))")
         self._built = True
-        return Topology(self._nodes, self._stores, optimize=optimize, reuse_source_topics=reuse_source_topics)
+        return Topology(self._nodes, self._stores, optimize=optimize, reuse_source_topics=reuse_source_topics,
+                        global_stores=self._global_stores)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from processor.dsl.repartition import repartition_through
 from processor.errors import TopologyError
-from processor.graph import GetterSpec, SinkAttrs, TableAttrs
+from processor.graph import GetterSpec, GlobalJoinAttrs, SinkAttrs, TableAttrs, UserProcessorAttrs
 from processor.operators.filter import StreamFilter
+from processor.operators.global_join import StreamGlobalTableJoin
 from processor.operators.map_values import StreamMapValues
 from processor.operators.sink import PassThrough, Sink
 from processor.operators.stream_map import (StreamBranch, StreamFlatMap, StreamFlatMapValues, StreamMap,
@@ -81,7 +82,7 @@ class KStream:
         b = self._builder
         node_name = b.new_name("KSTREAM-PROCESSOR", name)
         specs = {s: b.connect_user_store(s, node_name) for s in stores}
-        node = LogicalNode(name=node_name, kind="processor", stores=list(specs),
+        node = LogicalNode(name=node_name, kind="processor", stores=list(specs), attrs=UserProcessorAttrs(),
                            factory=lambda n: UserProcessor(n.name, processor, specs))
         b.add_node(node, self._node)
         return KStream(b, node, self.key_serde, self.value_serde, True)
@@ -171,9 +172,14 @@ class KStream:
         return KGroupedStream(self, selector, key_serde or Serdes.string(), value_serde or self.value_serde)
 
     # -- joins -------------------------------------------------------------------------------
-    def _join(self, other, joiner, windows, how, name, value_serde):
+    def _join(self, other, joiner, windows, how, name, value_serde, key_selector=None):
+        from processor.dsl.global_table import GlobalKTable
         from processor.dsl.ktable import KTable
 
+        if isinstance(other, GlobalKTable):
+            return self._join_global(other, joiner, key_selector, how, name, value_serde, windows)
+        if key_selector is not None:
+            raise TopologyError("key_selector= is for a join with a GlobalKTable")
         me = self._by_key("join")
         if me is not self:
             return me._join(other, joiner, windows, how, name, value_serde)
@@ -195,17 +201,37 @@ class KStream:
             return stream_stream_join(self, other, joiner, windows, how, name, value_serde)
         raise TopologyError(f"join takes a KStream or a KTable, not {type(other).__name__}")
 
-    def join(self, other, joiner, windows=None, name: str | None = None, value_serde=None) -> "KStream":
+    def join(self, other, joiner, windows=None, name: str | None = None, value_serde=None,
+             key_selector=None) -> "KStream":
         """With a KTable: each record joined with the table's current row for its key
-        (``joiner(value, row)``; no row, no output). With a KStream: records of both streams
-        whose keys are equal and whose timestamps are within ``windows``
-        (``JoinWindows.of(ms).grace(ms)``), ``joiner(left, right)``."""
-        return self._join(other, joiner, windows, "inner", name, value_serde)
+        (``joiner(value, row)``; no row, no output). With a GlobalKTable: with the row of
+        ``key_selector(key, value)`` (no repartition: every task holds the whole table). With a
+        KStream: records of both streams whose keys are equal and whose timestamps are within
+        ``windows`` (``JoinWindows.of(ms).grace(ms)``), ``joiner(left, right)``."""
+        return self._join(other, joiner, windows, "inner", name, value_serde, key_selector)
 
-    def left_join(self, other, joiner, windows=None, name: str | None = None, value_serde=None) -> "KStream":
+    def left_join(self, other, joiner, windows=None, name: str | None = None, value_serde=None,
+                  key_selector=None) -> "KStream":
         """As ``join``, and ``joiner(value, None)`` for a record without a match (stream-stream:
         once its window has closed)."""
-        return self._join(other, joiner, windows, "left", name, value_serde)
+        return self._join(other, joiner, windows, "left", name, value_serde, key_selector)
+
+    def _join_global(self, table, joiner, key_selector, how, name, value_serde, windows) -> "KStream":
+        if windows is not None:
+            raise TopologyError("a join with a GlobalKTable takes no JoinWindows")
+        if how == "outer":
+            raise TopologyError("a join with a GlobalKTable is inner or left")
+        if not callable(key_selector):
+            raise TopologyError("a join with a GlobalKTable needs key_selector=(key, value) -> table key")
+        b = self._builder
+        store, ks, vs = table.store_name, table.key_serde, table.value_serde
+        node = LogicalNode(name=b.new_name("KSTREAM-GLOBALJOIN" if how == "inner" else "KSTREAM-GLOBALLEFTJOIN",
+                                           name),
+                           kind="processor", attrs=GlobalJoinAttrs(global_store=store),
+                           factory=lambda n: StreamGlobalTableJoin(n.name, store, key_selector, joiner, how, ks, vs))
+        b.add_node(node, self._node)
+        # the key is unchanged: nothing after it repartitions because of this join
+        return KStream(b, node, self.key_serde, value_serde or Serdes.json(), self.repartition_required)
 
     def outer_join(self, other, joiner, windows=None, name: str | None = None, value_serde=None) -> "KStream":
         """Stream-stream only: as ``left_join`` for both sides (``joiner(None, right)`` too)."""

@@ -121,7 +121,7 @@ class Task:
                  on_error: str = "dlq", dlq_topic: str | None = None, routing: Routing | None = None,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, journal: bool | None = None,
                  origin: str | None = None, stage_internal: bool = False,
-                 coalesce_fk_records: bool = False, topic_exists=None):
+                 coalesce_fk_records: bool = False, topic_exists=None, global_stores: dict | None = None):
         if on_error not in ERROR_POLICIES:
             raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {on_error!r}")
         if on_error == "dlq" and not dlq_topic:
@@ -138,6 +138,8 @@ class Task:
         self.routing = self.context.routing = routing or Routing()
         if topic_exists is not None:   # the host's view of which user topics exist (to(extractor))
             self.context.topic_exists = topic_exists
+        if global_stores:              # the host's global tables, shared by its tasks
+            self.context.global_stores = global_stores
         if origin is not None:
             self.context.origin_head, self.context.origin_app = provenance.origin_parts(origin, sub_id, partition)
         self._convergence: SinkConvergence | None = None

@@ -40,6 +40,7 @@ class ProcessorContext:
         # whether a user topic exists (a topic extractor's sink sends only to one that does); the
         # host's, set by the Task (the test driver's: every topic exists, as Kafka Streams')
         self.topic_exists: Callable[[str], bool] = _every_topic_exists
+        self.global_stores: dict = {}   # {global store name: store}, the host's (set by the Task)
         # Provenance of what is being processed: the input record's topic, partition and offset;
         # during a punctuation or flush, a synthetic one (``"__punctuation:<sub>"``, the task's
         # partition, the commit that will persist it) with ``in_record`` False.
@@ -74,6 +75,16 @@ class ProcessorContext:
 
     def get_store(self, name: str):
         return self._stores.store(name)
+
+    def get_global_store(self, name: str):
+        """A global table's store: the host's, shared by every task (read only to operators)."""
+        store = self.global_stores.get(name)
+        if store is None:
+            from processor.errors import ConfigError
+
+            raise ConfigError(f"task {self.task_id}: no global store {name!r} (the host holds "
+                              f"{sorted(self.global_stores)})")
+        return store
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int, headers) -> None:
         """Send to a user topic. Held in ``sends`` until the record in hand (or the punctuation)

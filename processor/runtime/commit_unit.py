@@ -42,6 +42,8 @@ class CommitUnit:
         a unit: outputs advance positions; outbox records leave the outbox entry to delete.)"""
         if self._fatal is not None:
             return
+        if self.global_tables is not None:
+            self.global_tables.commit()
         if self._resumed and time.monotonic() - self._resumed_at > 5.0:
             self._resumed.clear()   # (worker.py: the loop's guard after a restore)
         if time.monotonic() - self._sink_floors_at > SINK_ENDS_REFRESH_S:

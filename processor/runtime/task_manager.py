@@ -110,7 +110,8 @@ class TaskManagement:
                         max_record_bytes=max_record_bytes_of(self._producer_config),
                         origin=self.application_id if self._table_sinks.get(sub) else None,
                         stage_internal=self._stage_internal,
-                        coalesce_fk_records=self.coalesce_fk_records, topic_exists=self._topic_exists)
+                        coalesce_fk_records=self.coalesce_fk_records, topic_exists=self._topic_exists,
+                        global_stores=self.global_tables.stores if self.global_tables is not None else None)
             self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog,
                                                             self.collector.send_changelog_records)
             self.tasks[(sub, partition)] = task

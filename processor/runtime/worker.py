@@ -39,7 +39,7 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from processor.engine.routing import Routing
 from processor.errors import ConfigError
-from processor.graph import AggregateAttrs
+from processor.graph import AggregateAttrs, UserProcessorAttrs
 from processor.kafka import clients as kafka, internal_topics
 from processor.runtime.commit_unit import CommitUnit
 from processor.kafka.client_config import ClientConfig
@@ -158,8 +158,9 @@ class Worker(TaskManagement, CommitUnit):
         self._group_offsets: dict[tuple[str, int], int] = {}
         self._skipped_offsets: dict[tuple[str, int], int] = {}   # at least once, see commit()
         self._wall_punctuation = any(
-            isinstance(n.attrs, AggregateAttrs) and n.attrs.emit.mode == "every"
-            and n.attrs.emit.clock == "wall" for n in topology.nodes)
+            (isinstance(n.attrs, AggregateAttrs) and n.attrs.emit.mode == "every" and n.attrs.emit.clock == "wall")
+            or isinstance(n.attrs, UserProcessorAttrs) for n in topology.nodes)
+        self.global_tables = None   # processor/runtime/global_tables.py, opened by run()
         delay = os.environ.get("PROCESSOR_TEST_RESTORE_STEP_DELAY_MS")   # test hook: a slow restore
         self._restore_step_delay_s = int(delay) / 1000 if delay else 0.0
         kill = os.environ.get("PROCESSOR_TEST_KILL_BEFORE_COMMIT")
@@ -192,7 +193,8 @@ class Worker(TaskManagement, CommitUnit):
         """Refuse to start, with one clear message, on a missing topic or a partition mismatch."""
         parts = kafka.topic_partitions(self.bootstrap_servers, self.startup_timeout_s)
         topo = self.topology
-        missing = [t for t in topo.external_source_topics() + topo.sink_topics(internal=False) if t not in parts]
+        missing = [t for t in topo.external_source_topics() + topo.sink_topics(internal=False) + topo.global_topics()
+                   if t not in parts]
         if missing:
             raise ConfigError(f"topic(s) {', '.join(sorted(set(missing)))} do not exist on "
                               f"{self.bootstrap_servers}; create them before starting "
@@ -388,6 +390,13 @@ class Worker(TaskManagement, CommitUnit):
             cconf["group.instance.id"] = f"{self.application_id}-{self._worker_id()}"
             log.info("static member of group %s: group.instance.id=%s", self.application_id,
                      cconf["group.instance.id"])
+        if self.topology.global_stores:
+            # every global table to its topics' ends before this worker joins the group
+            from processor.runtime.global_tables import GlobalTables
+
+            gconf = {k: v for k, v in self._consumer_config.items() if k not in ("group.id", "group.instance.id")}
+            self.global_tables = GlobalTables(self.topology, self.bootstrap_servers, gconf, self.state_dir / "global")
+            self.global_tables.bootstrap()
         self.consumer = kafka.new_consumer(cconf, "the consumer group")
         previous = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
@@ -422,6 +431,10 @@ class Worker(TaskManagement, CommitUnit):
                 self._abort_restoration()
                 self._close_tasks(list(self.tasks))
                 self._close_tasks(list(self._suspended), self._suspended)
+                if self.global_tables is not None:
+                    self.global_tables.commit()
+                    self.global_tables.close()
+                    self.global_tables = None
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
@@ -508,6 +521,8 @@ class Worker(TaskManagement, CommitUnit):
                 self.last_record_at = time.monotonic()
                 if work_since is None:
                     work_since = self.last_record_at
+            if self.global_tables is not None:
+                self.global_tables.poll()
             if self._wall_punctuation:
                 now_ms = int(time.time() * 1000)
                 for task in tasks.values():

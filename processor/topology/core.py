@@ -58,11 +58,13 @@ def split(topo) -> list[list[LogicalNode]]:
 
 class Topology:
     def __init__(self, nodes: list[LogicalNode], stores: dict[str, StoreSpec], optimize: bool = True,
-                 reuse_source_topics: bool = False):
+                 reuse_source_topics: bool = False, global_stores: dict | None = None):
         # Optimization passes rewrite the graph in place: work on a copy, so a builder's nodes
         # (and a topology built from them without optimization) stay as they were.
         self.nodes = clone_graph(nodes) if optimize else list(nodes)
         self.stores = dict(stores)
+        # global tables: {store name: GlobalStoreSpec}, held by every host outside the tasks
+        self.global_stores = dict(global_stores or {})
         self.optimize = optimize
         # a table source's store restored from its (user) source topic instead of a changelog
         # (Kafka Streams' reuse.ktable.source.topics): ``source_changelogs_of``
@@ -152,6 +154,7 @@ class Topology:
         bound = Topology.__new__(Topology)
         bound.nodes = nodes
         bound.stores = dict(self.stores)
+        bound.global_stores = dict(self.global_stores)
         bound.optimize = self.optimize
         bound.reuse_source_topics = self.reuse_source_topics
         bound.application_id = application_id
@@ -306,6 +309,10 @@ class Topology:
         """Sink topics; ``internal=False``: only user topics, ``True``: only internal ones."""
         return sorted({n.sink_topic for n in self.nodes if n.sink_topic
                        and (internal is None or n.attrs.internal == internal)})
+
+    def global_topics(self) -> list[str]:
+        """The topics of the global tables (read whole by every host, not by the group)."""
+        return [g.topic for g in self.global_stores.values()]
 
     def external_source_topics(self) -> list[str]:
         return [n.source_topic for n in self.nodes if n.source_topic and not n.attrs.internal]

@@ -70,6 +70,10 @@ def describe(topo) -> str:
         changelog = (f"the source topic {reused[s.name]} (reused)" if s.name in reused
                      else topo.changelog_topic(s.name))
         lines.append(f"    {s.name} ({s.kind}; owner: {s.owner}; changelog: {changelog})")
+    if topo.global_stores:
+        lines.append("Global stores:")
+        for g in topo.global_stores.values():
+            lines.append(f"    {g.name} (topic: {g.topic}; every host holds all of it, bootstrapped before processing)")
     constraints = topo.copartition_constraints()
     routes = topo.routed_by_source()
     if constraints or routes:

@@ -62,3 +62,14 @@ def clone_graph(nodes: list[LogicalNode]) -> list[LogicalNode]:
     return [clones[id(n)] for n in nodes]
 
 
+
+
+@dataclass(frozen=True)
+class GlobalStoreSpec:
+    """A global table's store (``StreamsBuilder.global_table``): every host holds all of
+    ``topic`` (all partitions) in it, outside the tasks; the topic is its changelog."""
+
+    name: str
+    topic: str
+    key_serde: object
+    value_serde: object

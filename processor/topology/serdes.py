@@ -43,6 +43,12 @@ def bind_serdes(topo, config: dict | None) -> None:
         bv = vs.for_topic(topic, False, config) if isinstance(vs, Serde) else vs
         if bk is not ks or bv is not vs:
             n.attrs = replace(n.attrs, key_serde=bk, value_serde=bv)
+    for name, g in list(getattr(topo, "global_stores", {}).items()):
+        ks, vs = g.key_serde, g.value_serde
+        bk = ks.for_topic(g.topic, True, config) if isinstance(ks, Serde) else ks
+        bv = vs.for_topic(g.topic, False, config) if isinstance(vs, Serde) else vs
+        if bk is not ks or bv is not vs:
+            topo.global_stores[name] = replace(g, key_serde=bk, value_serde=bv)
     for name, spec in list(topo.stores.items()):
         if spec.source_topic is None:
             for serde in (spec.key_serde, spec.value_serde):
