@@ -34,6 +34,19 @@ class StreamsBuilder:
         without taking it (default store names numbered like the node created next)."""
         return name or f"{prefix}-{self._index:010d}"
 
+    def stream_of(self, node: LogicalNode, key_serde, value_serde, repartition_required: bool = False):
+        """The ``KStream`` of ``node`` (the DSL modules below this one create streams and tables
+        through the builder, so none of them imports another upward)."""
+        from processor.dsl.kstream import KStream
+
+        return KStream(self, node, key_serde, value_serde, repartition_required)
+
+    def table_of(self, node: LogicalNode, key_serde, value_serde, store_name=None):
+        """The ``KTable`` of ``node`` (see ``stream_of``)."""
+        from processor.dsl.ktable import KTable
+
+        return KTable(self, node, key_serde, value_serde, store_name=store_name)
+
     def add_node(self, node: LogicalNode, *parents: LogicalNode) -> LogicalNode:
         """Add ``node`` to the graph, fed by ``parents`` (in this order); returns it."""
         if self._built:

@@ -8,6 +8,8 @@ class GlobalKTable:
     """What ``StreamsBuilder.global_table`` returns: the name of its global store, its topic and
     serdes. Only a stream join reads it (Kafka Streams: a GlobalKTable has no operators)."""
 
+    dsl_kind = "global-table"
+
     def __init__(self, store_name: str, topic: str, key_serde, value_serde):
         self.store_name = store_name
         self.topic = topic

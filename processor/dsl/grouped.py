@@ -81,8 +81,6 @@ class KGroupedTable:
         self.value_serde = value_serde
 
     def _build(self, kind, initializer, adder, subtractor, emit, name, value_serde):
-        from processor.dsl.ktable import KTable
-
         emit = _check_emit(emit, windowed=False)
         b = self._table._builder
         store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
@@ -95,7 +93,7 @@ class KGroupedTable:
             b, source, store, ks, value_serde,
             lambda n: TableAggregate(n.name, store, ks, value_serde, emit, initializer, adder, subtractor),
             kind, emit)
-        return KTable(b, node, ks, value_serde, store_name=store)
+        return b.table_of(node, ks, value_serde, store_name=store)
 
     def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
         """Rows per group; stays 0 (not deleted) when the last row leaves, as in Kafka Streams."""
@@ -134,8 +132,6 @@ class KGroupedStream:
         return _repartition(b, self._stream._node, select, store, self.key_serde, self.value_serde)
 
     def _build(self, kind, initializer, aggregator, emit, name, value_serde, windows=None):
-        from processor.dsl.ktable import KTable
-
         emit = _check_emit(emit, windowed=windows is not None)
         b = self._stream._builder
         store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
@@ -155,7 +151,7 @@ class KGroupedStream:
                                                   aggregator, windows),
                 kind, emit, windows, store_key_serde=WindowStoreKeySerde(ks, windows.size_ms))
             table_key_serde = Serdes.windowed(ks, windows.size_ms)
-        return KTable(b, node, table_key_serde, value_serde, store_name=store)
+        return b.table_of(node, table_key_serde, value_serde, store_name=store)
 
     def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
         return self._build("count", _count_init, _count_add, emit, name, value_serde or Serdes.json())
@@ -185,7 +181,6 @@ class KGroupedStream:
         return TimeWindowedKStream(self, windows)
 
     def _build_sliding(self, kind, initializer, aggregator, emit, name, value_serde, windows):
-        from processor.dsl.ktable import KTable
         from processor.operators.sliding_aggregate import SlidingWindowedStreamAggregate
         from processor.state.sliding_key import SlidingStoreKeySerde
 
@@ -200,10 +195,9 @@ class KGroupedStream:
             lambda n: SlidingWindowedStreamAggregate(n.name, store, ks, value_serde, emit, initializer, aggregator,
                                                      windows),
             kind, emit, windows, store_key_serde=SlidingStoreKeySerde(ks, windows.diff_ms), store_kind="window")
-        return KTable(b, node, Serdes.windowed(ks, windows.diff_ms), value_serde, store_name=store)
+        return b.table_of(node, Serdes.windowed(ks, windows.diff_ms), value_serde, store_name=store)
 
     def _build_sessions(self, kind, initializer, aggregator, merger, emit, name, value_serde, windows):
-        from processor.dsl.ktable import KTable
         from processor.operators.session_aggregate import SessionWindowedStreamAggregate
         from processor.serde.windowed import SessionWindowedSerde
 
@@ -219,7 +213,7 @@ class KGroupedStream:
             lambda n: SessionWindowedStreamAggregate(n.name, store, ks, value_serde, emit, initializer, aggregator,
                                                      merger, windows),
             kind, emit, windows, store_key_serde=session_keys, store_kind="session")
-        return KTable(b, node, session_keys, value_serde, store_name=store)
+        return b.table_of(node, session_keys, value_serde, store_name=store)
 
 
 class TimeWindowedKStream:

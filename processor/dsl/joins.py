@@ -34,9 +34,7 @@ from processor.topology import LogicalNode, StoreSpec
 
 
 def _check_table(other, what):
-    from processor.dsl.ktable import KTable
-
-    if not isinstance(other, KTable):
+    if getattr(other, "dsl_kind", None) != "table":
         raise TopologyError(f"{what} takes a KTable, not {type(other).__name__}")
     if getter_spec(other._node) is None:
         raise TopologyError(f"{what}: the table produced by {other._node.name} cannot be looked up "
@@ -49,8 +47,6 @@ def _store_getter(store, value_serde):
 
 # -- primary-key table-table joins ------------------------------------------------------------
 def table_table_join(left, right, joiner, how, name, value_serde):
-    from processor.dsl.ktable import KTable
-
     if how not in HOWS:
         raise TopologyError(f"how must be one of {HOWS}, not {how!r}")
     _check_table(left, "join")
@@ -81,7 +77,7 @@ def table_table_join(left, right, joiner, how, name, value_serde):
                         value_preserving=True, attrs=JoinResultAttrs(getter=_store_getter(result_store, vs)))
     b.add_node(merge, this, other)
     b.add_store(StoreSpec(result_store, this.name, None, ks, vs))
-    return KTable(b, merge, ks, vs, store_name=result_store)
+    return b.table_of(merge, ks, vs, store_name=result_store)
 
 
 def _rewrite_table_self_join(joiner, vs):
@@ -113,8 +109,6 @@ def _rewrite_table_self_join(joiner, vs):
 
 # -- stream-table joins -----------------------------------------------------------------------
 def stream_table_join(stream, table, joiner, how, name):
-    from processor.dsl.kstream import KStream
-
     _check_table(table, "stream-table join")
     b = stream._builder
     ks = stream.key_serde
@@ -122,13 +116,11 @@ def stream_table_join(stream, table, joiner, how, name):
                        factory=lambda n: StreamTableJoin(n.name, n.lookups[0], joiner, how, ks),
                        lookups=[table._node])
     b.add_node(node, stream._node)
-    return KStream(b, node, ks, Serdes.json())
+    return b.stream_of(node, ks, Serdes.json())
 
 
 # -- foreign-key joins (KIP-213) --------------------------------------------------------------
 def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
-    from processor.dsl.ktable import KTable
-
     if how not in ("inner", "left"):
         raise TopologyError(f"a foreign-key join is how='inner' or how='left', not {how!r}")
     _check_table(left, "join_on_foreign_key")
@@ -209,4 +201,4 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
     b.add_store(StoreSpec(result_store, send.name, None, lks, vs))
     b.add_store(StoreSpec(version_store, send.name, None, lks, None, kind="version"))
     b.add_store(StoreSpec(sub_store, receive.name, None, raw, None, kind="subscription"))
-    return KTable(b, output, lks, vs, store_name=result_store)
+    return b.table_of(output, lks, vs, store_name=result_store)

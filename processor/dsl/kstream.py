@@ -20,6 +20,8 @@ from processor.topology.naming import repartition_topic
 
 
 class KStream:
+    dsl_kind = "stream"
+
     def __init__(self, builder, node: LogicalNode, key_serde, value_serde, repartition_required: bool = False):
         self._builder = builder
         self._node = node
@@ -147,8 +149,6 @@ class KStream:
         """The stream as a table (materialized in store ``name``): each record an update of its
         key, a None value a delete, records without a key dropped (and counted); after a
         key-changing operator, through a repartition topic first."""
-        from processor.dsl.ktable import KTable
-
         src = self._by_key("to_table")
         b = self._builder
         ks, vs = key_serde or src.key_serde, value_serde or src.value_serde
@@ -162,7 +162,7 @@ class KStream:
                                                stores=(store,))))
         b.add_node(node, src._node)
         b.add_store(StoreSpec(store, node_name, None, ks, vs))
-        return KTable(b, node, ks, vs, store_name=store)
+        return b.table_of(node, ks, vs, store_name=store)
 
     def group_by(self, selector, key_serde=None, value_serde=None):
         """``selector(key, value) -> group_key``; goes through a repartition topic. The group
@@ -173,19 +173,17 @@ class KStream:
 
     # -- joins -------------------------------------------------------------------------------
     def _join(self, other, joiner, windows, how, name, value_serde, key_selector=None):
-        from processor.dsl.global_table import GlobalKTable
-        from processor.dsl.ktable import KTable
-
-        if isinstance(other, GlobalKTable):
+        kind = getattr(other, "dsl_kind", None)
+        if kind == "global-table":
             return self._join_global(other, joiner, key_selector, how, name, value_serde, windows)
         if key_selector is not None:
             raise TopologyError("key_selector= is for a join with a GlobalKTable")
         me = self._by_key("join")
         if me is not self:
             return me._join(other, joiner, windows, how, name, value_serde)
-        if isinstance(other, KStream) and other.repartition_required:
+        if kind == "stream" and other.repartition_required:
             other = other._by_key("join")
-        if isinstance(other, KTable):
+        if kind == "table":
             if windows is not None:
                 raise TopologyError("a stream-table join takes no JoinWindows")
             if how == "outer":
@@ -195,7 +193,7 @@ class KStream:
             out = stream_table_join(self, other, joiner, how, name)
             out.value_serde = value_serde or Serdes.json()
             return out
-        if isinstance(other, KStream):
+        if kind == "stream":
             from processor.dsl.stream_join import stream_stream_join
 
             return stream_stream_join(self, other, joiner, windows, how, name, value_serde)

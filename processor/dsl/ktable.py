@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from processor.dsl.kstream import KStream
+from typing import TYPE_CHECKING
+
 from processor.graph import GetterSpec, TableAttrs, ToStreamAttrs
 from processor.operators.filter import TableFilter
 from processor.operators.map_values import TableMapValues
@@ -12,6 +13,9 @@ from processor.operators.base import Processor
 from processor.operators.value_getter import FilterValueGetter, MapValuesGetter, table_getter
 from processor.topology import LogicalNode
 
+if TYPE_CHECKING:  # pragma: no cover
+    from processor.dsl.kstream import KStream
+
 
 def _filter_getter(predicate, negate):
     return GetterSpec(lambda n, ctx: FilterValueGetter(table_getter(n.parents[0], ctx), predicate, negate,
@@ -19,6 +23,8 @@ def _filter_getter(predicate, negate):
 
 
 class KTable:
+    dsl_kind = "table"
+
     def __init__(self, builder, node: LogicalNode, key_serde, value_serde, store_name=None):
         self._builder = builder
         self._node = node
@@ -94,4 +100,4 @@ class KTable:
                            factory=lambda n: TableToStream(n.name), value_preserving=True,
                            attrs=ToStreamAttrs())   # a sink right after it carries a table
         b.add_node(node, self._node)
-        return KStream(b, node, self.key_serde, self.value_serde)
+        return b.stream_of(node, self.key_serde, self.value_serde)

@@ -45,8 +45,6 @@ from processor.topology import LogicalNode, StoreSpec
 
 
 def stream_stream_join(left, right, joiner, windows, how, name, value_serde):
-    from processor.dsl.kstream import KStream
-
     if not isinstance(windows, JoinWindows):
         raise TopologyError(f"a stream-stream join needs JoinWindows (e.g. JoinWindows.of(100)), "
                             f"not {type(windows).__name__}")
@@ -93,7 +91,7 @@ def stream_stream_join(left, right, joiner, windows, how, name, value_serde):
     if outer_store:
         b.add_store(StoreSpec(outer_store, this.name, None, JoinOuterKeySerde(ks),
                               lvs if lvs == rvs else Serdes.bytes(), kind="join-outer"))
-    return KStream(b, merge, ks, vs)
+    return b.stream_of(merge, ks, vs)
 
 
 def _rewrite_stream_self_join(base, joiner, windows, key_serde, value_serde, this_store, other_store):

@@ -8,6 +8,7 @@ partitions runs a dedup processor with a store and a counter with stream-time pu
 
 import json
 import random
+import time
 from collections import defaultdict
 
 from processor import Processor, Record, Stores, StreamsBuilder
@@ -93,3 +94,49 @@ def test_processor_api_on_the_broker_equals_the_driver_and_restores(kafka_bootst
     for p in range(3):
         got = task_store_bytes([tmp_path / "w2" / app / f"task-0_{p}"], STORES)
         assert got == task_stores[p], p
+
+    # the user store is dumped by `processor state dump` like every store
+    import io
+
+    from processor.runtime import state_inspect
+
+    out = io.StringIO()
+    n = state_inspect.dump(topology_for(t), app, tmp_path / "w2", store="seen", out=out)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert n == len(lines) == 200
+    assert {(e["key"], json.dumps(e["value"])) for e in lines} == \
+        {(k.decode(), json.dumps(json.loads(v[8:]))) for p in range(3) for k, v in task_stores[p]["seen"].items()}
+
+
+class WallTicker(Processor):
+    """Every 100 ms of the worker's wall clock forwards how many records its task has seen."""
+
+    def init(self, context):
+        self.ctx = context
+        self.store = context.get_state_store("n")
+        context.schedule(100, "wall", self.tick)
+
+    def tick(self, now):
+        self.ctx.forward(Record(f"tick-{self.ctx.partition}", self.store.get("n") or 0, now))
+
+    def process(self, record):
+        self.store.put("n", (self.store.get("n") or 0) + 1)
+
+
+def test_wall_clock_punctuation_runs_on_the_worker(kafka_bootstrap, unique, tmp_path):
+    t = {n: f"paw-{n}-{unique}" for n in ("in", "ticks")}
+    kafka.create_topics(kafka_bootstrap, {v: 1 for v in t.values()})
+    produce(kafka_bootstrap, t["in"], [(f"k{i}".encode(), b"{}") for i in range(500)])
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("n"))
+    b.stream(t["in"]).process(WallTicker, stores=["n"]).to(t["ticks"])
+    started = time.time() * 1000
+    w = Worker(b.build(), kafka_bootstrap, f"paw-{unique}", tmp_path, commit_interval_ms=200,
+               consumer_config=TEST_CONSUMER_CONFIG)
+    w.run(max_seconds=4, install_signal_handlers=False)
+    ticks = [(int(m.value()), m.timestamp()[1]) for m in kafka.read_topic(kafka_bootstrap, t["ticks"])]
+    assert len(ticks) >= 5, ticks
+    assert [n for n, _ in ticks] == sorted(n for n, _ in ticks) and ticks[-1][0] == 500
+    stamps = [ts for _, ts in ticks]
+    assert stamps == sorted(stamps) and stamps[0] >= started
+    assert all(b - a >= 100 for a, b in zip(stamps, stamps[1:]))   # at most one per interval
