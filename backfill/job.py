@@ -238,6 +238,12 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
             shutil.rmtree(stale, ignore_errors=True)
 
     to_ship = session.code_to_ship(topo, py_files)
+    from processor.graph import UserProcessorAttrs
+
+    for n in topo.nodes:   # what a replay cannot reproduce, named (README "DSL")
+        if isinstance(n.attrs, UserProcessorAttrs):
+            log.warning("backfill: %s is a user processor: its wall-clock punctuations, if it schedules any, do "
+                        "not fire in a backfill (a replay takes none of the history's wall-clock time)", n.name)
 
     own_session = spark is None
     if own_session:
