@@ -120,10 +120,7 @@ class _Aggregate(Processor):
         self.emitter.updated(kb, new_bytes, record_ts, value_ts)
 
     def _call(self, fn, *args):
-        try:
-            return fn(*args)
-        except Exception as exc:
-            raise self.user_error(fn, exc) from exc
+        return self.call_user(fn, *args)
 
     def punctuate_stream(self, stream_time: int) -> None:
         self.emitter.punctuate(stream_time)
@@ -190,16 +187,25 @@ class StreamAggregate(_Aggregate):
             agg = self._call(self.initializer)
         return self._call(self.aggregator, key, value, agg)
 
-    def process(self, key, value, timestamp):
+    def _begin(self, key, value, timestamp):
+        """A record's first steps: ``(key bytes, whether stream time advanced)``, or None for a
+        record with a null key or value (skipped and counted, as in Kafka Streams)."""
         if key is None or value is None:
             self.skipped_null += 1
-            return
+            return None
         self.records_in += 1
         advanced = self._observe(timestamp)
         try:
             kb = self.key_serde.serialize(key)
         except Exception as exc:
             raise self.serialize_error(self.key_serde, key, "group key", exc) from exc
+        return kb, advanced
+
+    def process(self, key, value, timestamp):
+        begun = self._begin(key, value, timestamp)
+        if begun is None:
+            return
+        kb, advanced = begun
         raw, agg = self._current(kb)
         self._put(kb, raw, self._next(key, value, agg), timestamp)
         self._after(advanced)
@@ -231,15 +237,10 @@ class WindowedStreamAggregate(StreamAggregate):
         return Windowed(self.key_serde.deserialize(kb), start, start + self.size)
 
     def process(self, key, value, timestamp):
-        if key is None or value is None:
-            self.skipped_null += 1
+        begun = self._begin(key, value, timestamp)
+        if begun is None:
             return
-        self.records_in += 1
-        advanced = self._observe(timestamp)
-        try:
-            kb = self.key_serde.serialize(key)
-        except Exception as exc:
-            raise self.serialize_error(self.key_serde, key, "group key", exc) from exc
+        kb, advanced = begun
         stream_time = self.observed_time
         first = max(0, timestamp - self.size + self.advance) // self.advance * self.advance
         applied = False

@@ -154,6 +154,14 @@ class Processor:
         return SerializationError(f"{what} {shown} does not serialize with {serde!r}: "
                                   f"{type(exc).__name__}: {exc}", step=self.name)
 
+    def call_user(self, fn: Callable, *args):
+        """``fn(*args)``, a user function: what it raises becomes a ``UserFunctionError`` naming
+        this step and the function."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise self.user_error(fn, exc) from exc
+
     def user_error(self, fn: Callable, exc: BaseException) -> ProcessorError:
         """Translate an exception raised by a user function into a UserFunctionError naming the
         step and the function (the caller raises it ``from exc``)."""

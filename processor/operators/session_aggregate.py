@@ -51,15 +51,10 @@ class SessionWindowedStreamAggregate(StreamAggregate):
         return self._call(self.merger, key, agg, other)
 
     def process(self, key, value, timestamp):
-        if key is None or value is None:
-            self.skipped_null += 1
+        begun = self._begin(key, value, timestamp)
+        if begun is None:
             return
-        self.records_in += 1
-        advanced = self._observe(timestamp)
-        try:
-            kb = self.key_serde.serialize(key)
-        except Exception as exc:
-            raise self.serialize_error(self.key_serde, key, "group key", exc) from exc
+        kb, advanced = begun
         close_time = self.observed_time - self.grace - self.gap
         start, end = timestamp, timestamp
         agg = None if self.initializer is None else self._call(self.initializer)

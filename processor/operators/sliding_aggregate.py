@@ -104,20 +104,15 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
 
     # -- a record ----------------------------------------------------------------------------
     def process(self, key, value, timestamp):
-        if key is None or value is None:
-            self.skipped_null += 1
+        begun = self._begin(key, value, timestamp)
+        if begun is None:
             return
-        self.records_in += 1
-        advanced = self._observe(timestamp)
+        kb, advanced = begun
         close = self.observed_time - self.grace
         if timestamp + 1 + self.diff <= close:
             self.late_records_dropped += 1
             self._after(advanced)
             return
-        try:
-            kb = self.key_serde.serialize(key)
-        except Exception as exc:
-            raise self.serialize_error(self.key_serde, key, "group key", exc) from exc
         if timestamp < self.diff:
             self._early(kb, key, value, timestamp, close)
         else:

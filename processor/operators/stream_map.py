@@ -32,6 +32,17 @@ def _pair(fn, got, step: str) -> tuple:
     raise _not_a("a (key, value) pair", fn, got, step)
 
 
+def _items(node, fn, out, what: str) -> list:
+    """The elements of what ``fn`` returned, which must be an iterable (not a str, bytes or
+    dict); a failure while iterating it is the function's."""
+    if out is None or isinstance(out, (str, bytes, dict)) or not hasattr(out, "__iter__"):
+        raise _not_a(what, fn, out, node.name)
+    try:
+        return list(out)
+    except Exception as exc:
+        raise node.user_error(fn, exc) from exc
+
+
 class StreamMap(Processor):
     """``mapper(key, value) -> (key2, value2)``."""
 
@@ -42,10 +53,7 @@ class StreamMap(Processor):
         self.mapper = mapper
 
     def process(self, key, value, timestamp):
-        try:
-            out = self.mapper(key, value)
-        except Exception as exc:
-            raise self.user_error(self.mapper, exc) from exc
+        out = self.call_user(self.mapper, key, value)
         k, v = _pair(self.mapper, out, self.name)
         self.forward(k, v, timestamp)
 
@@ -60,10 +68,7 @@ class StreamSelectKey(Processor):
         self.mapper = mapper
 
     def process(self, key, value, timestamp):
-        try:
-            k = self.mapper(key, value)
-        except Exception as exc:
-            raise self.user_error(self.mapper, exc) from exc
+        k = self.call_user(self.mapper, key, value)
         self.forward(k, value, timestamp)
 
 
@@ -77,13 +82,8 @@ class StreamFlatMap(Processor):
         self.mapper = mapper
 
     def process(self, key, value, timestamp):
-        try:
-            out = self.mapper(key, value)
-            items = list(out) if out is not None else None
-        except Exception as exc:
-            raise self.user_error(self.mapper, exc) from exc
-        if items is None or isinstance(out, (str, bytes, dict)):
-            raise _not_a("an iterable of (key, value) pairs", self.mapper, out, self.name)
+        out = self.call_user(self.mapper, key, value)
+        items = _items(self, self.mapper, out, "an iterable of (key, value) pairs")
         pairs = [_pair(self.mapper, x, self.name) for x in items]
         for k, v in pairs:
             self.forward(k, v, timestamp)
@@ -99,14 +99,8 @@ class StreamFlatMapValues(Processor):
         self.mapper = mapper
 
     def process(self, key, value, timestamp):
-        try:
-            out = self.mapper(value)
-            items = list(out) if out is not None else None
-        except Exception as exc:
-            raise self.user_error(self.mapper, exc) from exc
-        if items is None or isinstance(out, (str, bytes, dict)):
-            raise _not_a("an iterable of values", self.mapper, out, self.name)
-        for v in items:
+        out = self.call_user(self.mapper, value)
+        for v in _items(self, self.mapper, out, "an iterable of values"):
             self.forward(key, v, timestamp)
 
 
@@ -121,10 +115,7 @@ class StreamPeek(Processor):
         self.action = action
 
     def process(self, key, value, timestamp):
-        try:
-            self.action(key, value)
-        except Exception as exc:
-            raise self.user_error(self.action, exc) from exc
+        self.call_user(self.action, key, value)
         self.forward(key, value, timestamp)
 
 
@@ -143,11 +134,7 @@ class StreamBranch(Processor):
 
     def process(self, key, value, timestamp):
         for i, p in enumerate(self.predicates):
-            try:
-                ok = p(key, value)
-            except Exception as exc:
-                raise self.user_error(p, exc) from exc
-            if ok:
+            if self.call_user(p, key, value):
                 self.children[i].process(key, value, timestamp)
                 return
         if self.has_default:
