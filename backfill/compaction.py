@@ -15,9 +15,11 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     the last two real changes per key (README "Backfill"): every store and output downstream of it
     ends the same from them. That holds when what reads the table's changes is only table
     filters and map_values, a table's sink, or a foreign-key join (its left or right side; a
-    foreign-key join's results are compared without timestamps anyway), and what looks it up is
-    only a foreign-key join. Anything else (aggregations, primary-key and stream-table joins, a
-    table's changes as a stream) replays every record: its state depends on the history. So a
+    foreign-key join's results are compared without timestamps anyway) whose result table is
+    read by the same rule, and what looks it up is only a foreign-key join. Anything else
+    (aggregations, primary-key and stream-table joins, a table's changes as a stream, an
+    aggregation of a foreign-key join's results) replays every record: its state depends on the
+    history (an aggregation keeps, at 0, a group that only an intermediate value reached). So a
     stream operator (map, select_key, flat_map, flat_map_values, peek, foreach, split, a topic
     extractor's sink, repartition, to_table) below a table's ``to_stream()`` makes it replay every
     record, and streams are never reduced: each of their records is an event.
@@ -26,8 +28,8 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     sink downstream of it (through internal topics, joins and aggregations) carries a table
     (``outputs.table_sinks``: the history's result is its final table) that starts empty (not in
     ``held_outputs``, the sink topics holding records at the snapshot), and no table map_values
-    lies between (it skips a result equal to the one before, so the timestamp of a sink's last
-    record may come from a change the reduction drops). A key the reduction leaves absent then
+    or foreign-key join lies between (each skips a result equal to the one before, so the
+    timestamp of a sink's last record may come from a change the reduction drops). A key the reduction leaves absent then
     needs no tombstone: the topic never held it. ``refusals`` receives the reason of each source
     refused for its outputs."""
     from processor.operators.filter import TableFilter
@@ -35,7 +37,7 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
                                                       ForeignKeyJoinSubscriptionReceiver,
                                                       ForeignKeyJoinSubscriptionSender)
     from processor.operators.map_values import TableMapValues
-    from processor.operators.sink import Sink, TableToStream
+    from processor.operators.sink import PassThrough, Sink, TableToStream
     from processor.operators.source import TableSource
 
     def op(n):
@@ -72,6 +74,12 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
                     via.add("table sink")
                 elif t in (ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponder):
                     via.add("foreign-key join")
+                    # the join's result table is read by the same rule: what reads it must end
+                    # the same from the results of the last changes (an aggregation does not: a
+                    # group only an earlier foreign key or right row reached keeps its count of 0)
+                    stack.extend(x for x in downstream(topo, c, lookers)
+                                 if op(x) is PassThrough and getattr(x.attrs, "result_store", None)
+                                 and x not in stack)
                 else:
                     ok = False
         if ok and emit_outputs:
@@ -117,10 +125,15 @@ def _outputs_need_history(topo, src, lookers, held: set, op) -> str | None:
     from backfill.outputs import table_sinks
     from processor.operators.map_values import TableMapValues
 
+    from processor.operators.foreign_key_join import ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponder
+
     tables = table_sinks(topo)
     for n in downstream(topo, src, lookers):
         if op(n) is TableMapValues:
             return (f"{n.name} (a table map_values) skips unchanged results, so a sink's last "
+                    f"timestamp may come from a change the reduction drops")
+        if op(n) in (ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponder):
+            return (f"{n.name} (a foreign-key join) skips unchanged results, so a sink's last "
                     f"timestamp may come from a change the reduction drops")
         if n.kind == "sink" and not n.attrs.internal:
             if n.sink_topic is None:

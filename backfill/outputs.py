@@ -16,9 +16,11 @@ from processor.errors import ConfigError
 
 def table_sinks(topo) -> set[str]:
     """Sink topics fed straight by a table's ``to_stream()``: they carry a table, so the history's
-    result is the last record per key."""
+    result is the last record per key (none where a topic extractor's sink may write to them)."""
     from processor.graph import ToStreamAttrs
 
+    if any(n.kind == "sink" and n.attrs.extractor is not None for n in topo.nodes):
+        return set()   # a topic extractor may write to any of them: every record is emitted
     out = set()
     for n in topo.nodes:
         if n.sink_topic and not n.attrs.internal and n.parents and \

@@ -21,13 +21,18 @@ Invariants:
   alike. Each entry holds the value bytes behind the 8-byte timestamp of the record (or
   punctuation) that wrote it.
 - ``context.schedule(interval, "stream", cb)``: ``cb(stream_time)`` runs when this processor's
-  stream time (the largest timestamp of the records that reached it, kept in the task's
-  bookkeeping and committed with the state) reaches the next punctuation time, once per
-  advance, however many intervals it jumped (the next time is then the first interval boundary
-  after it), as Kafka Streams' ``PunctuationSchedule``: the first at the first record. ``"wall"``:
-  ``cb(now)`` when the task's wall clock reaches ``now + interval`` from the schedule, then every
-  ``interval``, missed intervals skipped alike. A punctuation's forwards are records outside an
-  input record (their own provenance), and a failure in one is fatal (no record to dead-letter).
+  stream time (the largest timestamp of the records that reached it, the current one included,
+  kept in the task's bookkeeping with each schedule's next time, and committed with the state)
+  reaches the next punctuation time, once per advance, however many intervals it jumped (the
+  next time is then the first interval boundary after it), as Kafka Streams'
+  ``PunctuationSchedule``: the first at the first record. It runs right after the record that
+  advanced stream time, and its forwards go out with that record's. ``"wall"``: ``cb(now)`` when
+  the task's wall clock reaches ``now + interval`` from the schedule, then every ``interval``,
+  missed intervals skipped alike; its forwards are records outside an input record. A
+  punctuation that raises is fatal on either clock (it is no record's doing: nothing to
+  dead-letter). Schedules are made again in ``init``: a restored task, or one whose operators
+  were rebuilt after a failed record, continues each stream schedule where it was (schedules
+  are numbered in the order ``init`` makes them); a wall schedule starts its interval again.
 - ``process()`` raising is a ``UserFunctionError`` under the on-error policy, all or nothing:
   its store writes are undone and its forwards dropped when the record is dead-lettered or
   skipped.

@@ -110,10 +110,11 @@ class KStream:
         source = repartition_through(b, self._node, repartition_topic(base), ks, vs, partitions)
         return KStream(b, source, ks, vs)
 
-    def _by_key(self, what: str) -> "KStream":
+    def _by_key(self, what: str, key_serde=None, value_serde=None) -> "KStream":
         """This stream, or, after a key-changing operator, this stream through a repartition
-        topic (``<what>`` names it in ``describe()``)."""
-        return self._through_repartition(None) if self.repartition_required else self
+        topic (written with ``key_serde``/``value_serde`` when given: the serdes of what follows,
+        as Kafka Streams' Materialized ones)."""
+        return self._through_repartition(None, key_serde, value_serde) if self.repartition_required else self
 
     def filter(self, predicate, name: str | None = None) -> "KStream":
         return self._then("KSTREAM-FILTER", lambda n: StreamFilter(n.name, predicate), name,
@@ -149,7 +150,7 @@ class KStream:
         """The stream as a table (materialized in store ``name``): each record an update of its
         key, a None value a delete, records without a key dropped (and counted); after a
         key-changing operator, through a repartition topic first."""
-        src = self._by_key("to_table")
+        src = self._by_key("to_table", key_serde, value_serde)
         b = self._builder
         ks, vs = key_serde or src.key_serde, value_serde or src.value_serde
         node_name = b.new_name("KSTREAM-TOTABLE")

@@ -16,6 +16,8 @@ tombstone of a session merged away) carries its end as timestamp, as in Kafka St
 
 from __future__ import annotations
 
+import heapq
+
 from processor.operators.aggregate import TS, StreamAggregate
 from processor.records import Windowed
 from processor.state import session_key, timestamped
@@ -34,12 +36,13 @@ class SessionWindowedStreamAggregate(StreamAggregate):
         self.late_records_dropped = 0
         self.sessions_merged = 0
         self.sessions_closed = 0
-        self._earliest_end: int | None = None
+        # the sessions by end (a heap; entries of sessions merged away since are dropped when met)
+        self._by_end: list[tuple[int, bytes]] = []
 
     def init(self, context):
         super().init(context)
-        ends = [session_key.decode(k)[2] for k, _ in self.store.items()]
-        self._earliest_end = min(ends) if ends else None
+        self._by_end = [(session_key.decode(k)[2], k) for k, _ in self.store.items()]
+        heapq.heapify(self._by_end)
 
     def _key_of(self, sk):
         kb, start, end = session_key.decode(sk)
@@ -88,8 +91,8 @@ class SessionWindowedStreamAggregate(StreamAggregate):
             agg = self._call(self.aggregator, key, value, agg)
         raw = self.store.get(new_sk)
         self._put(new_sk, raw, agg, end)   # a session's result carries its end, as in Kafka Streams
-        if self._earliest_end is None or end < self._earliest_end:
-            self._earliest_end = end
+        if new_sk not in {sk for sk, _ in merged}:
+            heapq.heappush(self._by_end, (end, new_sk))
         self._after(advanced)
 
     def punctuate_stream(self, stream_time: int) -> None:
@@ -98,26 +101,26 @@ class SessionWindowedStreamAggregate(StreamAggregate):
         self._close_sessions(stream_time - self.grace - self.gap)
 
     def _close_sessions(self, close_time: int) -> None:
-        if self._earliest_end is None or self._earliest_end >= close_time:
+        """Close (emit under on_window_close, then purge) the sessions ending before
+        ``close_time``, in the order they closed: by end, then key and start."""
+        heap = self._by_end
+        if not heap or heap[0][0] >= close_time:
             return
         final = self.emit.mode == "on_window_close"
-        closed, earliest = [], None
-        for sk, raw in self.store.items():
-            end = session_key.decode(sk)[2]
-            if end < close_time:
-                closed.append((end, session_key.decode(sk)[1], sk, raw))
-            elif earliest is None or end < earliest:
-                earliest = end
-        closed.sort()   # in the order they closed: by end, then start
-        for _, _, sk, raw in closed:
+        closing = {}
+        while heap and heap[0][0] < close_time:
+            end, sk = heapq.heappop(heap)
+            raw = self.store.get(sk)
+            if raw is not None:   # (not merged into another since)
+                closing[sk] = (end, sk, raw)
+        for _, sk, raw in sorted(closing.values()):
             if final:
                 self.emitter.window_closed(sk, raw[TS:], timestamped.timestamp_of(raw))
             else:
                 self.emitter.emit_pending(sk)
             self.store.delete(sk)
             self.emitter.forget(sk)
-        self.sessions_closed += len(closed)
-        self._earliest_end = earliest
+        self.sessions_closed += len(closing)
 
     def metrics(self):
         return {**super().metrics(), "late_records_dropped": self.late_records_dropped,

@@ -18,6 +18,8 @@ diff)``; a result carries its window's timestamp.
 
 from __future__ import annotations
 
+import heapq
+
 from processor.operators.aggregate import TS, StreamAggregate
 from processor.records import Windowed
 from processor.state import sliding_key, timestamped
@@ -34,24 +36,25 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
         self.late_records_dropped = 0
         self.expired_updates_dropped = 0
         self.windows_closed = 0
-        self._next_close: int | None = None   # the earliest end of a window not closed yet
-        self._next_purge: int | None = None   # the earliest end of a stored window
+        # the windows by end: those not closed yet, and every stored one (heaps of (end, key),
+        # each window once; a window purged since is dropped when met)
+        self._to_close: list[tuple[int, bytes]] = []
+        self._to_purge: list[tuple[int, bytes]] = []
+        self._indexed: set[bytes] = set()
         self._closed_before = None            # windows ending before this are closed
 
     def init(self, context):
         super().init(context)
         self._closed_before = self.observed_time - self.grace if self.observed_time >= 0 else None
-        self._rescan()
-
-    def _rescan(self) -> None:
-        nc = np = None
         close = self._closed_before
         for k, _ in self.store.items():
             end = sliding_key.decode(k)[1] + self.diff
-            np = end if np is None or end < np else np
+            self._to_purge.append((end, k))
             if close is None or end >= close:
-                nc = end if nc is None or end < nc else nc
-        self._next_close, self._next_purge = nc, np
+                self._to_close.append((end, k))
+            self._indexed.add(k)
+        heapq.heapify(self._to_close)
+        heapq.heapify(self._to_purge)
 
     def _key_of(self, wk):
         kb, start = sliding_key.decode(wk)
@@ -88,11 +91,11 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
         else:
             self.store.put(wk, timestamped.encode(ts, vb))
         self.emitter.updated(wk, vb, ts, ts)
-        end = start + self.diff
-        if self._next_close is None or end < self._next_close:
-            self._next_close = end
-        if self._next_purge is None or end < self._next_purge:
-            self._next_purge = end
+        if wk not in self._indexed:   # (a window is written only while it is open)
+            self._indexed.add(wk)
+            end = start + self.diff
+            heapq.heappush(self._to_close, (end, wk))
+            heapq.heappush(self._to_purge, (end, wk))
 
     def _update(self, kb, start, agg, agg_ts, key, value, ts, close) -> None:
         """Add the record to window ``start`` whose aggregate is ``agg`` (None: none yet)."""
@@ -191,32 +194,25 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
         if self.emit.mode == "every" and self.emit.clock == "stream":
             self.emitter.punctuate(stream_time)
         close = stream_time - self.grace
-        due_close = self._next_close is not None and self._next_close < close
-        due_purge = self._next_purge is not None and self._next_purge < close - self.diff
-        if not (due_close or due_purge):
-            self._closed_before = close
-            return
-        before = self._closed_before
-        closing, purging = [], []
-        for wk, raw in self.store.items():
-            end = sliding_key.decode(wk)[1] + self.diff
-            if end < close and (before is None or end >= before):
-                closing.append((end, wk, raw))
-            if end < close - self.diff:
-                purging.append(wk)
-        closing.sort(key=lambda e: (e[0], e[1]))
         final = self.emit.mode == "on_window_close"
-        for _, wk, raw in closing:
+        closing = []
+        while self._to_close and self._to_close[0][0] < close:
+            end, wk = heapq.heappop(self._to_close)
+            raw = self.store.get(wk)
+            if raw is not None:
+                closing.append((end, wk, raw))
+        for _, wk, raw in sorted(closing):   # in the order they closed: by end, then key
             if final:
                 self.emitter.window_closed(wk, raw[TS:], timestamped.timestamp_of(raw))
             else:
                 self.emitter.emit_pending(wk)
         self.windows_closed += len(closing)
-        for wk in purging:
+        while self._to_purge and self._to_purge[0][0] < close - self.diff:
+            _, wk = heapq.heappop(self._to_purge)
+            self._indexed.discard(wk)
             self.store.delete(wk)
             self.emitter.forget(wk)
         self._closed_before = close
-        self._rescan()
 
     def metrics(self):
         return {**super().metrics(), "late_records_dropped": self.late_records_dropped,

@@ -15,8 +15,8 @@ from __future__ import annotations
 import struct
 
 from processor import papi
-from processor.errors import TopologyError
-from processor.operators.base import Processor
+from processor.errors import ProcessingError, TopologyError
+from processor.operators.base import Processor, describe_function
 from processor.records import Record
 from processor.state.store import BOOKKEEPING_STORE
 
@@ -102,7 +102,10 @@ class UserProcessor(Processor):
         if not isinstance(interval_ms, int) or interval_ms < 1:
             raise TopologyError(f"{self.name}: schedule() takes an interval of at least 1 ms, not {interval_ms!r}")
         if punctuation_type == "stream":
-            s = _Schedule(interval_ms, callback, 0)   # aligned to 0: the first at the first record
+            # aligned to 0: the first at the first record; a schedule made again (a restored
+            # task, operators rebuilt after a failed record) goes on from where it was
+            raw = self._bookkeeping.get(self._schedule_key(len(self._stream_schedules)))
+            s = _Schedule(interval_ms, callback, 0 if raw is None else _TIME.unpack(raw)[0])
             self._stream_schedules.append(s)
         elif punctuation_type == "wall":
             s = _Schedule(interval_ms, callback, self.context.wall_clock() + interval_ms)
@@ -112,33 +115,38 @@ class UserProcessor(Processor):
         return s.handle
 
     # -- the operator -------------------------------------------------------------------------
+    def _schedule_key(self, i: int) -> bytes:
+        return b"punctuate\x00" + self.name.encode("utf-8") + b"\x00" + str(i).encode()
+
     def process(self, key, value, timestamp):
         ctx = self.context
         self._ts = timestamp
-        rec = Record(key, value, timestamp, tuple(ctx.headers or ()), ctx.topic, ctx.partition, ctx.offset)
-        try:
-            self.user.process(rec)
-        except Exception as exc:
-            raise self.user_error(self.user.process, exc) from exc
-        if timestamp > self.observed_time:
+        advanced = timestamp > self.observed_time
+        if advanced:   # stream time includes the record being processed (current_stream_time_ms)
             self.observed_time = timestamp
             self._bookkeeping.put(self._time_key, _TIME.pack(timestamp))
-            if self._stream_schedules:
-                self._punctuate(self._stream_schedules, timestamp)
+        rec = Record(key, value, timestamp, tuple(ctx.headers or ()), ctx.topic, ctx.partition, ctx.offset)
+        self.call_user(self.user.process, rec)
+        if advanced and self._stream_schedules:
+            self._punctuate(self._stream_schedules, timestamp, stream=True)
 
-    def _punctuate(self, schedules, now: int) -> None:
-        for s in list(schedules):
-            if s.handle.cancelled:
-                schedules.remove(s)
+    def _punctuate(self, schedules, now: int, stream: bool = False) -> None:
+        for i, s in enumerate(list(schedules)):
+            if s.handle.cancelled or now < s.next:
                 continue
-            if now >= s.next:
-                self._ts = now
-                try:
-                    s.callback(now)
-                except Exception as exc:
-                    raise self.user_error(s.callback, exc) from exc
-                self.punctuations += 1
-                s.advance(now)
+            self._ts = now
+            try:
+                s.callback(now)
+            except Exception as exc:
+                # a punctuation is not the record's doing: fatal, never a dead-lettered record
+                # (a wall-clock one fails outside any record anyway)
+                raise ProcessingError(f"{'stream' if stream else 'wall'}-time punctuation "
+                                      f"{describe_function(s.callback)} raised {type(exc).__name__}: {exc}",
+                                      step=self.name) from exc
+            self.punctuations += 1
+            s.advance(now)
+            if stream:
+                self._bookkeeping.put(self._schedule_key(i), _TIME.pack(s.next))
 
     def punctuate_wall(self, now_ms: int) -> None:
         if self._wall_schedules:

@@ -1,9 +1,9 @@
 """The worker's global tables: every partition of each global table's topic, held in one RocksDB
 database beside the tasks' (``<state-dir>/<application-id>/global``), outside the group.
 
-Invariant: ``bootstrap()`` returns only once every store holds its topic up to the ends the
-topics had when it started (from the database's checkpoint: a restart reads only what came
-since); the worker calls it before it joins the group, so no task processes a record against a
+Invariant: ``bootstrap()`` returns only once every store holds its topic up to each partition's
+end as partition EOF reports it (from the database's checkpoint: a restart reads only what came
+since; an end after a transaction marker or deleted records is reached too); the worker calls it before it joins the group, so no task processes a record against a
 table that is behind its topic's start-up end. Afterwards ``poll()`` (each loop) applies what
 arrives, and ``commit()`` (with the worker's commits) persists the stores with the positions
 they reached, atomically. Progress is logged while bootstrapping; ``records_skipped`` counts
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from processor.engine.global_tables import apply_global_record
 from processor.errors import ConfigError
@@ -38,7 +38,10 @@ class GlobalTables:
         self.consumer = None
         self._dirty = False
 
-    def bootstrap(self, timeout_s: float = 600.0) -> None:
+    def bootstrap(self, timeout_s: float = 600.0, commit_every: int = 50_000) -> None:
+        """Read every partition from its checkpoint to its end (partition EOF: the end as the
+        broker sees it then, wherever the last offset is a transaction marker or deleted),
+        committing every ``commit_every`` records, so a crash keeps what was read."""
         counts = kafka.topic_partitions(self.bootstrap_servers)
         missing = sorted(t for t in self.specs if t not in counts)
         if missing:
@@ -46,35 +49,42 @@ class GlobalTables:
         conf = kafka.consumer_defaults(self.bootstrap_servers)
         conf.update(self._consumer_config)
         conf.update({"group.id": f"global-{time.time_ns()}", "enable.auto.commit": False,
-                     "enable.partition.eof": True})
+                     "enable.partition.eof": True, "auto.offset.reset": "earliest"})
         conf.pop("group.instance.id", None)
         self.consumer = kafka.new_consumer(conf, "the global tables")
         parts = [(t, p) for t in sorted(self.specs) for p in range(counts[t])]
-        ends = {}
-        for t, p in parts:
-            _, hi = self.consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)
-            ends[(t, p)] = hi
-        kafka.assign(self.consumer, [TopicPartition(t, p, self.positions.get((t, p), 0)) for t, p in parts])
-        todo = {tp for tp, e in ends.items() if self.positions.get(tp, 0) < e}
-        total = sum(max(0, e - self.positions.get(tp, 0)) for tp, e in ends.items())
-        log.info("global tables: bootstrapping %d record(s) of %s", total, ", ".join(sorted(self.specs)))
-        deadline, last_log = time.monotonic() + timeout_s, time.monotonic()
+        kafka.assign(self.consumer, [TopicPartition(t, p, self.positions.get((t, p), OFFSET_BEGINNING))
+                                     for t, p in parts])
+        todo = set(parts)
+        log.info("global tables: bootstrapping %s (%d partition(s)) to their ends", ", ".join(sorted(self.specs)),
+                 len(parts))
+        deadline, last_log, since_commit = time.monotonic() + timeout_s, time.monotonic(), 0
         while todo:
             for m in self.consumer.consume(1000, 0.2):
-                tp = (m.topic(), m.partition())
-                if m.error() is not None:
-                    if m.error().code() == m.error()._PARTITION_EOF and self.positions.get(tp, 0) >= ends[tp]:
+                err = m.error()
+                if err is not None:
+                    if err.code() == err._PARTITION_EOF:
+                        tp = (m.topic(), m.partition())
+                        self.positions[tp] = max(self.positions.get(tp, 0), m.offset())
                         todo.discard(tp)
+                    elif err.fatal():
+                        raise ConfigError(f"global tables: fatal Kafka error: {err.str()}")
+                    else:
+                        log.warning("global tables: Kafka error (librdkafka retries): %s", err.str())
                     continue
                 self._apply(m)
-                if self.positions[tp] >= ends[tp]:
-                    todo.discard(tp)
+                since_commit += 1
+            if since_commit >= commit_every:
+                self.commit()
+                since_commit = 0
             if time.monotonic() > deadline:
                 raise ConfigError(f"global tables: bootstrap did not reach the topics' ends within {timeout_s:g} s "
                                   f"({sorted(todo)} behind)")
             if time.monotonic() - last_log > 5:
                 last_log = time.monotonic()
-                log.info("global tables: %d of %d record(s) applied", self.records_applied, total)
+                log.info("global tables: %d record(s) applied, %d partition(s) to go", self.records_applied,
+                         len(todo))
+        self._dirty = True
         self.commit()
         log.info("global tables: bootstrapped (%d record(s) applied, %d skipped)", self.records_applied,
                  self.records_skipped)
@@ -96,9 +106,19 @@ class GlobalTables:
             return 0
         n = 0
         for m in self.consumer.consume(max_records, 0):
-            if m.error() is None:
+            err = m.error()
+            if err is None:
                 self._apply(m)
                 n += 1
+            elif err.code() == err._PARTITION_EOF:
+                tp = (m.topic(), m.partition())
+                if m.offset() > self.positions.get(tp, 0):   # past markers or deleted records
+                    self.positions[tp] = m.offset()
+                    self._dirty = True
+            elif err.fatal():
+                raise ConfigError(f"global tables: fatal Kafka error: {err.str()}")
+            else:
+                log.warning("global tables: Kafka error (librdkafka retries): %s", err.str())
         return n
 
     def commit(self) -> None:

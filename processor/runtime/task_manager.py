@@ -32,7 +32,7 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from processor.engine.task import Task, max_record_bytes_of
-from processor.errors import ChangelogMismatch
+from processor.errors import ChangelogMismatch, KafkaIOError, ProcessorError
 from processor.kafka import clients as kafka
 from processor.runtime import sink_tails
 from processor.runtime.changelog import ChangelogWriter, RestoreTarget, restore_steps, restore_tasks
@@ -59,7 +59,13 @@ class TaskManagement:
         now = time.monotonic()
         if now - self._topics_looked_at >= self.TOPIC_REFRESH_S:
             self._topics_looked_at = now
-            self._known_topics = frozenset(kafka.topic_partitions(self.bootstrap_servers))
+            try:
+                self._known_topics = frozenset(kafka.topic_partitions(self.bootstrap_servers, timeout_s=5.0))
+            except ProcessorError as exc:
+                # no answer: whether the topic exists is unknown, and a record is not dead-lettered
+                # on a guess (exit 7; a restart resumes at the last commit)
+                raise KafkaIOError(f"cannot list the cluster's topics to check topic {topic!r}, named by a "
+                                   f"topic extractor: {exc}") from exc
         return topic in self._known_topics
 
     def _restore_consumer_config(self) -> dict:

@@ -47,6 +47,9 @@ def mark_passthrough_sinks(topo) -> None:
 def mark_table_sinks(topo) -> None:
     from processor.graph import ToStreamAttrs, getter_spec
 
+    # a topic extractor may write any topic, a table sink's too: then no sink is the only writer
+    # of its topic
+    extractors = any(n.kind == "sink" and n.attrs.extractor is not None for n in topo.nodes)
     writers: dict[str, int] = {}
     for n in topo.nodes:
         if n.kind == "sink":
@@ -54,7 +57,7 @@ def mark_table_sinks(topo) -> None:
     for n in topo.nodes:
         if n.kind != "sink" or n.attrs.internal or n.sink_topic is None:
             continue
-        ok = (writers[n.sink_topic] == 1 and len(n.parents) == 1
+        ok = (not extractors and writers[n.sink_topic] == 1 and len(n.parents) == 1
               and isinstance(n.parents[0].attrs, ToStreamAttrs) and len(n.parents[0].parents) == 1
               and getter_spec(n.parents[0].parents[0]) is not None)
         if ok != n.attrs.carries_table:

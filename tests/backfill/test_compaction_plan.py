@@ -43,7 +43,7 @@ def test_only_sources_whose_readers_end_the_same_are_compacted():
     plan = compaction_plan(_topologies())
     assert sorted(plan) == ["customers", "orders"]
     assert plan["orders"] == "last real changes per key (foreign-key join, table sink)"
-    assert plan["customers"] == "last real changes per key (foreign-key join)"
+    assert plan["customers"] == "last real changes per key (foreign-key join, table sink)"
 
 
 def test_replaying_the_last_two_changes_leaves_the_stores_of_a_full_replay():
@@ -108,29 +108,54 @@ def test_poison_records_are_kept_whatever_follows_them():
 def test_with_emit_outputs_only_sources_whose_sinks_carry_an_empty_table_are_compacted():
     """``--emit-outputs``: a source is reduced only when every user sink downstream carries a
     table (its final table is the result) that held no record at the snapshot, with no table
-    map_values between; ``refusals`` names why the others replay every record."""
+    map_values or foreign-key join between; ``refusals`` names why the others replay every record."""
     def topo():
         b = StreamsBuilder()
         orders, customers = b.table("orders"), b.table("customers")
-        orders.filter(lambda k, v: v["n"] > 1).to_stream().to("big")
-        joined = orders.join_on_foreign_key(customers, lambda v: v["c"], lambda o, c: [o, c])
-        joined.group_by(lambda k, v: (v[1], 1)).count().to_stream().to("per-customer")
+        orders.join_on_foreign_key(customers, lambda v: v["c"], lambda o, c: [o, c]).to_stream().to("joined")
+        b.table("plain").filter(lambda k, v: v["n"] > 1).to_stream().to("big")
         b.table("mapped").map_values(lambda v: v["n"] % 2).to_stream().to("parity")
         b.table("streamed").filter(lambda k, v: True).to_stream().filter(lambda k, v: True).to("s")
         return b.build()
 
+    assert sorted(compaction_plan(topo())) == ["customers", "mapped", "orders", "plain"]
     refusals: dict = {}
     plan = compaction_plan(topo(), emit_outputs=True, refusals=refusals)
-    assert sorted(plan) == ["customers", "orders"]
-    assert sorted(refusals) == ["mapped"]
-    assert "table map_values" in refusals["mapped"] and refusals["mapped"].startswith(
-        "every record replayed (--emit-outputs: ")
-    # a sink that already holds records: its tombstones need the history, for both sides of the join
+    assert sorted(plan) == ["plain"]
+    assert sorted(refusals) == ["customers", "mapped", "orders"]
+    assert "(a table map_values) skips unchanged results" in refusals["mapped"]
+    assert "(a foreign-key join) skips unchanged results" in refusals["orders"]
+    assert all(r.startswith("every record replayed (--emit-outputs: ") for r in refusals.values())
+    # a sink that already holds records: its tombstones need the history
     refusals = {}
-    plan = compaction_plan(topo(), emit_outputs=True, held_outputs={"per-customer"}, refusals=refusals)
-    assert sorted(plan) == []
-    del refusals["mapped"]
-    assert refusals == {t: "every record replayed (--emit-outputs: per-customer already holds records: its "
-                           "tombstones need the history)" for t in ("customers", "orders")}
+    plan = compaction_plan(topo(), emit_outputs=True, held_outputs={"big"}, refusals=refusals)
+    assert plan == {} and refusals["plain"] == ("every record replayed (--emit-outputs: big already holds "
+                                                "records: its tombstones need the history)")
     # without outputs the held sinks do not matter
-    assert sorted(compaction_plan(topo(), held_outputs={"per-customer"})) == ["customers", "mapped", "orders"]
+    assert "plain" in compaction_plan(topo(), held_outputs={"big"})
+
+
+def test_an_aggregation_of_a_foreign_key_joins_results_makes_both_sides_replay_every_record():
+    """Found in review: o1 moving A -> B -> C leaves A and B at count 0 in a full replay, while
+    its last two changes (B, C) never reach A. So what reads a foreign-key join's result table
+    follows the table rule too, and an aggregation of it does not."""
+    def topo():
+        b = StreamsBuilder()
+        orders, customers = b.table("orders", store_name="orders"), b.table("customers", store_name="cust")
+        orders.join_on_foreign_key(customers, lambda v: v["c"], lambda o, c: c["name"], name="fk") \
+            .group_by(lambda k, v: (v, 1)).count(name="per-customer")
+        return b.build()
+
+    assert compaction_plan(topo()) == {}
+    history = [("customers", k, {"name": k}) for k in "ABC"] + [("orders", "o1", {"c": c}) for c in "ABC"]
+    full = _counts(topo(), history)
+    kept = _counts(topo(), history[:3] + history[-2:])   # the last two changes of o1
+    assert full == {"A": 0, "B": 0, "C": 1} and kept == {"B": 0, "C": 1}
+
+
+def _counts(topo, records):
+    with TopologyTestDriver(topo) as d:
+        for i, (t, k, v) in enumerate(records):
+            d.pipe_input(t, k, v, timestamp=i)
+        store = d.get_store("per-customer")
+        return {k: store.get(k) for k in "ABC" if store.get(k) is not None}

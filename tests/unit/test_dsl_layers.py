@@ -27,6 +27,10 @@ def _dsl_imports(path: Path) -> set[str]:
             continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("processor.dsl."):
             out.add(node.module.split(".")[2])
+        elif isinstance(node, ast.ImportFrom) and node.module == "processor.dsl":   # from processor.dsl import x
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[2] for a in node.names if a.name.startswith("processor.dsl."))
         stack.extend(ast.iter_child_nodes(node))
     return out
 

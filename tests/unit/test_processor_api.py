@@ -7,7 +7,7 @@ import random
 import pytest
 
 from processor import Processor, Record, Stores, StreamsBuilder
-from processor.errors import TopologyError, UserFunctionError
+from processor.errors import ProcessingError, TopologyError, UserFunctionError
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 
@@ -246,3 +246,46 @@ def test_a_key_change_in_process_repartitions_a_later_group_by_key():
     b = StreamsBuilder()
     b.stream("in").process(Rekey).group_by_key().count(name="c")
     assert "-repartition" in b.build().describe()
+
+
+def test_a_failed_record_neither_restarts_nor_repeats_the_stream_schedule():
+    """Found in review: the operators are rebuilt after a failed record; the schedule goes on
+    from its kept next time (interval 100: records at 0, 10, 20 (fails), 30 punctuate at 0 only)."""
+    class FailingTicker(Ticker):
+        def __init__(self):
+            super().__init__("stream", 100)
+
+        def process(self, record):
+            if record.value.get("fail"):
+                raise ValueError("bad record")
+            super().process(record)
+
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("n"))
+    b.stream("in").process(FailingTicker, stores=["n"]).to("ticks")
+    with TopologyTestDriver(b.build(), on_error="skip") as d:
+        for ts, v in ((0, {}), (10, {}), (20, {"fail": True}), (30, {})):
+            d.pipe_input("in", "k", v, timestamp=ts)
+        assert [(r.timestamp, r.value) for r in d.read_output("ticks")] == [(0, 1)]
+        d.pipe_input("in", "k", {}, timestamp=100)
+        assert [(r.timestamp, r.value) for r in d.read_output("ticks")] == [(100, 4)]
+
+
+def test_a_punctuation_that_raises_is_fatal_not_the_records_fault():
+    class Boom(Processor):
+        def init(self, context):
+            context.schedule(10, "stream", self.tick)
+
+        def tick(self, ts):
+            raise RuntimeError("tick failed")
+
+        def process(self, record):
+            pass
+
+    b = StreamsBuilder()
+    b.stream("in").process(Boom).to("out")
+    with TopologyTestDriver(b.build(), on_error="dlq") as d:
+        with pytest.raises(ProcessingError, match="stream-time punctuation .*tick failed") as info:
+            d.pipe_input("in", "k", {}, timestamp=0)
+        assert not isinstance(info.value, UserFunctionError)
+        assert d.read_output(d.dlq_topic, Serdes.bytes(), Serdes.bytes()) == []

@@ -212,3 +212,13 @@ def test_repartition_goes_through_a_named_internal_topic_with_the_declared_parti
     assert got["out"] == recs and got["out"][0][0] == recs[0][0]
     with pytest.raises(TopologyError, match="positive number"):
         StreamsBuilder().stream("in").repartition(partitions=0)
+
+
+def test_to_table_after_a_key_change_repartitions_with_its_own_serdes():
+    """Found in review: the repartition before to_table writes with to_table's serdes."""
+    b = StreamsBuilder()
+    b.stream("in").select_key(lambda k, v: v["id"]).to_table(name="by-id", key_serde=Serdes.json())
+    with TopologyTestDriver(b.build()) as d:
+        d.pipe_input("in", "a", {"id": 7}, timestamp=1)
+        assert d.get_store("by-id").get(7) == {"id": 7}
+        assert d.read_output(d.dlq_topic, Serdes.bytes(), Serdes.bytes()) == []
