@@ -140,3 +140,35 @@ def test_wall_clock_punctuation_runs_on_the_worker(kafka_bootstrap, unique, tmp_
     stamps = [ts for _, ts in ticks]
     assert stamps == sorted(stamps) and stamps[0] >= started
     assert all(b - a >= 100 for a, b in zip(stamps, stamps[1:]))   # at most one per interval
+
+
+def test_a_user_store_is_queryable_while_the_worker_runs(kafka_bootstrap, unique, tmp_path):
+    """``worker.store(name)`` (what ``/stores`` serves) reads a Processor API store like any
+    key-value store: every key the dedup saw, with its first value."""
+    import threading
+
+    from tests.integration.helpers import wait_until_tasks_committed
+
+    t = {n: f"paq-{n}-{unique}" for n in ("in", "out", "ticks")}
+    kafka.create_topics(kafka_bootstrap, {v: 3 for v in t.values()})
+    rnd = random.Random(5)
+    records = [(f"k{rnd.randrange(50):02d}".encode(), json.dumps({"x": i}).encode()) for i in range(600)]
+    produce(kafka_bootstrap, t["in"], records)
+    app = f"paq-{unique}"
+    w = Worker(topology_for(t), kafka_bootstrap, app, tmp_path, commit_interval_ms=200,
+               consumer_config=TEST_CONSUMER_CONFIG)
+    runner = threading.Thread(target=lambda: w.run(install_signal_handlers=False), daemon=True)
+    runner.start()
+    try:
+        wait_until_tasks_committed(kafka_bootstrap, topology_for(t).for_application(app), {t["in"]: 3},
+                                   "read_uncommitted", timeout_s=60)
+        first: dict = {}
+        for k, v in records:
+            first.setdefault(k.decode(), json.loads(v))
+        view = w.store("seen")
+        assert {k: view.get(k) for k in sorted(first)} == {k: first[k] for k in sorted(first)}
+        assert view.get("no-such-key") is None
+    finally:
+        w.stop()
+        runner.join(60)
+    assert not runner.is_alive()
