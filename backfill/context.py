@@ -26,8 +26,6 @@ class JobContext:
 
     def __init__(self, topo, routing, counts, bootstrap_servers, on_error, dlq, producer_config,
                  emit_outputs=False, build_databases=True, local_root=None):
-        from backfill.compaction import compaction_plan
-
         self.emit_outputs = emit_outputs
         # whether the tasks send their final stores back to the driver (a --state-dir to fill)
         self.build_databases = build_databases
@@ -41,9 +39,9 @@ class JobContext:
         self.output_ends: dict = {}       # (user sink topic, partition) -> (start, end) (--emit-outputs)
         # the global tables at the snapshot, the same for every task: {store: [(key, stored bytes)]}
         self.global_tables: dict = {}
-        # the table sources reduced to their last real changes (backfill.compaction); the job
-        # sets it once it knows which sink topics already hold records
-        self.compacted = set(compaction_plan(topo, emit_outputs, held_outputs=topo.sink_topics(internal=False)))
+        # the table sources reduced to their last real changes (backfill.compaction): set by the
+        # job once it knows which sink topics already hold records
+        self.compacted: set = set()
         self.topo = topo
         self.routing = routing
         self.counts = counts

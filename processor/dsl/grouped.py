@@ -180,40 +180,41 @@ class KGroupedStream:
                                 f"(diff, grace), not {windows!r}")
         return TimeWindowedKStream(self, windows)
 
-    def _build_sliding(self, kind, initializer, aggregator, emit, name, value_serde, windows):
-        from processor.operators.sliding_aggregate import SlidingWindowedStreamAggregate
-        from processor.state.sliding_key import SlidingStoreKeySerde
-
+    def _build_windowed(self, kind, emit, name, value_serde, windows, make, store_key_serde, result_key_serde,
+                        store_kind):
+        """A session- or sliding-windowed aggregate: ``make(node name, store, emit)`` its
+        operator, keyed in its store by ``store_key_serde`` and in its result by ``result_key_serde``."""
         emit = _check_emit(emit, windowed=True)
         b = self._stream._builder
         store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
         b.check_store_names_free(store)
         parent = self._input(store)
+        node = _aggregate_node(b, parent, store, self.key_serde, value_serde, lambda n: make(n.name, store, emit),
+                               kind, emit, windows, store_key_serde=store_key_serde, store_kind=store_kind)
+        return b.table_of(node, result_key_serde, value_serde, store_name=store)
+
+    def _build_sliding(self, kind, initializer, aggregator, emit, name, value_serde, windows):
+        from processor.operators.sliding_aggregate import SlidingWindowedStreamAggregate
+        from processor.state.sliding_key import SlidingStoreKeySerde
+
         ks = self.key_serde
-        node = _aggregate_node(
-            b, parent, store, ks, value_serde,
-            lambda n: SlidingWindowedStreamAggregate(n.name, store, ks, value_serde, emit, initializer, aggregator,
-                                                     windows),
-            kind, emit, windows, store_key_serde=SlidingStoreKeySerde(ks, windows.diff_ms), store_kind="window")
-        return b.table_of(node, Serdes.windowed(ks, windows.diff_ms), value_serde, store_name=store)
+        return self._build_windowed(
+            kind, emit, name, value_serde, windows,
+            lambda node, store, em: SlidingWindowedStreamAggregate(node, store, ks, value_serde, em, initializer,
+                                                                   aggregator, windows),
+            SlidingStoreKeySerde(ks, windows.diff_ms), Serdes.windowed(ks, windows.diff_ms), "window")
 
     def _build_sessions(self, kind, initializer, aggregator, merger, emit, name, value_serde, windows):
         from processor.operators.session_aggregate import SessionWindowedStreamAggregate
         from processor.serde.windowed import SessionWindowedSerde
 
-        emit = _check_emit(emit, windowed=True)
-        b = self._stream._builder
-        store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
-        b.check_store_names_free(store)
-        parent = self._input(store)
         ks = self.key_serde
-        session_keys = SessionWindowedSerde(ks)
-        node = _aggregate_node(
-            b, parent, store, ks, value_serde,
-            lambda n: SessionWindowedStreamAggregate(n.name, store, ks, value_serde, emit, initializer, aggregator,
-                                                     merger, windows),
-            kind, emit, windows, store_key_serde=session_keys, store_kind="session")
-        return b.table_of(node, session_keys, value_serde, store_name=store)
+        session_keys = SessionWindowedSerde(ks)   # the store's key layout is the result's
+        return self._build_windowed(
+            kind, emit, name, value_serde, windows,
+            lambda node, store, em: SessionWindowedStreamAggregate(node, store, ks, value_serde, em, initializer,
+                                                                   aggregator, merger, windows),
+            session_keys, session_keys, "session")
 
 
 class TimeWindowedKStream:

@@ -110,7 +110,7 @@ class KStream:
         source = repartition_through(b, self._node, repartition_topic(base), ks, vs, partitions)
         return KStream(b, source, ks, vs)
 
-    def _by_key(self, what: str, key_serde=None, value_serde=None) -> "KStream":
+    def _by_key(self, key_serde=None, value_serde=None) -> "KStream":
         """This stream, or, after a key-changing operator, this stream through a repartition
         topic (written with ``key_serde``/``value_serde`` when given: the serdes of what follows,
         as Kafka Streams' Materialized ones)."""
@@ -150,7 +150,7 @@ class KStream:
         """The stream as a table (materialized in store ``name``): each record an update of its
         key, a None value a delete, records without a key dropped (and counted); after a
         key-changing operator, through a repartition topic first."""
-        src = self._by_key("to_table", key_serde, value_serde)
+        src = self._by_key(key_serde, value_serde)
         b = self._builder
         ks, vs = key_serde or src.key_serde, value_serde or src.value_serde
         node_name = b.new_name("KSTREAM-TOTABLE")
@@ -179,7 +179,7 @@ class KStream:
             return self._join_global(other, joiner, key_selector, how, name, value_serde, windows)
         if key_selector is not None:
             raise TopologyError("key_selector= is for a join with a GlobalKTable")
-        me = self._by_key("join")
+        me = self._by_key()
         if me is not self:
             return me._join(other, joiner, windows, how, name, value_serde)
         if kind == "stream" and other.repartition_required:

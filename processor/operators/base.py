@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from processor import provenance
 from processor.engine.routing import Routing
-from processor.errors import ProcessorError, SerializationError, UserFunctionError
+from processor.errors import ConfigError, ProcessorError, SerializationError, UserFunctionError
 
 
 def describe_function(fn: Callable) -> str:
@@ -80,8 +80,6 @@ class ProcessorContext:
         """A global table's store: the host's, shared by every task (read only to operators)."""
         store = self.global_stores.get(name)
         if store is None:
-            from processor.errors import ConfigError
-
             raise ConfigError(f"task {self.task_id}: no global store {name!r} (the host holds "
                               f"{sorted(self.global_stores)})")
         return store

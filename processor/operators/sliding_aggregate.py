@@ -62,15 +62,13 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
 
     # -- the store ---------------------------------------------------------------------------
     def _windows(self, kb: bytes, lo: int, hi: int):
-        """``[(start, agg, timestamp)]`` of ``kb``'s windows with ``lo <= start <= hi``, newest first."""
-        out = []
+        """``(start, agg, timestamp)`` of ``kb``'s windows with ``lo <= start <= hi``, newest first
+        (each aggregate deserialized only when the caller gets that far)."""
         n = len(kb) + sliding_key.START_SIZE
-        for wk, raw in self.store.range(sliding_key.encode(kb, lo), sliding_key.encode(kb, hi + 1)):
-            if len(wk) == n:
-                out.append((sliding_key.decode(wk)[1], self.value_serde.deserialize(raw[TS:]),
-                            timestamped.timestamp_of(raw)))
-        out.reverse()
-        return out
+        entries = [(wk, raw) for wk, raw in self.store.range(sliding_key.encode(kb, lo), sliding_key.encode(kb, hi + 1))
+                   if len(wk) == n]
+        for wk, raw in reversed(entries):
+            yield sliding_key.decode(wk)[1], self.value_serde.deserialize(raw[TS:]), timestamped.timestamp_of(raw)
 
     def _init(self):
         return None if self.initializer is None else self._call(self.initializer)
@@ -165,7 +163,7 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
         right_exists = False
         starts = set()
         prev_ts = None
-        windows = self._windows(kb, 0, ts + 1)
+        windows = list(self._windows(kb, 0, ts + 1))
         windows.reverse()   # oldest first
         for start, agg, wts in windows:
             starts.add(start)

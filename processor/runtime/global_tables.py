@@ -48,6 +48,7 @@ class GlobalTables:
             raise ConfigError(f"global table topic(s) {', '.join(missing)} do not exist on {self.bootstrap_servers}")
         conf = kafka.consumer_defaults(self.bootstrap_servers)
         conf.update(self._consumer_config)
+        # a consumer of its own, outside the application's group (its group settings dropped)
         conf.update({"group.id": f"global-{time.time_ns()}", "enable.auto.commit": False,
                      "enable.partition.eof": True, "auto.offset.reset": "earliest"})
         conf.pop("group.instance.id", None)

@@ -394,8 +394,8 @@ class Worker(TaskManagement, CommitUnit):
             # every global table to its topics' ends before this worker joins the group
             from processor.runtime.global_tables import GlobalTables
 
-            gconf = {k: v for k, v in self._consumer_config.items() if k not in ("group.id", "group.instance.id")}
-            self.global_tables = GlobalTables(self.topology, self.bootstrap_servers, gconf, self.state_dir / "global")
+            self.global_tables = GlobalTables(self.topology, self.bootstrap_servers, self._consumer_config,
+                                              self.state_dir / "global")
             self.global_tables.bootstrap()
         self.consumer = kafka.new_consumer(cconf, "the consumer group")
         previous = {}
