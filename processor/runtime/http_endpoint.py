@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -94,7 +95,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/healthz":
                 ok, age = ep.healthy()
                 self._json(200 if ok else 503, {"status": "ok" if ok else "main loop stuck",
-                                                "main_loop_age_s": round(age, 3),
+                                                "main_loop_age_s": math.ceil(age * 1000) / 1000,  # up: a 503 never shows the timeout itself
                                                 "timeout_s": ep.health_timeout_s})
             elif path == "/readyz":
                 ok, age = ep.healthy()
