@@ -14,24 +14,31 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     """``{external table topic: reason}`` for every table source whose history may be reduced to
     the last two real changes per key (README "Backfill"): every store and output downstream of it
     ends the same from them. That holds when what reads the table's changes is only table
-    filters and map_values, a table's sink, or a foreign-key join (its left or right side; a
-    foreign-key join's results are compared without timestamps anyway) whose result table is
-    read by the same rule, and what looks it up is only a foreign-key join. Anything else
-    (aggregations, primary-key and stream-table joins, a table's changes as a stream, an
-    aggregation of a foreign-key join's results) replays every record: its state depends on the
-    history (an aggregation keeps, at 0, a group that only an intermediate value reached). So a
-    stream operator (map, select_key, flat_map, flat_map_values, peek, foreach, split, a topic
-    extractor's sink, repartition, to_table) below a table's ``to_stream()`` makes it replay every
-    record, and streams are never reduced: each of their records is an event.
+    filters and map_values, a table's sink, or a foreign-key join, and what looks it up is only a
+    foreign-key join.
+
+    A foreign-key join reached straight from the source (no filter or map_values between) as
+    its right side, or as the left side of an inner join, is *transparent*: what reads its
+    results may be anything (an aggregation included), because the backfill gives it the same
+    changes either way (``transparent_joins``). Any other foreign-key join's result table must
+    be read by the same rule: a left join resolves a left row without a foreign key at once, so
+    an intermediate change of the left table reaches the results. A map_values in front of a
+    join's left side refuses the reduction: it skips an unchanged result, so the join's version
+    store could name a record the reduction drops. Anything else (aggregations, primary-key and
+    stream-table joins, a table's changes as a stream) replays every record: its state depends on
+    the history (an aggregation keeps, at 0, a group that only an intermediate value reached). So
+    a stream operator (map, select_key, flat_map, flat_map_values, peek, foreach, split, a topic
+    extractor's sink, repartition, to_table) below a table's ``to_stream()`` makes it replay
+    every record, and streams are never reduced: each of their records is an event.
 
     With ``emit_outputs`` the sinks are written too, so a source is reduced only when every user
-    sink downstream of it (through internal topics, joins and aggregations) carries a table
-    (``outputs.table_sinks``: the history's result is its final table) that starts empty (not in
-    ``held_outputs``, the sink topics holding records at the snapshot), and no table map_values
-    or foreign-key join lies between (each skips a result equal to the one before, so the
-    timestamp of a sink's last record may come from a change the reduction drops). A key the reduction leaves absent then
-    needs no tombstone: the topic never held it. ``refusals`` receives the reason of each source
-    refused for its outputs."""
+    sink downstream of it (through internal topics, joins and aggregations, up to a transparent
+    join) carries a table (``outputs.table_sinks``: the history's result is its final table) that
+    starts empty (not in ``held_outputs``, the sink topics holding records at the snapshot), and
+    no table map_values or other foreign-key join lies between (each skips a result equal to the
+    one before, so the timestamp of a sink's last record may come from a change the reduction
+    drops). A key the reduction leaves absent then needs no tombstone: the topic never held it.
+    ``refusals`` receives the reason of each source refused for its outputs."""
     from processor.operators.filter import TableFilter
     from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
                                                       ForeignKeyJoinSubscriptionReceiver,
@@ -53,10 +60,11 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
             continue
         if not src.source_topic or op(src) is not TableSource:
             continue
+        transparent = transparent_joins(src, lookers)
         ok, via = True, set()
-        stack = [src]
+        stack = [(src, False)]      # (node, a map_values lies between the source and it)
         while stack and ok:
-            n = stack.pop()
+            n, mapped = stack.pop()
             for reader in lookers.get(id(n), ()):
                 if op(reader) in (ForeignKeyJoinSubscriptionReceiver, ForeignKeyJoinResponseResolver):
                     via.add("foreign-key join")
@@ -65,25 +73,28 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
             for c in n.children:
                 t = op(c)
                 if t in (TableFilter, TableMapValues):
-                    stack.append(c)
+                    stack.append((c, mapped or t is TableMapValues))
                 elif t is TableToStream:
                     if not all(op(x) is Sink and not x.attrs.internal for x in c.children):
                         ok = False
                     via.add("table sink")
                 elif t is Sink and not c.attrs.internal:
                     via.add("table sink")
+                elif id(c) in transparent:
+                    via.add("foreign-key join")
+                elif t is ForeignKeyJoinSubscriptionSender and mapped:
+                    ok = False   # the version store would name the record of a change map_values skipped
                 elif t in (ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponder):
                     via.add("foreign-key join")
                     # the join's result table is read by the same rule: what reads it must end
                     # the same from the results of the last changes (an aggregation does not: a
-                    # group only an earlier foreign key or right row reached keeps its count of 0)
-                    stack.extend(x for x in downstream(topo, c, lookers)
-                                 if op(x) is PassThrough and getattr(x.attrs, "result_store", None)
-                                 and x not in stack)
+                    # group only an intermediate left row reached keeps its count of 0)
+                    stack.extend((x, False) for x in downstream(topo, c, lookers)
+                                 if op(x) is PassThrough and getattr(x.attrs, "result_store", None))
                 else:
                     ok = False
         if ok and emit_outputs:
-            why = _outputs_need_history(topo, src, lookers, set(held_outputs), op)
+            why = _outputs_need_history(topo, src, lookers, set(held_outputs), op, transparent)
             if why:
                 ok = False
                 if refusals is not None:
@@ -93,9 +104,41 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     return out
 
 
-def downstream(topo, node, lookers=None) -> list:
+def transparent_joins(src, lookers) -> set[int]:
+    """Ids of the foreign-key join nodes that table source ``src`` reaches straight (no filter or
+    map_values between) as the join's right side (its responder and subscription receiver), or
+    as the left side of an inner join (its subscription sender and response resolver).
+
+    Their results are the same changes whether ``src``'s history is whole or reduced to the last
+    two real changes per key, because of how the backfill runs: a sub-topology's whole input
+    history is its first run, before any response exists, so the first run leaves the join's
+    result table empty (an inner join resolves a left row without a foreign key to a tombstone
+    of nothing); and within a run a foreign-key join record replaces an earlier one of its pair
+    (``backfill.rows.RowCollector._supersede``), so each left row gets one response per run,
+    the last one its subscription's right row met: answering the left row's last version (the
+    last change, kept), with the right row as its last real change (kept) or the row at the
+    subscription (the same, when that change came before it). Its timestamp is that change's
+    or the subscription's, the same too. (Through a filter or a map_values the changes a join
+    sees are no longer the source's, and a left join resolves an intermediate left row without
+    a foreign key at once: those joins are not transparent.)"""
+    from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
+                                                      ForeignKeyJoinSubscriptionReceiver,
+                                                      ForeignKeyJoinSubscriptionSender)
+
+    out = set()
+    for n in list(src.children) + lookers.get(id(src), []):
+        o = n.factory(n)
+        if isinstance(o, (ForeignKeyJoinResponder, ForeignKeyJoinSubscriptionReceiver)) or (
+                isinstance(o, (ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponseResolver))
+                and o.how == "inner"):
+            out.add(id(n))
+    return out
+
+
+def downstream(topo, node, lookers=None, stop=frozenset()) -> list:
     """Every node whose input depends on ``node``'s output: its children, what looks its table
-    up, and the readers of an internal topic one of them writes, transitively (``node`` excluded)."""
+    up, and the readers of an internal topic one of them writes, transitively (``node`` excluded;
+    not past the nodes whose ids are in ``stop``, themselves excluded)."""
     if lookers is None:
         lookers = {}
         for n in topo.nodes:
@@ -105,7 +148,7 @@ def downstream(topo, node, lookers=None) -> list:
     for n in topo.nodes:
         if n.source_topic:
             readers.setdefault(n.source_topic, []).append(n)
-    seen, out, stack = {id(node)}, [], [node]
+    seen, out, stack = {id(node)} | set(stop), [], [node]
     while stack:
         n = stack.pop()
         nxt = list(n.children) + lookers.get(id(n), [])
@@ -119,16 +162,16 @@ def downstream(topo, node, lookers=None) -> list:
     return out
 
 
-def _outputs_need_history(topo, src, lookers, held: set, op) -> str | None:
-    """Why the user sinks downstream of table source ``src`` need every record of it under
-    ``--emit-outputs`` (None: they do not)."""
+def _outputs_need_history(topo, src, lookers, held: set, op, transparent=frozenset()) -> str | None:
+    """Why the user sinks downstream of table source ``src`` (up to its ``transparent`` joins)
+    need every record of it under ``--emit-outputs`` (None: they do not)."""
     from backfill.outputs import table_sinks
     from processor.operators.map_values import TableMapValues
 
     from processor.operators.foreign_key_join import ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponder
 
     tables = table_sinks(topo)
-    for n in downstream(topo, src, lookers):
+    for n in downstream(topo, src, lookers, stop=transparent):
         if op(n) is TableMapValues:
             return (f"{n.name} (a table map_values) skips unchanged results, so a sink's last "
                     f"timestamp may come from a change the reduction drops")

@@ -54,9 +54,11 @@ class JobContext:
         from processor.logs import JsonFormatter   # executors log as the driver does (--log-format)
         self.log_json = any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
         self.internal = set(topo.internal_topics())
-        # foreign-key subscription topics (their sinks route like the right table)
-        self.subscription_topics = {n.sink_topic for n in topo.nodes
-                                    if n.sink_topic and getattr(n.attrs, "route_like", None)}
+        # a foreign-key join's internal topics -> "subscription" or "response"
+        # (processor/engine/fk_join_coalescing.py: within a run, a later record of a pair replaces
+        # an earlier one, as in the worker within a commit interval)
+        self.fk_topics = {n.sink_topic: n.attrs.coalesce for n in topo.nodes
+                          if n.sink_topic and getattr(n.attrs, "coalesce", None)}
 
     def global_stores(self) -> dict | None:
         """A task's view of the global tables (its own copies: a task only reads them)."""

@@ -92,7 +92,7 @@ class BackfillReport:
     runs: list = field(default_factory=list)     # (sub-topology, flush, records, seconds)
     outputs_emitted: int = 0
     dead_lettered: int = 0
-    subscriptions_superseded: int = 0            # foreign-key subscription records not sent (_RowCollector)
+    fk_records_superseded: int = 0               # foreign-key join records not sent (RowCollector._supersede)
     seconds: dict = field(default_factory=dict)  # stage -> seconds
     installed: list = field(default_factory=list)
     finalized: set = field(default_factory=set)  # sub-topologies whose tasks were written by their last run
@@ -110,9 +110,9 @@ class BackfillReport:
         if self.global_records:
             out.append(f"  global tables: {self.global_records} records read to the snapshot, the same table "
                        f"given to every task")
-        if self.subscriptions_superseded:
-            out.append(f"  foreign-key subscription records superseded within a run (not sent): "
-                       f"{self.subscriptions_superseded}")
+        if self.fk_records_superseded:
+            out.append(f"  foreign-key join records superseded within a run (not sent): "
+                       f"{self.fk_records_superseded}")
         for sub, flush, n, secs in self.runs:
             out.append(f"  run: sub-topology {sub}{' (flush)' if flush else ''}: {n} records, {secs:.1f} s")
         for store, n in sorted(self.rows_per_store.items()):
@@ -159,8 +159,8 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         producer_config: dict | None = None, max_records_per_split: int | None = None,
         client_config=None, replication_factor: int | None = None,
         topic_configs: dict | None = None, processing_guarantee: str = "at_least_once",
-        spark_conf: dict | None = None, py_files=(), executor_timeout_s: float = EXECUTOR_TIMEOUT_S
-        ) -> BackfillReport:
+        spark_conf: dict | None = None, py_files=(), executor_timeout_s: float = EXECUTOR_TIMEOUT_S,
+        compaction: bool = True) -> BackfillReport:
     """Rebuild every task's stores of ``topology`` for ``application_id`` from topic history and
     hand over to the worker (see the module docstring): the changelogs, commit records and group
     offsets always; the worker's layout in ``state_dir`` when one is given. ``client_config``
@@ -174,7 +174,8 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
     an open transaction under ``read_committed``) and no record the worker would not see (an
     aborted one, on a broker that hides them) gets into the stores. ``spark_conf``: Spark
     settings of the session the job creates (``--conf``); ``py_files``: more code for the
-    executors (the topology's own module is shipped without it: ``backfill.session``)."""
+    executors (the topology's own module is shipped without it: ``backfill.session``).
+    ``compaction=False`` replays every record of every source (``backfill.compaction``)."""
     from processor.engine.routing import Routing
     from processor.engine.task import dlq_topic_for
     from processor.kafka import clients as kafka, internal_topics
@@ -312,10 +313,11 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         ctx.output_ends = {tp: r for tp, r in everything.items() if tp[0] in user_sinks}
         held = {tp[0] for tp, (s, e) in everything.items() if tp[0] in user_sinks and e > s}
         refusals: dict = {}
-        plan = compaction_plan(topo, emit_outputs, held_outputs=held, refusals=refusals)
+        plan = compaction_plan(topo, emit_outputs, held_outputs=held, refusals=refusals) if compaction else {}
         ctx.compacted = set(plan)
         report.compaction = {t: plan.get(t) or refusals.get(t)
-                             or "every record replayed (a reader's state depends on the history)" for t in sources}
+                             or ("every record replayed (a reader's state depends on the history)" if compaction
+                                 else "every record replayed (--no-compaction)") for t in sources}
         t1 = time.monotonic()
         spark_runs = runs.Runs(spark, ctx)
         runs.process(spark_runs, snapshot, archives, consumer_config, report)
@@ -339,7 +341,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
             report.rows_read = report.rows_replayed = 0
             report.runs, report.finalized, report.failed_in_processing = [], set(), {}
             report.records_processed = 0
-            report.subscriptions_superseded = 0
+            report.fk_records_superseded = 0
             report.rows_per_store = {}
             spark_runs = runs.Runs(spark, ctx)
             runs.process(spark_runs, snapshot, archives, consumer_config, report)

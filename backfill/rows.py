@@ -29,8 +29,8 @@ class RowCollector:
     (partition as the worker's producer picks it), everything else an output row."""
 
     def __init__(self, ctx, task_id, run_no):
+        from processor.engine.fk_join_coalescing import pair_of
         from processor.engine.partitioners import INTERNAL
-        from processor.serde import subscription as wire
 
         self.ctx = ctx
         self.internal_partitioner = INTERNAL
@@ -41,11 +41,11 @@ class RowCollector:
         self.seq = 0
         self.phase = 0
         self.internal_counts: dict[str, int] = {}
-        # (topic, partition, foreign key, primary key) -> (rows, index) of this run's latest
-        # subscription record for that pair (see ``_supersede``)
-        self._subscriptions: dict[tuple, tuple[list, int]] = {}
+        # a foreign-key join record's pair -> (rows, index) of this run's latest record of that
+        # pair (see ``_supersede``)
+        self._latest: dict[tuple, tuple[list, int]] = {}
         self.superseded = 0
-        self._subscription_pk = wire.subscription_pk
+        self._pair_of = pair_of
         self._partitions: dict[tuple[str, bytes], int] = {}   # (internal topic, key) -> partition
 
     def send(self, topic, key, value, timestamp, headers, partition=None):
@@ -63,8 +63,9 @@ class RowCollector:
             rows = self.internal.get((topic, partition))
             if rows is None:
                 rows = self.internal[(topic, partition)] = []
-            if topic in self.ctx.subscription_topics:
-                self._supersede(topic, partition, key, value, rows)
+            kind = self.ctx.fk_topics.get(topic)
+            if kind is not None:
+                self._supersede(self._pair_of(kind, topic, key, value, headers, partition), topic, rows)
             self.internal_counts[topic] = self.internal_counts.get(topic, 0) + 1
             rows.append(("internal", topic, partition, key, value, timestamp, list(headers) if headers else None,
                          self.origin, self.seq, self.phase))
@@ -86,27 +87,27 @@ class RowCollector:
         r["run"].append(self.run_no)
         self.seq += 1
 
-    def _supersede(self, topic, partition, fkb, value, rows) -> None:
-        """A foreign-key subscription record supersedes this run's earlier one for the same
-        (foreign key, primary key), which is then not sent: the right side's subscription store
-        ends the same without it (a later subscribe overwrites the entry, a later unsubscribe
-        deletes it, whatever the earlier record did), and the response it would cause answers a
-        left row that is no longer current (a later left change of that primary key caused the
-        later record and holds the version store, so the resolver drops the response as stale).
-        Subscription records touch no other state (their sources are not deduplicated, so no
-        high-water mark). With each table reduced to its last two changes per key, this halves
-        the foreign-key round trips of a backfill."""
-        pk = self._subscription_pk(value)
-        if pk is None:
-            return   # not ours to judge: the receiver stops on it
-        pair = (topic, partition, fkb, pk)
-        prev = self._subscriptions.get(pair)
+    def _supersede(self, pair, topic, rows) -> None:
+        """A foreign-key join record supersedes this run's earlier one of the same pair, which is
+        then not sent: the worker's rule within a commit interval
+        (``processor/engine/fk_join_coalescing.py`` says why the join ends the same). A pair is a
+        subscription's (partition, foreign key, primary key): the subscription store takes the
+        last instruction, and the earlier one's answer would be stale; or a response's
+        (partition, primary key, echo): both answer the same left version, the later with the
+        right row as it is later. With a run's subscriptions all sent before their responses,
+        this leaves a consumer of the join's results one result per left row and run (the
+        current version's, with the right row as the run left it): what lets the compaction
+        rule reduce the tables of a join whose results are aggregated (``backfill.compaction``).
+        Neither topic is deduplicated by provenance, so no high-water mark misses a record."""
+        if pair is None:
+            return   # not ours to judge: the reader stops on it
+        prev = self._latest.get(pair)
         if prev is not None:
             prev_rows, i = prev
             prev_rows[i] = None
             self.internal_counts[topic] -= 1
             self.superseded += 1
-        self._subscriptions[pair] = (rows, len(rows))
+        self._latest[pair] = (rows, len(rows))
 
     def items(self, partition: int) -> list:
         """What the run leaves for others, as items of the run's result (``backfill.runs``):

@@ -272,14 +272,14 @@ def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
         report.runs.append((sub, flush, n, secs))
         task_secs = {k: sum(r["seconds"].get(k, 0) for r in stats) for k in ("read", "process", "write")}
         superseded = sum(r["superseded"] for r in stats)
-        report.subscriptions_superseded += superseded
+        report.fk_records_superseded += superseded
         log.info("backfill run %d: sub-topology %d%s: %d records processed in %d task(s), %.1f s (in the "
                  "tasks: reading %.1f s, processing %.1f s, writing %.1f s%s), %s%s",
                  run_no, sub, " (flush)" if flush else "", n, n_tasks, secs, task_secs["read"],
                  task_secs["process"], task_secs["write"],
                  "; its last run: task changelogs written" if final else "",
                  ", ".join(f"{c} rows to {t}" for t, c in sorted(per_topic.items())) or "no internal rows",
-                 f" ({superseded} superseded subscription records not sent)" if superseded else "")
+                 f" ({superseded} superseded foreign-key join records not sent)" if superseded else "")
         run_no += 1
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import pickle
 import time
 
@@ -28,6 +29,20 @@ from backfill.context import error_info, executor_logging
 log = logging.getLogger("processor.backfill")
 
 STATE_FORMAT = 1   # version byte of a task's stores between runs
+
+# A directory every executor can write: each task's run is profiled (cProfile) into
+# ``run<n>-<sub>_<task>.prof`` there (for developers: ``python -m pstats`` reads them).
+PROFILE_ENV = "PROCESSOR_BACKFILL_PROFILE"
+
+
+def _profiler():
+    if not os.environ.get(PROFILE_ENV):
+        return None
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    return prof
 
 
 def encode_state(stores, offsets) -> bytes:
@@ -153,12 +168,17 @@ class TaskRun:
         # runs of benchmarks/backfill.py took 15 % longer with it); what a run leaves is
         # collected once it is over.
         gc.disable()
+        prof = _profiler()
         try:
             return self._run_task(partition, state, rows)
         except ProcessorError as exc:   # back to the driver as data: Spark would wrap it
             return [("stats", partition, {"error": error_info(exc)})]
         finally:
             gc.enable()
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(os.path.join(os.environ[PROFILE_ENV],
+                                             f"run{self.spec.run_no}-{self.spec.sub}_{partition}.prof"))
 
     def _run_task(self, partition, state, row_items, compact=True, journal=False):
         from processor.engine.task import Task, max_record_bytes_of

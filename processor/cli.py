@@ -187,6 +187,9 @@ def add_backfill_arguments(bf: argparse.ArgumentParser) -> None:
                     help="on a cluster master: how long to wait for the first executor before failing")
     bf.add_argument("--emit-outputs", action="store_true",
                     help="write the history's outputs to the sink topics (default: stores only)")
+    bf.add_argument("--no-compaction", action="store_true",
+                    help="replay every record of every source, even where a reduction to each key's last "
+                         "changes provably ends the same (README \"Backfill\", step 4): to check one")
     bf.add_argument("--archive", action="append", default=[], metavar="TOPIC=PATH",
                     help="Parquet archive (Spark kafka schema) of records older than the topic's earliest offset")
     bf.add_argument("--force", action="store_true", help="replace existing state / ignore committed group offsets")
@@ -276,7 +279,7 @@ def run_backfill_command(args) -> int:
     report = backfill.run(topology, bootstrap_servers=args.bootstrap_servers,
                           application_id=args.application_id, state_dir=args.state_dir,
                           emit_outputs=args.emit_outputs, archives=_kv(args.archive), force=args.force,
-                          master=args.master, on_error=args.on_error, client_config=config,
+                          compaction=not args.no_compaction, master=args.master, on_error=args.on_error, client_config=config,
                           processing_guarantee=args.processing_guarantee, spark_conf=_kv(args.conf),
                           py_files=[p for arg in args.py_files for p in arg.split(",") if p],
                           executor_timeout_s=args.executor_timeout, **topic_settings_from_args(args))

@@ -51,6 +51,13 @@ def _echo(headers):
     return None
 
 
+def pair_of(kind, topic, key, value, headers, partition):
+    """The pair a record of a foreign-key join's internal topic of ``kind`` belongs to; None: not
+    a record this build writes (not ours to judge: its reader stops on it)."""
+    which = wire.subscription_pk(value) if kind == SUBSCRIPTIONS else _echo(headers)
+    return None if which is None else (topic, partition, key, which)
+
+
 class ForeignKeyJoinRecordCoalescer:
     """A task's sender (``send`` as a collector's) for its foreign-key join internal topics
     ``{topic: SUBSCRIPTIONS or RESPONSES}``; other records pass through."""
@@ -64,18 +71,12 @@ class ForeignKeyJoinRecordCoalescer:
         self.max_held = max_held
         self.coalesced = dict.fromkeys(self.topics, 0)   # per topic: records left out, a later one replaced them
 
-    def _pair(self, kind, topic, key, value, headers, partition):
-        """The pair a record belongs to; None: not a record this build writes (not ours to
-        judge: its reader stops on it)."""
-        which = wire.subscription_pk(value) if kind == SUBSCRIPTIONS else _echo(headers)
-        return None if which is None else (topic, partition, key, which)
-
     def send(self, topic, key, value, timestamp, headers, partition=None) -> None:
         kind = self.topics.get(topic)
         if kind is None:
             self.collector.send(topic, key, value, timestamp, headers, partition)
             return
-        pair = self._pair(kind, topic, key, value, headers, partition)
+        pair = pair_of(kind, topic, key, value, headers, partition)
         if pair is None:
             self.flush()
             self.collector.send(topic, key, value, timestamp, headers, partition)
@@ -98,7 +99,7 @@ class ForeignKeyJoinRecordCoalescer:
         for i, r in enumerate(records):
             kind = topics.get(r[0])
             if kind is not None:
-                pair = self._pair(kind, r[0], r[1], r[2], r[4], r[5])
+                pair = pair_of(kind, r[0], r[1], r[2], r[4], r[5])
                 if pair is not None:
                     if pair in last:
                         superseded.append(last[pair])
