@@ -243,19 +243,49 @@ def keep_last_changes(batches, key_serde, value_serde) -> list:
     kept += [x for prev, cur, _ in last.values() for x in (prev, cur) if x is not None]
     return kept
 
-def last_changes_of_messages(batches, key_serde, value_serde) -> tuple[int, list]:
+def last_changes_of_messages(batches, key_serde, value_serde) -> tuple[int, list | None]:
     """``last_changes`` over Kafka messages as they are read (offset order): (messages read, the
-    kept rows in offset order). Only kept messages become rows."""
+    kept rows in offset order, or None when the partition's timestamps go backwards: see
+    ``in_time_order``). Only kept messages become rows."""
     count = [0]
+    last_ts = [None]
 
     def columns():
         for msgs in batches:
             count[0] += len(msgs)
+            stamps = [m.timestamp()[1] for m in msgs]
+            if stamps:
+                if not in_time_order(stamps, last_ts[0]):
+                    last_ts[0] = False
+                elif last_ts[0] is not False:
+                    last_ts[0] = stamps[-1]
             yield [m.key() for m in msgs], [m.value() for m in msgs], msgs
 
     from backfill.rows import message_row
 
-    keep = [message_row(m) for m in keep_last_changes(columns(), key_serde, value_serde)]
+    kept = keep_last_changes(columns(), key_serde, value_serde)
+    if last_ts[0] is False:
+        return count[0], None
+    keep = [message_row(m) for m in kept]
     keep.sort(key=lambda r: r[8])
     return count[0], keep
+
+
+def in_time_order(stamps, before=None) -> bool:
+    """Whether timestamps ``stamps`` (of one partition, in offset order, after ``before``) never
+    go backwards: the reduction's precondition. A task merges its inputs by timestamp
+    (``backfill.rows.merge``); in a partition whose timestamps only rise, each record's place
+    among the other inputs' records depends on its own timestamp alone, so the records the
+    reduction keeps meet the others in the order of the full replay. Where a timestamp goes
+    backwards, a dropped record can hold back the ones after it (a right row's change then answers
+    a subscription it would have answered before, with another timestamp): such a partition is
+    replayed whole."""
+    if before is False:
+        return False
+    prev = stamps[0] if before is None else before
+    for t in stamps:
+        if t < prev:
+            return False
+        prev = t
+    return True
 

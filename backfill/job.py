@@ -93,6 +93,7 @@ class BackfillReport:
     outputs_emitted: int = 0
     dead_lettered: int = 0
     fk_records_superseded: int = 0               # foreign-key join records not sent (RowCollector._supersede)
+    unordered: list = field(default_factory=list)   # reduced sources' partitions replayed whole (in_time_order)
     seconds: dict = field(default_factory=dict)  # stage -> seconds
     installed: list = field(default_factory=list)
     finalized: set = field(default_factory=set)  # sub-topologies whose tasks were written by their last run
@@ -107,6 +108,8 @@ class BackfillReport:
         for t, mode in sorted(self.compaction.items()):
             out.append(f"  source {t}: {mode}")
         out.append(f"  rows read {self.rows_read}, replayed after compaction {self.rows_replayed}")
+        if self.unordered:
+            out.append(f"  replayed whole, their timestamps going backwards: {', '.join(sorted(self.unordered))}")
         if self.global_records:
             out.append(f"  global tables: {self.global_records} records read to the snapshot, the same table "
                        f"given to every task")
@@ -342,6 +345,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
             report.runs, report.finalized, report.failed_in_processing = [], set(), {}
             report.records_processed = 0
             report.fk_records_superseded = 0
+            report.unordered = []
             report.rows_per_store = {}
             spark_runs = runs.Runs(spark, ctx)
             runs.process(spark_runs, snapshot, archives, consumer_config, report)

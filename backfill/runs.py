@@ -273,6 +273,11 @@ def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
         task_secs = {k: sum(r["seconds"].get(k, 0) for r in stats) for k in ("read", "process", "write")}
         superseded = sum(r["superseded"] for r in stats)
         report.fk_records_superseded += superseded
+        for r in stats:
+            for tp in r.get("unordered", ()):
+                log.warning("backfill: %s is replayed whole: its timestamps go backwards, so the "
+                            "reduction to the last changes per key could reorder what its tasks meet", tp)
+                report.unordered.append(tp)
         log.info("backfill run %d: sub-topology %d%s: %d records processed in %d task(s), %.1f s (in the "
                  "tasks: reading %.1f s, processing %.1f s, writing %.1f s%s), %s%s",
                  run_no, sub, " (flush)" if flush else "", n, n_tasks, secs, task_secs["read"],

@@ -231,7 +231,8 @@ class TaskRun:
         out = collector.items(partition)
         stats = {"task": task_id, "records": n, "read": read, "replayed": replayed,
                  "internal": collector.internal_counts, "superseded": collector.superseded,
-                 "dead_lettered": task.dead_lettered, "failed": dict(task.failed_in_processing), "entries": {}}
+                 "dead_lettered": task.dead_lettered, "failed": dict(task.failed_in_processing), "entries": {},
+                 "unordered": self.unordered}
         stats["outputs"] = sum(1 for x in out if x[0] == "output")
         if spec.final:
             written = write_task(ctx, spec.sub, partition, stores, time.monotonic())
@@ -263,7 +264,7 @@ class TaskRun:
         """``(streams, rows read, rows replayed)``: the task's history (archived rows below each
         range, then Kafka's, each partition in offset order; compactable tables reduced) and the
         internal rows of the pending runs (in run order), as streams for ``merge``."""
-        from backfill.compaction import last_changes, last_changes_of_messages
+        from backfill.compaction import in_time_order, last_changes, last_changes_of_messages
         from backfill.progress import RowCounter
         from backfill.range_reader import Range, iter_range
         from backfill.rows import add_stream_rows, input_rows, message_row
@@ -271,6 +272,7 @@ class TaskRun:
         ctx, spec = self.ctx, self.spec
         streams: dict = {}
         read, replayed = 0, 0
+        unordered = self.unordered = []   # compacted partitions whose timestamps go backwards
         counter = RowCounter(ctx.progress_dir(spec.run_no), f"{spec.sub}_{partition}")
 
         def counted(batches):
@@ -290,10 +292,12 @@ class TaskRun:
                 n, got = last_changes_of_messages(
                     counted(iter_range(ctx.bootstrap_servers, split, spec.consumer_config)),
                     src.key_serde, src.value_serde)
-                read += n
-                replayed += len(got)
-                add_stream_rows(streams, got)
-                continue
+                if got is not None:
+                    read += n
+                    replayed += len(got)
+                    add_stream_rows(streams, got)
+                    continue
+                unordered.append(f"{topic}[{part}]")   # read again, every record replayed
             got = []
             if topic in spec.archives:
                 import pyarrow.compute as pc
@@ -304,13 +308,18 @@ class TaskRun:
                 for b in arch.to_batches(filter=flt):
                     got.extend(input_rows(b))
                     counter.add(b.num_rows)
-            for msgs in counted(iter_range(ctx.bootstrap_servers, split, spec.consumer_config)):
+            again = f"{topic}[{part}]" in unordered   # (counted once)
+            for msgs in (iter_range if again else lambda *a: counted(iter_range(*a)))(
+                    ctx.bootstrap_servers, split, spec.consumer_config):
                 for m in msgs:
                     got.append(message_row(m))
             got.sort(key=lambda r: r[8])
             read += len(got)
-            if topic in compacted:
-                got = last_changes(got, src.key_serde, src.value_serde)
+            if topic in compacted and f"{topic}[{part}]" not in unordered:
+                if in_time_order([r[5] for r in got]) if got else True:
+                    got = last_changes(got, src.key_serde, src.value_serde)
+                else:
+                    unordered.append(f"{topic}[{part}]")
             replayed += len(got)
             add_stream_rows(streams, got)
         for _, run, topic, origin, blob in row_items:

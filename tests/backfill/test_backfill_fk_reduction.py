@@ -81,3 +81,52 @@ def test_reduced_tables_leave_the_stores_of_every_record_replayed(how, parts, ka
     report(f"fk {how} join + aggregations, {parts} partition(s): {len(h)} rows, {reduced.rows_replayed} replayed "
            f"after reduction; every store byte-identical to --no-compaction's "
            f"({', '.join(f'{n}: {len(a[n])}' for n in names)})")
+
+
+@pytest.mark.integration
+def test_a_partition_whose_timestamps_go_backwards_is_replayed_whole(kafka_bootstrap, spark, tmp_path, unique,
+                                                                     report):
+    """Found in review: customer f1 changed at 500, then at 20 and 30 (timestamps going backwards
+    in its partition). Replaying every record, the change at 500 holds the customers back, so
+    the order's subscription at 100 comes first, finds no row and the changes at 20 and 30
+    answer it (the result's timestamp 30, its window [0, 50)); reduced to the last two changes,
+    they come first and the subscription's answer has timestamp 100 (window [100, 150)). Such a
+    partition is replayed whole, and the stores equal --no-compaction's."""
+    from processor import TimeWindows
+
+    t = {n: f"fkr-{n}-back-{unique}" for n in ("o", "c")}
+    kafka.create_topics(kafka_bootstrap, {x: 1 for x in t.values()})
+    produce(kafka_bootstrap, t["o"], [(b"o1", _js({"a": 1, "fk": "f1"})), (b"o2", _js({"a": 2, "fk": "f2"}))],
+            timestamps=[100, 110])
+    produce(kafka_bootstrap, t["c"], [(b"f1", _js({"r": 1})), (b"f1", _js({"r": 2})), (b"f1", _js({"r": 3})),
+                                      (b"f2", _js({"r": 1}))], timestamps=[500, 20, 30, 40])
+
+    def topo():
+        b = StreamsBuilder()
+        orders, customers = b.table(t["o"], store_name="orders"), b.table(t["c"], store_name="customers")
+        joined = orders.join_on_foreign_key(customers, lambda v: v["fk"], lambda o, c: {"a": o["a"], "r": c["r"]},
+                                            name="fk")
+        joined.group_by(lambda k, v: (str(v["r"]), v["a"])).count(name="by-region")
+        joined.to_stream().group_by(lambda k, v: str(v["r"])).windowed_by(TimeWindows.of(50)).count(
+            name="windowed")
+        return b.build()
+
+    names = list(topo().stores) + ["_bookkeeping"]
+    got = {}
+    for mode in ("reduced", "every-record"):
+        app = f"fkr-back-{mode}-{unique}"
+        rep = backfill.run(topo(), bootstrap_servers=kafka_bootstrap, application_id=app, state_dir=tmp_path / mode,
+                           spark=spark, compaction=mode == "reduced")
+        a = app.encode()
+        got[mode] = (rep, {n: [(k.replace(a, b"<app>"), v.replace(a, b"<app>")) for k, v in entries]
+                           for n, entries in _backfilled(tmp_path / mode, app, names).items()})
+    reduced = got["reduced"][0]
+    for name in names:
+        assert got["reduced"][1][name] == got["every-record"][1][name], name
+    assert reduced.unordered == [f"{t['c']}[0]"] and got["every-record"][0].unordered == []
+    assert f"  replayed whole, their timestamps going backwards: {t['c']}[0]" in reduced.lines()
+    assert reduced.rows_replayed == 6   # the orders (in time order: both kept), every customer record
+    windows = got["reduced"][1]["windowed"]
+    assert len(windows) == 2, windows
+    report(f"timestamps going backwards: {reduced.unordered} replayed whole; stores equal --no-compaction's "
+           f"({len(windows)} windows)")
