@@ -118,7 +118,9 @@ def transparent_joins(src, lookers) -> set[int]:
     the last one its subscription's right row met: answering the left row's last version (the
     last change, kept), with the right row as its last real change (kept) or the row at the
     subscription (the same, when that change came before it). Its timestamp is that change's
-    or the subscription's, the same too. (Through a filter or a map_values the changes a join
+    or the subscription's, the same too, provided the kept records meet the other inputs in the
+    order of the full replay: a partition whose timestamps go backwards is replayed whole
+    (``in_time_order``; found in review). (Through a filter or a map_values the changes a join
     sees are no longer the source's, and a left join resolves an intermediate left row without
     a foreign key at once: those joins are not transparent.)"""
     from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
