@@ -188,7 +188,9 @@ def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
     run_no = 0
 
     def pending_runs(sub):
-        return [r for r, per_topic in produced if r > last_run[sub] and any(per_topic.get(t) for t in reads[sub])]
+        # (run last_run[sub] is the sub-topology's own: what it sent to itself is pending too,
+        # e.g. a foreign-key join of a table with itself)
+        return [r for r, per_topic in produced if r >= last_run[sub] and any(per_topic.get(t) for t in reads[sub])]
 
     while True:
         late = sorted(i for i in report.finalized if pending_runs(i))
@@ -224,7 +226,7 @@ def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
             for i in order:
                 if i == sub:
                     continue
-                topics = {t for r, per_topic in produced if r > last_run[i]
+                topics = {t for r, per_topic in produced if r >= last_run[i]
                           for t, c in per_topic.items() if c and t in reads[i]}
                 if i not in external_done or (defers_emissions(topo, i) and i not in flushed):
                     topics = set(reads[i])
@@ -265,7 +267,7 @@ def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
         # rows of runs whose readers have not all run since
         keep = set(runs.state_of.values()) | {
             r for r, per_topic in produced
-            if any(c and last_run[topo.subtopology_of_topic()[t]] < r for t, c in per_topic.items())}
+            if any(c and last_run[topo.subtopology_of_topic()[t]] <= r for t, c in per_topic.items())}
         runs.release(keep)
         report.records_processed += n
         secs = time.monotonic() - t0

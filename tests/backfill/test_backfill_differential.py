@@ -131,6 +131,16 @@ def fk_joins(t):
     return b.build()
 
 
+def fk_self_join(t):
+    """A table joined with itself on a foreign key (each row's manager): the sub-topology sends
+    its subscriptions and responses to itself (found in review: the backfill never read them)."""
+    b = StreamsBuilder()
+    a = b.table(t["a"], store_name="a")
+    a.join_on_foreign_key(a, lambda v: v["fk"], lambda x, y: {"a": x["a"], "boss": y["a"]},
+                          name="fk-self").to_stream().to(t["out"])
+    return b.build()
+
+
 def self_joins(t):
     b = StreamsBuilder()
     a = b.table(t["a"], store_name="a")
@@ -224,6 +234,10 @@ def _history(case, rnd):
         return interleave(rnd, {"a": table_history(rnd, 1200, 100), "c": table_history(rnd, 800, 100)})
     if case == "stream_table":
         return interleave(rnd, {"a": table_history(rnd, 600, 40), "s": stream_history(rnd, 1200, 40)})
+    if case == "fk_self_join":   # keys k000..k059, managers among the first 20
+        return [("a", f"k{rnd.randrange(60):03d}".encode(),
+                 None if rnd.random() < 0.08 else _js({"a": rnd.randrange(100), "fk": f"k{rnd.randrange(20):03d}"}))
+                for _ in range(1200)]
     if case in ("fk_joins", "fk_joins_3"):
         return interleave(rnd, {"a": table_history(rnd, 1500, 150, fks=40),
                                 "c": [(f"f{rnd.randrange(45):02d}".encode(), v)
@@ -245,6 +259,7 @@ CASES = {
     "fk_joins": (fk_joins, 1, ("fk-inner", "fk-left")),
     # three partitions: the join results (positions differ from the one-partition driver's)
     "fk_joins_3": (fk_joins, 3, ("fk-inner", "fk-left")),
+    "fk_self_join": (fk_self_join, 1, ("fk-self",)),
     "self_joins": (self_joins, 3, ()),
     "stream_stream": (stream_stream, 1, ()),
     "stream_operators": (stream_operators, 3, ()),
