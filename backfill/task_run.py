@@ -308,15 +308,16 @@ class TaskRun:
                 for b in arch.to_batches(filter=flt):
                     got.extend(input_rows(b))
                     counter.add(b.num_rows)
-            again = f"{topic}[{part}]" in unordered   # (counted once)
-            for msgs in (iter_range if again else lambda *a: counted(iter_range(*a)))(
-                    ctx.bootstrap_servers, split, spec.consumer_config):
+            batches = iter_range(ctx.bootstrap_servers, split, spec.consumer_config)
+            if f"{topic}[{part}]" not in unordered:   # (a partition read again is counted once)
+                batches = counted(batches)
+            for msgs in batches:
                 for m in msgs:
                     got.append(message_row(m))
             got.sort(key=lambda r: r[8])
             read += len(got)
             if topic in compacted and f"{topic}[{part}]" not in unordered:
-                if in_time_order([r[5] for r in got]) if got else True:
+                if not got or in_time_order([r[5] for r in got]):
                     got = last_changes(got, src.key_serde, src.value_serde)
                 else:
                     unordered.append(f"{topic}[{part}]")
