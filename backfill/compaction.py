@@ -258,19 +258,23 @@ def last_changes_of_messages(batches, key_serde, value_serde) -> tuple[int, list
             stamps = [m.timestamp()[1] for m in msgs]
             if stamps:
                 if not in_time_order(stamps, last_ts[0]):
-                    last_ts[0] = False
-                elif last_ts[0] is not False:
-                    last_ts[0] = stamps[-1]
+                    raise _OutOfTimeOrder
+                last_ts[0] = stamps[-1]
             yield [m.key() for m in msgs], [m.value() for m in msgs], msgs
 
     from backfill.rows import message_row
 
-    kept = keep_last_changes(columns(), key_serde, value_serde)
-    if last_ts[0] is False:
+    try:
+        kept = keep_last_changes(columns(), key_serde, value_serde)
+    except _OutOfTimeOrder:   # (no need to read on: the partition is read again, whole)
         return count[0], None
     keep = [message_row(m) for m in kept]
     keep.sort(key=lambda r: r[8])
     return count[0], keep
+
+
+class _OutOfTimeOrder(Exception):
+    pass
 
 
 def in_time_order(stamps, before=None) -> bool:
@@ -282,8 +286,6 @@ def in_time_order(stamps, before=None) -> bool:
     backwards, a dropped record can hold back the ones after it (a right row's change then answers
     a subscription it would have answered before, with another timestamp): such a partition is
     replayed whole."""
-    if before is False:
-        return False
     prev = stamps[0] if before is None else before
     for t in stamps:
         if t < prev:

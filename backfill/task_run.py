@@ -30,8 +30,10 @@ log = logging.getLogger("processor.backfill")
 
 STATE_FORMAT = 1   # version byte of a task's stores between runs
 
-# A directory every executor can write: each task's run is profiled (cProfile) into
-# ``run<n>-<sub>_<task>.prof`` there (for developers: ``python -m pstats`` reads them).
+# A directory on each executor's machine: each task's run is profiled (cProfile) into
+# ``run<n>-<sub>_<task>.prof`` there (for developers: ``python -m pstats`` reads them). Local
+# masters inherit it from the driver's environment; on a cluster pass
+# ``--conf spark.executorEnv.PROCESSOR_BACKFILL_PROFILE=DIR``.
 PROFILE_ENV = "PROCESSOR_BACKFILL_PROFILE"
 
 
@@ -43,6 +45,17 @@ def _profiler():
     prof = cProfile.Profile()
     prof.enable()
     return prof
+
+
+def _dump_profile(prof, name: str) -> None:
+    """Write a run's profile; a directory that cannot be written costs the profile, not the run."""
+    prof.disable()
+    where = os.environ[PROFILE_ENV]
+    try:
+        os.makedirs(where, exist_ok=True)
+        prof.dump_stats(os.path.join(where, name))
+    except OSError as exc:
+        log.warning("%s=%s: the profile %s not written: %s", PROFILE_ENV, where, name, exc)
 
 
 def encode_state(stores, offsets) -> bytes:
@@ -167,18 +180,17 @@ class TaskRun:
         # thousands of live objects that every full collection would walk again (measured: the
         # runs of benchmarks/backfill.py took 15 % longer with it); what a run leaves is
         # collected once it is over.
+        prof = None
         gc.disable()
-        prof = _profiler()
         try:
+            prof = _profiler()
             return self._run_task(partition, state, rows)
         except ProcessorError as exc:   # back to the driver as data: Spark would wrap it
             return [("stats", partition, {"error": error_info(exc)})]
         finally:
             gc.enable()
             if prof is not None:
-                prof.disable()
-                prof.dump_stats(os.path.join(os.environ[PROFILE_ENV],
-                                             f"run{self.spec.run_no}-{self.spec.sub}_{partition}.prof"))
+                _dump_profile(prof, f"run{self.spec.run_no}-{self.spec.sub}_{partition}.prof")
 
     def _run_task(self, partition, state, row_items, compact=True, journal=False):
         from processor.engine.task import Task, max_record_bytes_of
@@ -262,7 +274,7 @@ class TaskRun:
 
     def _input(self, partition, row_items, compact=True):
         """``(streams, rows read, rows replayed)``: the task's history (archived rows below each
-        range, then Kafka's, each partition in offset order; compactable tables reduced) and the
+        range, then Kafka's, each partition in offset order; compactable tables reduced, but a partition whose timestamps go backwards: replayed whole) and the
         internal rows of the pending runs (in run order), as streams for ``merge``."""
         from backfill.compaction import in_time_order, last_changes, last_changes_of_messages
         from backfill.progress import RowCounter
@@ -317,7 +329,7 @@ class TaskRun:
             got.sort(key=lambda r: r[8])
             read += len(got)
             if topic in compacted and f"{topic}[{part}]" not in unordered:
-                if not got or in_time_order([r[5] for r in got]):
+                if not got or in_time_order([r[5] or 0 for r in got]):   # (as merge takes a missing one)
                     got = last_changes(got, src.key_serde, src.value_serde)
                 else:
                     unordered.append(f"{topic}[{part}]")

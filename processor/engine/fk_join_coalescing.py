@@ -15,8 +15,10 @@ send again.
 
 Why the join ends the same without the records left out:
 
-- Subscriptions (the rule the backfill applies within a run, ``backfill/rows.py``
-  ``RowCollector._supersede``): a later record for the same pair overwrites the subscription
+(The backfill applies the same rule to both topics within a run: ``backfill/rows.py``
+``RowCollector._supersede``.)
+
+- Subscriptions: a later record for the same pair overwrites the subscription
   store entry (subscribe) or deletes it (unsubscribe), whatever the earlier record did; and the
   response the earlier one would cause answers a left version that is no longer current (the
   later left change of that primary key caused the later record and holds the version store),

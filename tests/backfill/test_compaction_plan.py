@@ -201,4 +201,3 @@ def test_a_partition_is_in_time_order_while_its_timestamps_never_go_backwards():
 
     assert in_time_order([1, 1, 2, 5]) and in_time_order([7], before=7)
     assert not in_time_order([1, 3, 2]) and not in_time_order([4, 5], before=6)
-    assert not in_time_order([9], before=False)   # (a batch before went backwards)
