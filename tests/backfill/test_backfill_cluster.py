@@ -57,7 +57,7 @@ def _shipped(log: str) -> str:
     return lines[-1]
 
 
-@pytest.mark.parametrize("case", ["fk_joins", "fk_joins_3", "table_aggregates", "stream_aggregates",
+@pytest.mark.parametrize("case", ["fk_joins", "fk_joins_3", "fk_self_join", "table_aggregates", "stream_aggregates",
                                   "stream_stream"])
 def test_cluster_backfill_stores_equal_the_drivers(case, spark_cluster, kafka_bootstrap, tmp_path, unique, report):
     topo, topics, history = diff.case_input(case, kafka_bootstrap, unique, prefix="dc")
