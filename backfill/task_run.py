@@ -274,8 +274,9 @@ class TaskRun:
 
     def _input(self, partition, row_items, compact=True):
         """``(streams, rows read, rows replayed)``: the task's history (archived rows below each
-        range, then Kafka's, each partition in offset order; compactable tables reduced, but a partition whose timestamps go backwards: replayed whole) and the
-        internal rows of the pending runs (in run order), as streams for ``merge``."""
+        range, then Kafka's, each partition in offset order; compactable tables reduced, but a
+        partition whose timestamps go backwards is replayed whole) and the internal rows of the
+        pending runs (in run order), as streams for ``merge``."""
         from backfill.compaction import in_time_order, last_changes, last_changes_of_messages
         from backfill.progress import RowCounter
         from backfill.range_reader import Range, iter_range
@@ -297,6 +298,7 @@ class TaskRun:
             if part != partition:
                 continue
             split = Range(topic, part, start, end)
+            name = f"{topic}[{part}]"
             if topic in compacted:
                 src = ctx.topo.source_node(topic).attrs
             if topic in compacted and topic not in spec.archives:
@@ -309,7 +311,7 @@ class TaskRun:
                     replayed += len(got)
                     add_stream_rows(streams, got)
                     continue
-                unordered.append(f"{topic}[{part}]")   # read again, every record replayed
+                unordered.append(name)   # read again, every record replayed
             got = []
             if topic in spec.archives:
                 import pyarrow.compute as pc
@@ -321,18 +323,18 @@ class TaskRun:
                     got.extend(input_rows(b))
                     counter.add(b.num_rows)
             batches = iter_range(ctx.bootstrap_servers, split, spec.consumer_config)
-            if f"{topic}[{part}]" not in unordered:   # (a partition read again is counted once)
+            if name not in unordered:   # (a partition read again is counted once)
                 batches = counted(batches)
             for msgs in batches:
                 for m in msgs:
                     got.append(message_row(m))
             got.sort(key=lambda r: r[8])
             read += len(got)
-            if topic in compacted and f"{topic}[{part}]" not in unordered:
+            if topic in compacted and name not in unordered:
                 if not got or in_time_order([r[5] or 0 for r in got]):   # (as merge takes a missing one)
                     got = last_changes(got, src.key_serde, src.value_serde)
                 else:
-                    unordered.append(f"{topic}[{part}]")
+                    unordered.append(name)
             replayed += len(got)
             add_stream_rows(streams, got)
         for _, run, topic, origin, blob in row_items:
