@@ -183,7 +183,7 @@ class KStream:
         if me is not self:
             return me._join(other, joiner, windows, how, name, value_serde)
         if kind == "stream" and other.repartition_required:
-            other = other._by_key("join")
+            other = other._by_key()
         if kind == "table":
             if windows is not None:
                 raise TopologyError("a stream-table join takes no JoinWindows")

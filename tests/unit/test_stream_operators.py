@@ -222,3 +222,37 @@ def test_to_table_after_a_key_change_repartitions_with_its_own_serdes():
         d.pipe_input("in", "a", {"id": 7}, timestamp=1)
         assert d.get_store("by-id").get(7) == {"id": 7}
         assert d.read_output(d.dlq_topic, Serdes.bytes(), Serdes.bytes()) == []
+
+
+@pytest.mark.parametrize("rekeyed", ["right", "both"])
+def test_a_stream_stream_join_after_a_key_change_joins_by_the_new_key(rekeyed):
+    """The join of two streams whose key changed on one or both sides equals the same join
+    of streams that arrive already keyed by the new key (in the same order)."""
+    from processor import JoinWindows
+
+    rnd = random.Random(11)
+    recs = [(side, f"k{rnd.randrange(9)}", {"u": f"u{rnd.randrange(4)}", "x": i}, 1000 + i * 3)
+            for i, side in enumerate(rnd.choice("lr") for _ in range(200))]
+
+    def topo(change_key: bool):
+        b = StreamsBuilder()
+        left, right = b.stream("l"), b.stream("r")
+        if change_key:
+            right = right.select_key(lambda k, v: v["u"])
+            if rekeyed == "both":
+                left = left.select_key(lambda k, v: v["u"])
+        left.join(right, lambda a, c: [a["x"], c["x"]], JoinWindows.of(10)).to("out")
+        return b.build()
+
+    def run(change_key: bool):
+        with TopologyTestDriver(topo(change_key)) as d:
+            for side, k, v, ts in recs:
+                # (a side that is not rekeyed arrives keyed by "u" in both runs)
+                rekeyed_side = side == "r" or rekeyed == "both"
+                d.pipe_input(side, k if change_key and rekeyed_side else v["u"], v, timestamp=ts)
+            assert d.read_output(d.dlq_topic, Serdes.bytes(), Serdes.bytes()) == []
+            return [(r.key, r.value, r.timestamp) for r in d.read_output("out")]
+
+    expected = run(False)
+    assert len(expected) > 20
+    assert run(True) == expected
