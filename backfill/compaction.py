@@ -26,10 +26,14 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     join's left side refuses the reduction: it skips an unchanged result, so the join's version
     store could name a record the reduction drops. Anything else (aggregations, primary-key and
     stream-table joins, a table's changes as a stream) replays every record: its state depends on
-    the history (an aggregation keeps, at 0, a group that only an intermediate value reached). So
-    a stream operator (map, select_key, flat_map, flat_map_values, peek, foreach, split, a topic
-    extractor's sink, repartition, to_table) below a table's ``to_stream()`` makes it replay
-    every record, and streams are never reduced: each of their records is an event.
+    the history (an aggregation keeps, at 0, a group that only an intermediate value reached).
+    Below a table's ``to_stream()``, stateless stream steps (filter, map_values, map, select_key,
+    flat_map, flat_map_values, peek, foreach, split, merge) ending in user sinks need no more
+    than the last changes (no store sees their records; ``--emit-outputs`` refuses a stream sink
+    anyway), while a repartition, to_table, join, aggregation, window or ``process()`` there
+    replays every record. Streams are never reduced: each of their records is an event. Nor is a
+    table whose sub-topology holds a user processor (``process()``): every input record of the
+    task moves the stream time it punctuates on.
 
     With ``emit_outputs`` the sinks are written too, so a source is reduced only when every user
     sink downstream of it (through internal topics, joins and aggregations, up to a transparent
@@ -38,7 +42,7 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     no table map_values or other foreign-key join lies between (each skips a result equal to the
     one before, so the timestamp of a sink's last record may come from a change the reduction
     drops). A key the reduction leaves absent then needs no tombstone: the topic never held it.
-    ``refusals`` receives the reason of each source refused for its outputs."""
+    ``refusals`` receives, for each table source refused, the reader that needs every record."""
     from processor.operators.filter import TableFilter
     from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
                                                       ForeignKeyJoinSubscriptionReceiver,
@@ -46,10 +50,12 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     from processor.operators.map_values import TableMapValues
     from processor.operators.sink import PassThrough, Sink, TableToStream
     from processor.operators.source import TableSource
+    from processor.operators.user_processor import UserProcessor
 
     def op(n):
         return type(n.factory(n))
 
+    sub_of = topo.subtopology_of_topic()
     lookers: dict[int, list] = {}
     for n in topo.nodes:
         for x in n.lookups:
@@ -61,29 +67,34 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
         if not src.source_topic or op(src) is not TableSource:
             continue
         transparent = transparent_joins(src, lookers)
-        ok, via = True, set()
+        why, via = None, set()      # why: the first reader that needs every record, named
         stack = [(src, False)]      # (node, a map_values lies between the source and it)
-        while stack and ok:
+        while stack and why is None:
             n, mapped = stack.pop()
             for reader in lookers.get(id(n), ()):
                 if op(reader) in (ForeignKeyJoinSubscriptionReceiver, ForeignKeyJoinResponseResolver):
                     via.add("foreign-key join")
                 else:
-                    ok = False
+                    why = why or f"{reader.name} looks the table up: its results depend on the history"
             for c in n.children:
                 t = op(c)
                 if t in (TableFilter, TableMapValues):
                     stack.append((c, mapped or t is TableMapValues))
                 elif t is TableToStream:
-                    if not all(op(x) is Sink and not x.attrs.internal for x in c.children):
-                        ok = False
-                    via.add("table sink")
+                    stateful = _stateful_after_to_stream(topo, c, lookers, op)
+                    if stateful is not None:
+                        why = why or (f"{stateful.name} ({op(stateful).kind}) reads the table's changes as a "
+                                      f"stream: each change is an event to it")
+                    via.add("table sink" if all(op(x) is Sink for x in c.children) else
+                            "stateless stream steps to sinks")
                 elif t is Sink and not c.attrs.internal:
                     via.add("table sink")
                 elif id(c) in transparent:
                     via.add("foreign-key join")
                 elif t is ForeignKeyJoinSubscriptionSender and mapped:
-                    ok = False   # the version store would name the record of a change map_values skipped
+                    # the version store would name the record of a change map_values skipped
+                    why = why or (f"{c.name} (a foreign-key join's left side) follows a map_values, "
+                                  f"which skips unchanged results")
                 elif t in (ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponder):
                     via.add("foreign-key join")
                     # the join's result table is read by the same rule: what reads it must end
@@ -92,16 +103,47 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
                     stack.extend((x, False) for x in downstream(topo, c, lookers)
                                  if op(x) is PassThrough and getattr(x.attrs, "result_store", None))
                 else:
-                    ok = False
-        if ok and emit_outputs:
+                    why = why or (f"{c.name} ({t.kind}): its state depends on the history (a group, "
+                                  f"a window or a join row that only an intermediate change reached)")
+        if why is None:
+            user = next((n for n in topo.subtopologies[sub_of[src.source_topic]] if op(n) is UserProcessor), None)
+            if user is not None:   # every input record of the task moves the stream time it punctuates on
+                why = f"{user.name} (a user processor in its sub-topology) punctuates on the task's stream time"
+        if why is None and emit_outputs:
             why = _outputs_need_history(topo, src, lookers, set(held_outputs), op, transparent)
             if why:
-                ok = False
-                if refusals is not None:
-                    refusals[src.source_topic] = f"every record replayed (--emit-outputs: {why})"
-        if ok:
-            out[src.source_topic] = "last real changes per key (" + (", ".join(sorted(via)) or "no reader") + ")"
+                why = f"--emit-outputs: {why}"
+        if why is not None:
+            if refusals is not None:
+                refusals[src.source_topic] = f"every record replayed ({why})"
+            continue
+        out[src.source_topic] = "last real changes per key (" + (", ".join(sorted(via)) or "no reader") + ")"
     return out
+
+
+def _stateful_after_to_stream(topo, to_stream, lookers, op):
+    """The first node past a table's ``to_stream()`` whose result depends on every change it
+    receives (a store, a lookup, a repartition, a user processor), or None when only stateless
+    stream steps and user sinks follow: then the stores end the same from the last changes, and
+    the outputs are settled by ``--emit-outputs``' own rule (a stream sink needs every record)."""
+    from processor.operators.filter import StreamFilter
+    from processor.operators.map_values import StreamMapValues
+    from processor.operators.sink import PassThrough, Sink
+    from processor.operators.stream_map import (StreamBranch, StreamFlatMap, StreamFlatMapValues, StreamMap,
+                                                StreamPeek, StreamSelectKey)
+
+    stateless = (StreamFilter, StreamMapValues, StreamMap, StreamSelectKey, StreamFlatMap, StreamFlatMapValues,
+                 StreamPeek, StreamBranch, PassThrough)
+    for x in downstream(topo, to_stream, lookers):
+        t = op(x)
+        if x.stores or x.lookups or lookers.get(id(x)):
+            return x
+        if t is Sink:
+            if x.attrs.internal:
+                return x
+        elif t not in stateless:
+            return x
+    return None
 
 
 def transparent_joins(src, lookers) -> set[int]:

@@ -319,7 +319,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         plan = compaction_plan(topo, emit_outputs, held_outputs=held, refusals=refusals) if compaction else {}
         ctx.compacted = set(plan)
         report.compaction = {t: plan.get(t) or refusals.get(t)
-                             or ("every record replayed (a reader's state depends on the history)" if compaction
+                             or ("every record replayed (a stream: each record is an event)" if compaction
                                  else "every record replayed (--no-compaction)") for t in sources}
         t1 = time.monotonic()
         spark_runs = runs.Runs(spark, ctx)

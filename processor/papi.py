@@ -20,19 +20,22 @@ Invariants:
   changelog, restore, checkpoint, ``/stores``, ``processor state dump`` and the backfill treat it
   alike. Each entry holds the value bytes behind the 8-byte timestamp of the record (or
   punctuation) that wrote it.
-- ``context.schedule(interval, "stream", cb)``: ``cb(stream_time)`` runs when this processor's
-  stream time (the largest timestamp of the records that reached it, the current one included,
-  kept in the task's bookkeeping with each schedule's next time, and committed with the state)
-  reaches the next punctuation time, once per advance, however many intervals it jumped (the
-  next time is then the first interval boundary after it), as Kafka Streams'
-  ``PunctuationSchedule``: the first at the first record. It runs right after the record that
-  advanced stream time, and its forwards go out with that record's. ``"wall"``: ``cb(now)`` when
-  the task's wall clock reaches ``now + interval`` from the schedule, then every ``interval``,
-  missed intervals skipped alike; its forwards are records outside an input record. A
-  punctuation that raises is fatal on either clock (it is no record's doing: nothing to
-  dead-letter). Schedules are made again in ``init``: a restored task, or one whose operators
-  were rebuilt after a failed record, continues each stream schedule where it was (schedules
-  are numbered in the order ``init`` makes them); a wall schedule starts its interval again.
+- ``context.schedule(interval, "stream", cb)``: ``cb(stream_time)`` runs when the task's stream
+  time (Kafka Streams': the largest timestamp of the task's input records, the current one
+  included, whether or not it reaches this processor; kept in the task's bookkeeping with each
+  schedule's next time, and committed with the state) reaches the next punctuation time, once
+  per advance, however many intervals it jumped (the next time is then the first interval
+  boundary after it), as Kafka Streams' ``PunctuationSchedule``: the first at the first record.
+  It runs right after the task has processed the record that advanced stream time, and its
+  forwards go out with that record's. ``"wall"``: ``cb(now)`` when the task's wall clock reaches
+  ``now + interval`` from the schedule, then every ``interval``, missed intervals skipped alike;
+  its forwards are records outside an input record. A punctuation that raises is fatal on
+  either clock (it is no record's doing: nothing to dead-letter). A failed record leaves stream
+  time where it was (all or nothing). Schedules are made again in ``init``, numbered in the
+  order they are made: a task whose operators were rebuilt after a failed record continues each
+  schedule where it was (or leaves it cancelled); a restored task does so for stream schedules,
+  while its wall schedules start their interval again (Kafka Streams keeps none across a
+  restart).
 - ``process()`` raising is a ``UserFunctionError`` under the on-error policy, all or nothing:
   its store writes are undone and its forwards dropped when the record is dead-lettered or
   skipped.
@@ -84,13 +87,18 @@ class Stores:
 
 
 class Cancellable:
-    """``schedule()``'s result: ``cancel()`` stops the punctuation."""
+    """``schedule()``'s result: ``cancel()`` stops the punctuation (for good: a schedule made
+    again after a restore or a rebuild stays cancelled)."""
 
-    def __init__(self):
+    def __init__(self, on_cancel: Callable[[], None] | None = None):
         self.cancelled = False
+        self._on_cancel = on_cancel
 
     def cancel(self) -> None:
-        self.cancelled = True
+        if not self.cancelled:
+            self.cancelled = True
+            if self._on_cancel is not None:
+                self._on_cancel()
 
 
 class KeyValueStore:

@@ -19,6 +19,11 @@ Invariants:
   persisted with the state at commit, sent after it, resent if the task reopens before the
   next commit confirmed them (``processor/state/outbox.py``). They carry the provenance
   ``("__punctuation:<sub-topology>", partition, <commit counter>, <index>)``.
+- The task's stream time (``context.stream_time``) is the largest timestamp of the input records
+  it has processed, the one in hand included (Kafka Streams' task stream time). A sub-topology
+  with a user processor keeps it in ``_bookkeeping`` (committed with the state, undone with a
+  failed record's writes) and, after each record that advanced it, runs the user processors'
+  stream-time punctuations (``punctuate_stream``) as part of that record.
 - A record that fails follows the ``on_error`` policy: its key or value does not deserialize (on
   a user topic; an internal record this build cannot read is always fatal: those bytes are ours),
   a user function raises (``UserFunctionError``), a value does not serialize for a store or an
@@ -110,6 +115,7 @@ def _outbox_chunks(records):
     if chunk:
         yield chunk
 _OUTBOX_COUNTER = b"outbox_counter"
+_STREAM_TIME = b"stream_time"    # _bookkeeping: the task's stream time (8 bytes, signed big-endian)
 
 
 def dlq_topic_for(application_id: str) -> str:
@@ -172,6 +178,8 @@ class Task:
                     self.internal_topics.add(n.source_topic)
                 if n.attrs.internal:
                     self._internal_sources.add(n.source_topic)
+        raw = self.bookkeeping.get(_STREAM_TIME)
+        self.context.stream_time = -1 if raw is None else int.from_bytes(raw, "big", signed=True)
         self._build_operators()
         # foreign-key join records held until the commit, a later one of the same pair replacing
         # an earlier (processor/engine/fk_join_coalescing.py)
@@ -237,6 +245,7 @@ class Task:
                 self.sources.setdefault(n.source_topic, []).append(self.ops[n.name])
         ops = list(self.ops.values())
         self._wall_punctuators = [op for op in ops if op.punctuates_wall]
+        self._stream_punctuators = [op for op in ops if op.punctuates_stream]
         self._flushers = [op for op in ops if type(op).flush is not Processor.flush]
         if self._atomic:
             self.stores.journal = self._journal     # stores opened from now on
@@ -271,8 +280,15 @@ class Task:
                     self.duplicates_dropped += 1
                     self.positions[(topic, partition)] = offset + 1
                     return
+            advanced = timestamp > ctx.stream_time and self._stream_punctuators
+            if advanced:   # (stream time includes the record in hand)
+                ctx.stream_time = timestamp
+                self.bookkeeping.put(_STREAM_TIME, timestamp.to_bytes(8, "big", signed=True))
             for source in self.sources[topic]:
                 source.process_bytes(key, value, timestamp)
+            if advanced:
+                for op in self._stream_punctuators:
+                    op.punctuate_stream(timestamp)
             if mark is not None:
                 self.bookkeeping.put(*mark)
             if sends:   # (the hot path of _check_sizes, inline)
@@ -377,6 +393,8 @@ class Task:
         self._record_sends.clear()
         del self.context.outbox[outbox_len:]
         if changed:
+            raw = self.bookkeeping.get(_STREAM_TIME)   # (the record's advance undone with it)
+            self.context.stream_time = -1 if raw is None else int.from_bytes(raw, "big", signed=True)
             self._build_operators()
 
     def _check_placement(self, topic, partition, offset, key) -> None:

@@ -41,6 +41,10 @@ class ProcessorContext:
         # host's, set by the Task (the test driver's: every topic exists, as Kafka Streams')
         self.topic_exists: Callable[[str], bool] = _every_topic_exists
         self.global_stores: dict = {}   # {global store name: store}, the host's (set by the Task)
+        self.stream_time = -1           # the task's stream time (kept by the Task)
+        # wall-clock schedules' next times, {(operator, index): next or None once cancelled}: kept
+        # by the task across its operators' rebuilds (not persisted: a new task starts them again)
+        self.wall_schedules: dict = {}
         # Provenance of what is being processed: the input record's topic, partition and offset;
         # during a punctuation or flush, a synthetic one (``"__punctuation:<sub>"``, the task's
         # partition, the commit that will persist it) with ``in_record`` False.
@@ -125,9 +129,11 @@ class Processor:
 
     # Optional hooks, called by the task: punctuate_wall(now_ms) as the wall clock moves, for a
     # processor that sets ``punctuates_wall``; flush() on graceful shutdown and partition
-    # revocation (deferred emissions go out). Stream-time punctuation is the operator's own
-    # business: it sees every record that advances its stream time.
+    # revocation (deferred emissions go out); punctuate_stream(stream_time) after each record that
+    # advanced the task's stream time, for a processor that sets ``punctuates_stream`` (a user
+    # processor: the DSL's own windows and emission policies keep their operator's stream time).
     punctuates_wall = False
+    punctuates_stream = False
     # closed when the task rebuilds its operators after a failed record (a user processor)
     closes_on_rebuild = False
 

@@ -4,10 +4,13 @@ Invariant: one user instance per task (``P`` a class or a zero-argument factory)
 with a ``papi.ProcessorContext`` after the task's stores are open, closed with the task. Each
 input record reaches ``process(Record)`` with its key, value, timestamp, headers and
 provenance; what the user forwards goes to the children with the forwarded record's timestamp
-and headers. This operator's stream time is the largest timestamp that reached it, kept in the
-task's bookkeeping (``observed_time\\x00<operator>``) so a restored task punctuates as the one
-before it did; punctuations follow ``papi``'s rules. A user function that raises is a
-``UserFunctionError`` naming the step and the function.
+and headers. Stream-time punctuations run on the task's stream time (the largest timestamp of
+the task's input records: ``Task.process`` calls ``punctuate_stream`` after a record that
+advanced it, whether or not the record reached this processor); each stream schedule's next time
+is kept in the task's bookkeeping (``punctuate\\x00<operator>\\x00<index>``), each wall
+schedule's in the task's context, so neither a restored task (stream) nor operators rebuilt after
+a failed record (both) start them again; punctuations follow ``papi``'s rules. A user function
+that raises is a ``UserFunctionError`` naming the step and the function.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ _TIME = struct.Struct(">q")
 class _Schedule:
     __slots__ = ("interval", "callback", "next", "handle")
 
-    def __init__(self, interval, callback, first):
+    def __init__(self, interval, callback, first, on_cancel):
         self.interval, self.callback, self.next = interval, callback, first
-        self.handle = papi.Cancellable()
+        self.handle = papi.Cancellable(on_cancel)
 
     def advance(self, now: int) -> None:
         """The next time after a punctuation at ``now`` (missed intervals skipped)."""
@@ -46,8 +49,6 @@ class UserProcessor(Processor):
         self.factory = factory
         self.store_specs = stores          # {name: StoreSpec} this processor may use
         self.user = None
-        self.observed_time = -1
-        self._time_key = b"observed_time\x00" + name.encode("utf-8")
         self._stream_schedules: list[_Schedule] = []
         self._wall_schedules: list[_Schedule] = []
         self._stores: dict = {}
@@ -56,13 +57,17 @@ class UserProcessor(Processor):
 
     # the task calls punctuate_wall only on operators that say so; a user may schedule one at any time
     punctuates_wall = True
+    punctuates_stream = True
     closes_on_rebuild = True
+
+    @property
+    def observed_time(self) -> int:
+        """The task's stream time (``ProcessorContext.current_stream_time_ms``)."""
+        return self.context.stream_time
 
     def init(self, context):
         super().init(context)
         self._bookkeeping = context.get_store(BOOKKEEPING_STORE)
-        raw = self._bookkeeping.get(self._time_key)
-        self.observed_time = -1 if raw is None else _TIME.unpack(raw)[0]
         try:
             self.user = self.factory()
         except Exception as exc:
@@ -103,12 +108,23 @@ class UserProcessor(Processor):
             raise TopologyError(f"{self.name}: schedule() takes an interval of at least 1 ms, not {interval_ms!r}")
         if punctuation_type == "stream":
             # aligned to 0: the first at the first record; a schedule made again (a restored
-            # task, operators rebuilt after a failed record) goes on from where it was
-            raw = self._bookkeeping.get(self._schedule_key(len(self._stream_schedules)))
-            s = _Schedule(interval_ms, callback, 0 if raw is None else _TIME.unpack(raw)[0])
+            # task, operators rebuilt after a failed record) goes on from where it was, or stays
+            # cancelled (next time -1)
+            key = self._schedule_key(len(self._stream_schedules))
+            raw = self._bookkeeping.get(key)
+            first = 0 if raw is None else _TIME.unpack(raw)[0]
+            s = _Schedule(interval_ms, callback, first,
+                          lambda: self._bookkeeping.put(key, _TIME.pack(-1)))
+            s.handle.cancelled = first == -1
             self._stream_schedules.append(s)
         elif punctuation_type == "wall":
-            s = _Schedule(interval_ms, callback, self.context.wall_clock() + interval_ms)
+            # the first after one interval; made again after a rebuild, from where it was
+            key = (self.name, len(self._wall_schedules))
+            kept = self.context.wall_schedules
+            first = kept.setdefault(key, self.context.wall_clock() + interval_ms)
+            s = _Schedule(interval_ms, callback, -1 if first is None else first,
+                          lambda: kept.__setitem__(key, None))
+            s.handle.cancelled = first is None
             self._wall_schedules.append(s)
         else:
             raise TopologyError(f"{self.name}: schedule() takes 'stream' or 'wall', not {punctuation_type!r}")
@@ -121,14 +137,12 @@ class UserProcessor(Processor):
     def process(self, key, value, timestamp):
         ctx = self.context
         self._ts = timestamp
-        advanced = timestamp > self.observed_time
-        if advanced:   # stream time includes the record being processed (current_stream_time_ms)
-            self.observed_time = timestamp
-            self._bookkeeping.put(self._time_key, _TIME.pack(timestamp))
         rec = Record(key, value, timestamp, tuple(ctx.headers or ()), ctx.topic, ctx.partition, ctx.offset)
         self.call_user(self.user.process, rec)
-        if advanced and self._stream_schedules:
-            self._punctuate(self._stream_schedules, timestamp, stream=True)
+
+    def punctuate_stream(self, stream_time: int) -> None:
+        if self._stream_schedules:
+            self._punctuate(self._stream_schedules, stream_time, stream=True)
 
     def _punctuate(self, schedules, now: int, stream: bool = False) -> None:
         for i, s in enumerate(list(schedules)):
@@ -144,9 +158,13 @@ class UserProcessor(Processor):
                                       f"{describe_function(s.callback)} raised {type(exc).__name__}: {exc}",
                                       step=self.name) from exc
             self.punctuations += 1
+            if s.handle.cancelled:    # (by its own callback: on_cancel kept that)
+                continue
             s.advance(now)
             if stream:
                 self._bookkeeping.put(self._schedule_key(i), _TIME.pack(s.next))
+            else:
+                self.context.wall_schedules[(self.name, i)] = s.next
 
     def punctuate_wall(self, now_ms: int) -> None:
         if self._wall_schedules:

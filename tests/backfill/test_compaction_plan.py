@@ -33,17 +33,28 @@ def _topologies():
     pk_l, pk_r = b.table("pk-l"), b.table("pk-r")
     pk_l.join(pk_r, lambda x, y: [x, y]).to_stream().to("pk")
     as_stream = b.table("as-stream")
-    as_stream.to_stream().filter(lambda k, v: True).to("s")
+    as_stream.to_stream().filter(lambda k, v: True).peek(lambda k, v: None).map_values(lambda v: v).to("s")
+    as_events = b.table("as-events")
+    as_events.to_stream().filter(lambda k, v: True).group_by_key().count(name="events")
     looked_up = b.table("looked-up")
     b.stream("events").join(looked_up, lambda e, t: [e, t]).to("joined")
     return b.build()
 
 
 def test_only_sources_whose_readers_end_the_same_are_compacted():
-    plan = compaction_plan(_topologies())
-    assert sorted(plan) == ["customers", "orders"]
+    refusals: dict = {}
+    plan = compaction_plan(_topologies(), refusals=refusals)
+    assert sorted(plan) == ["as-stream", "customers", "orders"]
     assert plan["orders"] == "last real changes per key (foreign-key join, table sink)"
     assert plan["customers"] == "last real changes per key (foreign-key join)"   # its right side: transparent
+    # stateless stream steps past to_stream() ending in a sink: no store sees their records
+    assert plan["as-stream"] == "last real changes per key (stateless stream steps to sinks)"
+    # every refused table names the reader that needs every record
+    assert sorted(refusals) == ["agg-src", "as-events", "looked-up", "pk-l", "pk-r"]
+    assert all(r.startswith("every record replayed (") for r in refusals.values())
+    assert "(group-by)" in refusals["agg-src"] and "depends on the history" in refusals["agg-src"]
+    assert "reads the table's changes as a stream" in refusals["as-events"]
+    assert "looks the table up" in refusals["looked-up"]
 
 
 def test_replaying_the_last_two_changes_leaves_the_stores_of_a_full_replay():
@@ -120,13 +131,14 @@ def test_with_emit_outputs_only_sources_whose_sinks_carry_an_empty_table_are_com
         b.table("streamed").filter(lambda k, v: True).to_stream().filter(lambda k, v: True).to("s")
         return b.build()
 
-    assert sorted(compaction_plan(topo())) == ["customers", "mapped", "orders", "plain"]
+    assert sorted(compaction_plan(topo())) == ["customers", "mapped", "orders", "plain", "streamed"]
     refusals: dict = {}
     plan = compaction_plan(topo(), emit_outputs=True, refusals=refusals)
     assert sorted(plan) == ["customers", "plain"]   # the join's right side: transparent
-    assert sorted(refusals) == ["mapped", "orders"]
+    assert sorted(refusals) == ["mapped", "orders", "streamed"]
     assert "(a table map_values) skips unchanged results" in refusals["mapped"]
     assert "(a foreign-key join) skips unchanged results" in refusals["orders"]
+    assert "s is a stream sink" in refusals["streamed"]
     assert all(r.startswith("every record replayed (--emit-outputs: ") for r in refusals.values())
     # a sink that already holds records: its tombstones need the history
     refusals = {}
@@ -201,3 +213,29 @@ def test_a_partition_is_in_time_order_while_its_timestamps_never_go_backwards():
 
     assert in_time_order([1, 1, 2, 5]) and in_time_order([7], before=7)
     assert not in_time_order([1, 3, 2]) and not in_time_order([4, 5], before=6)
+
+
+def test_a_user_processor_in_the_sources_sub_topology_refuses_the_reduction():
+    """A user processor punctuates on the task's stream time, which every input record of the
+    task moves (an inner join's left table is transparent, but its records would be dropped
+    from under the processor's punctuations); behind the response topic, in the right table's
+    sub-topology, nothing changes."""
+    from processor import Processor
+
+    class Tick(Processor):
+        def init(self, context):
+            context.schedule(10, "stream", lambda ts: None)
+
+        def process(self, record):
+            pass
+
+    def topo(process: bool):
+        b = StreamsBuilder()
+        orders, customers = b.table("orders", store_name="orders"), b.table("customers", store_name="cust")
+        joined = orders.join_on_foreign_key(customers, lambda v: v["c"], lambda o, c: c["name"], name="fk") \
+            .to_stream()
+        (joined.process(Tick) if process else joined).to("out")
+        return b.build()
+
+    assert sorted(compaction_plan(topo(False))) == ["customers", "orders"]
+    assert sorted(compaction_plan(topo(True))) == ["customers"]

@@ -169,6 +169,29 @@ def test_stream_time_punctuation_follows_kafka_streams_schedule():
                                                           (50, 50), (60, 60)]
 
 
+def test_stream_time_is_the_tasks_records_a_filter_drops_advance_it_too():
+    """Kafka Streams punctuates on the task's stream time (every input record of the task), not
+    on the records that reach the processor: a filtered-out record at 50 fires the punctuation at
+    50. The model: the schedule over every input timestamp, each tick forwarding the count of the
+    records that passed the filter so far (the whole record is processed before it punctuates)."""
+    rnd = random.Random(3)
+    ts, t = [], 0
+    for _ in range(300):
+        t += rnd.choice([0, 1, 2, 7, 31, -5])
+        ts.append(max(t, 0))
+    keep = [rnd.random() < 0.3 for _ in ts]
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("n"))
+    b.stream("in").filter(lambda k, v: v["keep"]).process(Ticker, stores=["n"]).to("ticks")
+    with TopologyTestDriver(b.build()) as d:
+        for i, (x, k) in enumerate(zip(ts, keep)):
+            d.pipe_input("in", f"k{i % 3}", {"keep": k}, timestamp=x)
+        got = [(r.timestamp, r.value) for r in d.read_output("ticks")]
+    want = [(at, sum(keep[:n])) for at, n in stream_punctuations(ts, 10)]
+    assert got == want
+    assert len(want) > 50 and sum(keep) < len(ts) / 2
+
+
 def test_wall_clock_punctuation_fires_every_interval_of_the_drivers_clock():
     b = StreamsBuilder()
     b.add_state_store(Stores.key_value("n"))
@@ -289,3 +312,43 @@ def test_a_punctuation_that_raises_is_fatal_not_the_records_fault():
             d.pipe_input("in", "k", {}, timestamp=0)
         assert not isinstance(info.value, UserFunctionError)
         assert d.read_output(d.dlq_topic, Serdes.bytes(), Serdes.bytes()) == []
+
+
+def test_failed_records_neither_restart_a_wall_schedule_nor_revive_a_cancelled_one():
+    """Found in review: a failed record rebuilds the operators (a new instance, init again). A
+    wall schedule goes on from its kept next time (a record failing every 60 ms used to push an
+    interval of 100 ms away for ever), and a cancelled schedule stays cancelled."""
+    class Flaky(Processor):
+        def init(self, context):
+            self.ctx = context
+            self.wall = context.schedule(100, "wall", self.tick)
+            self.stream = context.schedule(10, "stream", self.stream_tick)
+
+        def tick(self, now):
+            self.ctx.forward(Record("wall", now, now))
+
+        def stream_tick(self, ts):
+            self.ctx.forward(Record("stream", ts, ts))
+
+        def process(self, record):
+            if record.value.get("cancel"):
+                self.wall.cancel()
+                self.stream.cancel()
+            if record.value.get("fail"):
+                raise ValueError("bad record")
+
+    b = StreamsBuilder()
+    b.stream("in").process(Flaky).to("ticks")
+    with TopologyTestDriver(b.build(), on_error="skip", initial_wall_clock_ms=1000) as d:
+        for i in range(10):           # wall 1000 .. 1600: a failing record every 60 ms
+            d.pipe_input("in", "k", {"fail": True}, timestamp=i)
+            d.advance_wall_clock(60)
+        d.pipe_input("in", "k", {}, timestamp=20)
+        assert [(r.key, r.value) for r in d.read_output("ticks")] == [
+            ("wall", 1120), ("wall", 1240), ("wall", 1300), ("wall", 1420), ("wall", 1540),
+            ("wall", 1600), ("stream", 20)]
+        d.pipe_input("in", "k", {"cancel": True}, timestamp=21)
+        d.pipe_input("in", "k", {"fail": True}, timestamp=40)    # rebuilt: init schedules again
+        d.advance_wall_clock(500)
+        d.pipe_input("in", "k", {}, timestamp=50)
+        assert d.read_output("ticks") == []
