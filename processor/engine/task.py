@@ -23,7 +23,7 @@ Invariants:
   it has processed, the one in hand included (Kafka Streams' task stream time). A sub-topology
   with a user processor keeps it in ``_bookkeeping`` (committed with the state, undone with a
   failed record's writes) and, after each record that advanced it, runs the user processors'
-  stream-time punctuations (``punctuate_stream``) as part of that record.
+  stream-time punctuations (``punctuate_task_time``) as part of that record.
 - A record that fails follows the ``on_error`` policy: its key or value does not deserialize (on
   a user topic; an internal record this build cannot read is always fatal: those bytes are ours),
   a user function raises (``UserFunctionError``), a value does not serialize for a store or an
@@ -245,7 +245,7 @@ class Task:
                 self.sources.setdefault(n.source_topic, []).append(self.ops[n.name])
         ops = list(self.ops.values())
         self._wall_punctuators = [op for op in ops if op.punctuates_wall]
-        self._stream_punctuators = [op for op in ops if op.punctuates_stream]
+        self._stream_punctuators = [op for op in ops if op.punctuates_task_time]
         self._flushers = [op for op in ops if type(op).flush is not Processor.flush]
         if self._atomic:
             self.stores.journal = self._journal     # stores opened from now on
@@ -288,7 +288,7 @@ class Task:
                 source.process_bytes(key, value, timestamp)
             if advanced:
                 for op in self._stream_punctuators:
-                    op.punctuate_stream(timestamp)
+                    op.punctuate_task_time(timestamp)
             if mark is not None:
                 self.bookkeeping.put(*mark)
             if sends:   # (the hot path of _check_sizes, inline)

@@ -129,11 +129,12 @@ class Processor:
 
     # Optional hooks, called by the task: punctuate_wall(now_ms) as the wall clock moves, for a
     # processor that sets ``punctuates_wall``; flush() on graceful shutdown and partition
-    # revocation (deferred emissions go out); punctuate_stream(stream_time) after each record that
-    # advanced the task's stream time, for a processor that sets ``punctuates_stream`` (a user
-    # processor: the DSL's own windows and emission policies keep their operator's stream time).
+    # revocation (deferred emissions go out); punctuate_task_time(stream_time) after each record
+    # that advanced the task's stream time, for a processor that sets ``punctuates_task_time`` (a
+    # user processor: the DSL's own windows and emission policies run on their operator's stream
+    # time, ``punctuates_stream``/``punctuate_stream``, as Kafka Streams' do).
     punctuates_wall = False
-    punctuates_stream = False
+    punctuates_task_time = False
     # closed when the task rebuilds its operators after a failed record (a user processor)
     closes_on_rebuild = False
 

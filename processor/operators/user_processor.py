@@ -5,7 +5,7 @@ with a ``papi.ProcessorContext`` after the task's stores are open, closed with t
 input record reaches ``process(Record)`` with its key, value, timestamp, headers and
 provenance; what the user forwards goes to the children with the forwarded record's timestamp
 and headers. Stream-time punctuations run on the task's stream time (the largest timestamp of
-the task's input records: ``Task.process`` calls ``punctuate_stream`` after a record that
+the task's input records: ``Task.process`` calls ``punctuate_task_time`` after a record that
 advanced it, whether or not the record reached this processor); each stream schedule's next time
 is kept in the task's bookkeeping (``punctuate\\x00<operator>\\x00<index>``), each wall
 schedule's in the task's context, so neither a restored task (stream) nor operators rebuilt after
@@ -57,7 +57,7 @@ class UserProcessor(Processor):
 
     # the task calls punctuate_wall only on operators that say so; a user may schedule one at any time
     punctuates_wall = True
-    punctuates_stream = True
+    punctuates_task_time = True
     closes_on_rebuild = True
 
     @property
@@ -140,7 +140,7 @@ class UserProcessor(Processor):
         rec = Record(key, value, timestamp, tuple(ctx.headers or ()), ctx.topic, ctx.partition, ctx.offset)
         self.call_user(self.user.process, rec)
 
-    def punctuate_stream(self, stream_time: int) -> None:
+    def punctuate_task_time(self, stream_time: int) -> None:
         if self._stream_schedules:
             self._punctuate(self._stream_schedules, stream_time, stream=True)
 
