@@ -78,8 +78,8 @@ class SlidingWindows:
 
     @staticmethod
     def of_time_difference_and_grace(diff_ms: int, grace_ms: int) -> "SlidingWindows":
-        if diff_ms <= 0:
-            raise ValueError("the time difference must be positive")
+        if not isinstance(diff_ms, int) or diff_ms < 0:   # (0: a window per distinct record time)
+            raise ValueError("the time difference must be >= 0")
         if grace_ms < 0:
             raise ValueError("grace must be >= 0")
         return SlidingWindows(diff_ms, grace_ms)

@@ -11,8 +11,10 @@ largest record time seen and ``close = observed - grace``: a record with ``ts + 
 close`` is dropped (``late_records_dropped``), an update of a window ending before ``close``
 too (``expired_updates_dropped``); a window is closed once its end is before ``close``
 (emitted then under ``Emit.on_window_close``) and purged once its end is before ``close -
-diff`` (kept that long because a later record may still need it to build its own windows, as
-Kafka Streams' retention of ``2 * diff + grace``). Result keys ``Windowed(key, start, start +
+diff - 1``: a record still accepted (``ts >= close - diff``) reads the window ending at the
+record before it (``prev``) to make ``prev``'s right window ``[prev + 1, prev + 1 + diff]``,
+open while ``prev >= close - diff - 1`` (found in review: purged one millisecond earlier, a
+record at 85 after 84 and 100, diff 10, grace 5, made no ``[85, 95]``). Result keys ``Windowed(key, start, start +
 diff)``; a result carries its window's timestamp.
 """
 
@@ -205,7 +207,7 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
             else:
                 self.emitter.emit_pending(wk)
         self.windows_closed += len(closing)
-        while self._to_purge and self._to_purge[0][0] < close - self.diff:
+        while self._to_purge and self._to_purge[0][0] < close - self.diff - 1:
             _, wk = heapq.heappop(self._to_purge)
             self._indexed.discard(wk)
             self.store.delete(wk)

@@ -40,7 +40,7 @@ def topology(diff, grace, emit=None):
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 120), st.integers(1, 9)),
                 min_size=1, max_size=40),
-       st.integers(1, 30), st.randoms(use_true_random=False))
+       st.integers(0, 30), st.randoms(use_true_random=False))
 def test_windows_are_the_models_whatever_the_arrival_order_within_grace(events, diff, rnd):
     order = list(events)
     rnd.shuffle(order)
@@ -58,6 +58,56 @@ def test_windows_are_the_models_whatever_the_arrival_order_within_grace(events, 
         for r in d.read_output("counts"):
             last[r.key] = r.value
         assert sorted(last.items()) == sorted((w, c) for w, (c, _, _) in want.items())
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 120), st.integers(1, 9)),
+                min_size=1, max_size=40),
+       st.integers(0, 30), st.integers(0, 20), st.randoms(use_true_random=False))
+def test_with_a_short_grace_the_open_windows_are_the_models_of_the_accepted_records(events, diff, grace, rnd):
+    """Late records within a short grace: a record is dropped once ``ts + 1 + diff <= close``
+    (``close`` = the largest time so far, its own included, less grace). Every window still
+    open at the end (``end >= close``) was open whenever a record inside it came, so it holds
+    exactly the model's window over the accepted records, given each accepted record's own
+    left window (``[ts - diff, ts]``, or ``[0, diff]``) was open when it came: Kafka Streams
+    finds a key's earlier records through their left windows, so one whose left window had
+    closed when it came is never found by a later record's new left window (the windows then
+    differ from the model's by design); such records are left out of the input here, and
+    ``test_a_record_after_a_later_one_makes_the_right_window_of_the_one_before_it`` takes one
+    (found in review: a window purged one ms early lost [85, 95] for a record at 85 after 84
+    and 100, diff 10, grace 5)."""
+    order = list(events)
+    rnd.shuffle(order)
+    accepted, observed, sent = [], -1, []
+    for k, ts, x in order:
+        if max(observed, ts) - grace > max(ts, diff) and ts + 1 + diff > max(observed, ts) - grace:
+            continue   # accepted, its own left window closed (see above): not sent
+        observed = max(observed, ts)
+        sent.append((k, ts, x))
+        if ts + 1 + diff > observed - grace:
+            accepted.append((k, ts, x))
+    order = sent
+    close = observed - grace
+    want = {w: v for w, v in model_windows(accepted, diff).items() if w.end >= close}
+    with TopologyTestDriver(topology(diff, grace=grace)) as d:
+        for k, ts, x in order:
+            d.pipe_input("in", k, {"x": x}, timestamp=ts)
+        n, s = d.get_store("n"), d.get_store("sum")
+        stored = sorted(w for w in (n._key_serde.deserialize(k) for st_ in n._stores for k, _ in st_.items())
+                        if w.end >= close)
+        assert stored == sorted(want)
+        assert [n.get_with_timestamp(w) for w in sorted(want)] == [(want[w][0], want[w][2]) for w in sorted(want)]
+        assert [s.get(w) for w in sorted(want)] == [want[w][1] for w in sorted(want)]
+
+
+def test_a_record_after_a_later_one_makes_the_right_window_of_the_one_before_it():
+    """diff 10, grace 5: 84, 100, then 85 (accepted: 85 + 1 + 10 > 95). 85 falls in 84's right
+    window [85, 95], still open at close 95; it is made from the window ending at 84."""
+    with TopologyTestDriver(topology(10, grace=5)) as d:
+        for ts in (84, 100, 85):
+            d.pipe_input("in", "a", {"x": 1}, timestamp=ts)
+        assert [(r.key, r.value) for r in d.read_output("counts")] == [
+            (Windowed("a", 74, 84), 1), (Windowed("a", 90, 100), 1), (Windowed("a", 85, 95), 1)]
 
 
 def test_kip_450_example_in_order():
@@ -103,6 +153,7 @@ def test_closed_windows_are_purged_after_twice_the_difference():
 
 def test_sliding_windows_are_declared_checked():
     with pytest.raises(ValueError):
-        SlidingWindows.of_time_difference_and_grace(0, 5)
+        SlidingWindows.of_time_difference_and_grace(-1, 5)
+    assert SlidingWindows.of_time_difference_and_grace(0, 5).diff_ms == 0   # as Kafka Streams allows
     with pytest.raises(ValueError):
         SlidingWindows.of_time_difference_and_grace(5, -1)
