@@ -151,6 +151,19 @@ class AggregateEmitter:
         self._pending.clear()
         self._heap.clear()
 
+    def retract(self, kb: bytes, ts: int) -> None:
+        """``kb``'s row is gone for good (a session merged into another): a tombstone now if a
+        result was emitted for it (under every policy but ``on_window_close``, which emits only
+        closed windows), and nothing left of it: neither its last-emitted entry nor a pending
+        emission (found in review: under ``every`` a deferred tombstone was forgotten with the
+        row, so the stale session was never retracted)."""
+        if self.mode == "on_window_close":
+            return
+        self._pending.pop(kb, None)
+        em_raw = self.emitted.get(kb)
+        if em_raw is not None:
+            self._emit(kb, None, emitted_codec.decode(em_raw).value, ts, self.clock())
+
     def forget(self, kb: bytes) -> None:
         """Drop ``kb``'s last-emitted entry and pending emission (its window was purged)."""
         if self.mode != "on_window_close":  # that policy never writes the column

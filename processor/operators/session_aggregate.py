@@ -2,10 +2,14 @@
 
 Invariant: the store (key layout ``processor/state/session_key.py``) holds, per key, sessions
 that never overlap within the inactivity gap: a record at ``ts`` merges every session of its key
-that ends at or after ``ts - gap`` and starts at or before ``ts + gap`` (their aggregates folded
+that ends at or after ``ts - gap`` and after ``close_time`` (below) and starts at or before ``ts +
+gap`` (a session ending exactly at ``close_time`` is no longer merged, as Kafka Streams' session
+store retains ``gap + grace``, though it is closed only once it ends before it; Kafka Streams
+also drops such a session from its store, this store keeps it until it closes; their aggregates folded
 into ``initializer()`` with ``merger(key, agg, session_agg)``, in the store's order: by end),
 together with itself, into one session ``[min start, max end]``; the merged sessions are removed
-(and their emitted results tombstoned under the emission policy), then ``aggregator(key, value,
+(a tombstone for each whose result was emitted, at once, under every policy but
+``on_window_close``), then ``aggregator(key, value,
 agg)`` gives the new session's aggregate. Stream time (as ``operators/aggregate.py``) closes a
 session once ``end < stream time - grace - gap``: a record whose merged session would already be
 closed is dropped (``late_records_dropped``); closed sessions are emitted under
@@ -62,7 +66,9 @@ class SessionWindowedStreamAggregate(StreamAggregate):
         start, end = timestamp, timestamp
         agg = None if self.initializer is None else self._call(self.initializer)
         merged = []
-        lo = session_key.end_bound(kb, max(timestamp - self.gap, 0))
+        # sessions ending at or before close_time are no longer found (Kafka Streams' session
+        # store: retention gap + grace), though only those ending before it are closed
+        lo = session_key.end_bound(kb, max(timestamp - self.gap, close_time + 1, 0))
         for sk, raw in self.store.range(lo, prefix_upper_bound(kb)):
             if len(sk) != len(kb) + session_key.TIMES_SIZE:
                 continue   # a longer key sharing this key's bytes as a prefix
@@ -80,10 +86,7 @@ class SessionWindowedStreamAggregate(StreamAggregate):
         for sk, raw in merged:
             if sk != new_sk:   # merged into the new session: removed, its emitted result tombstoned
                 self.store.delete(sk)
-                if self.emit.mode != "on_window_close":
-                    s_end = session_key.decode(sk)[2]
-                    self.emitter.updated(sk, None, s_end, s_end)
-                self.emitter.forget(sk)
+                self.emitter.retract(sk, session_key.decode(sk)[2])
                 self.sessions_merged += 1
         if self.initializer is None:
             agg = value if agg is None else self._call(self.aggregator, agg, value)
