@@ -193,8 +193,12 @@ class TopologyTestDriver:
         return out
 
     def get_store(self, name: str) -> ReadOnlyStore:
+        """A store by name: a task store (all tasks' partitions) or a global table's."""
+        if name in self.topology.global_stores:
+            return ReadOnlyStore(self.topology.global_stores[name], [self.global_stores[name]])
         if name not in self.topology.stores:
-            raise ConfigError(f"no store named {name!r} (stores: {sorted(self.topology.stores)})")
+            raise ConfigError(f"no store named {name!r} (stores: "
+                              f"{sorted(self.topology.stores) + sorted(self.topology.global_stores)})")
         spec = self.topology.stores[name]
         owners = [t for t in self.tasks if any(s.name == name for s in t.store_specs)]
         return ReadOnlyStore(spec, [t.stores.store(name) for t in owners])

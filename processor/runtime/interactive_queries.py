@@ -12,7 +12,9 @@ Invariants:
   worker does not run raises ``KeyNotHosted`` naming the partition and task (HTTP 404); one
   whose task is being restored raises ``StoreNotReady`` (HTTP 503).
 - Values come back decoded with the topology's serdes, as ``processor state dump`` prints them
-  (``{"key", "value", "timestamp"}``); only key-value stores (tables, aggregates) are queryable.
+  (``{"key", "value", "timestamp"}``); only key-value stores (tables, aggregates, Processor
+  API stores) are queryable, and global tables' stores, which every worker holds whole (any key
+  is answered here, ``"task": "global"``, ``"partition": null``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from processor.errors import ProcessorError
 from processor.runtime.state_inspect import decode_entry
 
 QUERYABLE_KINDS = ("kv", "aggregate")
+GLOBAL_TASK = "global"   # the "task" of a global table's entries (every worker holds all of it)
 # a prefix scan returns at most this many entries unless asked for fewer
 DEFAULT_LIMIT = 1000
 
@@ -105,15 +108,18 @@ class StoreView:
     """``worker.store(name)``: reads of one store across this worker's tasks."""
 
     def __init__(self, worker, name: str):
-        spec = worker.topology.stores.get(name)
-        queryable = sorted(n for n, s in worker.topology.stores.items() if s.kind in QUERYABLE_KINDS)
+        topo = worker.topology
+        spec = topo.stores.get(name) or topo.global_stores.get(name)
+        queryable = sorted([n for n, s in topo.stores.items() if s.kind in QUERYABLE_KINDS] + list(topo.global_stores))
         if spec is None or spec.kind not in QUERYABLE_KINDS:
             raise NoSuchStore(f"no queryable store named {name!r} (queryable stores: {queryable})")
         self.worker = worker
         self.name = name
         self.spec = spec
-        self.sub = next(s for s in sorted(set(worker._sub_of_topic.values()))
-                        if any(x.name == name for x in worker.topology.stores_of(s)))
+        # a global table's store: every key is here (``GLOBAL_TASK``), no partition owns it
+        self.is_global = name in topo.global_stores
+        self.sub = None if self.is_global else next(
+            s for s in sorted(set(worker._sub_of_topic.values())) if any(x.name == name for x in topo.stores_of(s)))
 
     # -- what a caller uses ----------------------------------------------------------------
     def get(self, key):
@@ -133,7 +139,15 @@ class StoreView:
         return self.worker._queries.call(lambda: self._scan(pb, limit), timeout_s)
 
     # -- main loop -------------------------------------------------------------------------
-    def owner_partition(self, kb: bytes) -> int:
+    def _global_store(self):
+        tables = self.worker.global_tables
+        if tables is None:
+            raise StoreNotReady(f"global store {self.name!r}: the global tables are not bootstrapped yet")
+        return tables.stores[self.name]
+
+    def owner_partition(self, kb: bytes) -> int | None:
+        if self.is_global:
+            return None
         w = self.worker
         # the user topics first: foreign-key subscription and response topics follow their
         # readers' partitioning, not the internal partitioner routing names for them
@@ -146,6 +160,10 @@ class StoreView:
 
     def _lookup(self, kb: bytes) -> dict | None:
         w = self.worker
+        if self.is_global:
+            raw = self._global_store().get(kb)
+            return None if raw is None else {**decode_entry(self.spec, kb, raw), "partition": None,
+                                             "task": GLOBAL_TASK}
         part = self.owner_partition(kb)
         task_id = f"{self.sub}_{part}"
         task = w.tasks.get((self.sub, part))
@@ -162,6 +180,14 @@ class StoreView:
     def _scan(self, pb: bytes, limit: int) -> list[dict]:
         w = self.worker
         out = []
+        if self.is_global:
+            for k, v in self._global_store().prefix(pb):
+                if v is None:
+                    continue
+                if len(out) >= limit:
+                    break
+                out.append({**decode_entry(self.spec, k, v), "partition": None, "task": GLOBAL_TASK})
+            return out
         for (sub, part), task in sorted(w.tasks.items()):
             if sub != self.sub:
                 continue

@@ -6,7 +6,8 @@ no compaction, no new file in it; rocksdict rewrites its own ``rocksdict-config.
 same contents on every open); a state directory that a running worker holds is refused
 (``StateDirLocked``, exit 4) by taking the worker's own lock for the time of the read.
 
-``dump`` prints one JSON line per entry, ``{"task", "store", "key", "value", "timestamp"}``,
+``dump`` prints one JSON line per entry, ``{"task", "store", "key", "value", "timestamp"}`` (a
+global table's entries with ``"task": "global"``),
 decoded with the topology's serdes as the test driver's stores are (a last-emitted column:
 ``value`` and ``timestamp`` of what was emitted, plus ``emitted_at``); an entry its serdes cannot
 decode, and every entry with ``raw``, is printed as hex (``key_hex``, ``value_hex``). With
@@ -43,21 +44,25 @@ def _read_only(path: Path):
 
 
 def _entries(topology, application_id, state_dir, store=None, task=None):
-    """``(task id, column family, spec or None, key bytes, value bytes)`` of every entry."""
+    """``(task id, column family, spec or None, key bytes, value bytes)`` of every entry: the
+    tasks' databases, then the global tables' (``<state-dir>/<app>/global``, task ``global``)."""
     topology = topology.for_application(application_id)
-    dirs = task_dirs(state_dir, application_id)
+    dirs = [(d, d.name[len("task-"):], topology.stores) for d in task_dirs(state_dir, application_id)]
+    global_dir = Path(state_dir) / application_id / "global"
+    if (global_dir / "CURRENT").exists():
+        dirs.append((global_dir, "global", topology.global_stores))
     if task is not None:
-        dirs = [d for d in dirs if d.name == f"task-{task}"]
+        dirs = [x for x in dirs if x[1] == task]
         if not dirs:
             raise ConfigError(f"no task {task} in {Path(state_dir) / application_id}")
-    for d in dirs:
+    for d, task_id, specs in dirs:
         db, cfs = _read_only(d)
         try:
             for cf in sorted(cfs):
                 if store is not None and cf != store:
                     continue
                 for k, v in db.get_column_family(cf).items():
-                    yield d.name[len("task-"):], cf, topology.stores.get(cf), k, v
+                    yield task_id, cf, specs.get(cf), k, v
         finally:
             db.close()
 
@@ -81,9 +86,9 @@ def dump(topology, application_id: str, state_dir, store: str | None = None, tas
          raw: bool = False, out=None) -> int:
     """Print the entries as JSON lines; returns how many."""
     out = out or sys.stdout
-    if store is not None and store not in topology.for_application(application_id).stores and not raw:
-        raise ConfigError(f"no store named {store!r} (stores: {sorted(topology.stores)}); --raw prints "
-                          f"any column family")
+    names = sorted(topology.stores) + sorted(topology.global_stores)
+    if store is not None and store not in names and not raw:
+        raise ConfigError(f"no store named {store!r} (stores: {names}); --raw prints any column family")
     n = 0
     task_dirs(state_dir, application_id)      # (refuses a missing directory before locking it)
     with StateDirLock(Path(state_dir) / application_id):

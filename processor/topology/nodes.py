@@ -73,3 +73,4 @@ class GlobalStoreSpec:
     topic: str
     key_serde: object
     value_serde: object
+    kind: str = "kv"        # read as a key-value store (interactive queries, state dump, the driver)

@@ -104,3 +104,43 @@ def test_global_tables_poll_keeps_the_store_current_and_checkpoints(kafka_bootst
         assert sorted(k for k, _ in again.stores["products"].items()) == [b"p1", b"p3"]
     finally:
         again.close()
+
+
+def test_a_global_store_is_queryable_while_running_and_dumped_after(kafka_bootstrap, unique, tmp_path):
+    """Kafka Streams lets a global store be queried; here ``worker.store(name)`` (and so
+    ``/stores``) answers any key from the global table every worker holds, and ``processor state
+    dump`` prints its entries as task ``global``."""
+    import io
+    import threading
+
+    from processor.runtime import state_inspect
+
+    t = {n: f"gtq-{n}-{unique}" for n in ("products", "orders", "out")}
+    kafka.create_topics(kafka_bootstrap, {t["products"]: 2, t["orders"]: 1, t["out"]: 1})
+    produce(kafka_bootstrap, t["products"], [(f"p{i}".encode(), _js({"price": i})) for i in range(6)] +
+            [(b"p2", None), (b"p3", _js({"price": 33}))], timestamp0=5000)
+    app = f"gtq-{unique}"
+    topo = topology_for(t)
+    w = Worker(topo, kafka_bootstrap, app, tmp_path, commit_interval_ms=200, consumer_config=TEST_CONSUMER_CONFIG)
+    th = threading.Thread(target=w.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    th.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not w.ready() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert w.ready()
+        view = w.store("products")
+        assert [view.get(f"p{i}") for i in range(7)] == [{"price": 0}, {"price": 1}, None, {"price": 33},
+                                                          {"price": 4}, {"price": 5}, None]
+        assert view.entry("p3") == {"key": "p3", "value": {"price": 33}, "timestamp": 5007, "partition": None,
+                                    "task": "global"}
+        assert [e["key"] for e in view.prefix("p")] == ["p0", "p1", "p3", "p4", "p5"]
+    finally:
+        w.stop()
+        th.join(60)
+    assert not th.is_alive()
+    out = io.StringIO()
+    assert state_inspect.dump(topo, app, tmp_path, store="products", out=out) == 5
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(x["task"], x["store"], x["key"], x["value"]) for x in lines] == [
+        ("global", "products", f"p{i}", {"price": 33 if i == 3 else i}) for i in (0, 1, 3, 4, 5)]

@@ -51,6 +51,9 @@ def test_a_stream_joins_the_global_table_as_it_is_when_each_record_is_processed(
             d.pipe_input(topic, k, v, timestamp=i)
         assert [(r.key, r.value, r.timestamp) for r in d.read_output("priced")] == want_inner
         assert [(r.key, r.value, r.timestamp) for r in d.read_output("priced-left")] == want_left
+        # the global store reads like any other (Kafka Streams' getKeyValueStore)
+        store = d.get_store("products")
+        assert [store.get(f"p{i}") for i in range(14)] == [table.get(f"p{i}") for i in range(14)]
     assert len(want_inner) > 100 and sum(1 for _, v, _ in want_left if v[1] is None) > 20
     desc = topology().describe()
     assert "Global stores:\n    products (topic: products;" in desc
