@@ -187,10 +187,15 @@ class StreamAggregate(_Aggregate):
             agg = self._call(self.initializer)
         return self._call(self.aggregator, key, value, agg)
 
+    # Kafka Streams' KStreamAggregate/KStreamReduce skip a null value; its windowed aggregations
+    # (time, session, sliding) skip only a null key and hand a null value to the aggregator
+    skips_null_values = True
+
     def _begin(self, key, value, timestamp):
         """A record's first steps: ``(key bytes, whether stream time advanced)``, or None for a
-        record with a null key or value (skipped and counted, as in Kafka Streams)."""
-        if key is None or value is None:
+        record with a null key, or a null value where ``skips_null_values`` (skipped and counted,
+        as in Kafka Streams)."""
+        if key is None or (value is None and self.skips_null_values):
             self.skipped_null += 1
             return None
         self.records_in += 1
@@ -216,6 +221,8 @@ class StreamAggregate(_Aggregate):
 
 class WindowedStreamAggregate(StreamAggregate):
     """``TimeWindowedKStream.aggregate/reduce/count``: one aggregate per (window, key)."""
+
+    skips_null_values = False
 
     def __init__(self, name, store_name, key_serde, value_serde, emit, initializer, aggregator, windows):
         super().__init__(name, store_name, key_serde, value_serde, emit, initializer, aggregator)

@@ -30,6 +30,7 @@ from processor.state.store import prefix_upper_bound
 
 class SessionWindowedStreamAggregate(StreamAggregate):
     kind = "session-aggregate"
+    skips_null_values = False   # (as Kafka Streams' windowed aggregations)
 
     def __init__(self, name, store_name, key_serde, value_serde, emit, initializer, aggregator, merger, windows):
         super().__init__(name, store_name, key_serde, value_serde, emit, initializer, aggregator)

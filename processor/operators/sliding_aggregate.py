@@ -29,6 +29,7 @@ from processor.state import sliding_key, timestamped
 
 class SlidingWindowedStreamAggregate(StreamAggregate):
     kind = "sliding-aggregate"
+    skips_null_values = False   # (as Kafka Streams' windowed aggregations)
 
     def __init__(self, name, store_name, key_serde, value_serde, emit, initializer, aggregator, windows):
         super().__init__(name, store_name, key_serde, value_serde, emit, initializer, aggregator)

@@ -91,3 +91,26 @@ def test_stream_time_is_the_aggregates_own():
         d.pipe_input("clicks", "k", "x", timestamp=10)
         assert out(d) == [(W("k", 0), 2, 7)]
         assert d.metrics()["KTABLE-AGGREGATE-0000000002"]["late_records_dropped"] == 0
+
+
+def test_windowed_aggregations_take_a_null_value_and_plain_ones_skip_it():
+    """Kafka Streams' windowed aggregations (time, session, sliding) skip only a null key and
+    hand a null value to the aggregator (a count counts it); its plain aggregations skip both."""
+    from processor import SessionWindows, SlidingWindows
+
+    b = StreamsBuilder()
+    g = b.stream("clicks").group_by_key()
+    g.count(name="plain")
+    g.windowed_by(TimeWindows.of(10)).count(name="time")
+    g.windowed_by(SessionWindows.with_inactivity_gap(5).grace(100)).count(name="session")
+    g.windowed_by(SlidingWindows.of_time_difference_and_grace(10, 100)).count(name="sliding")
+    g.windowed_by(TimeWindows.of(10)).aggregate(lambda: [], lambda k, v, agg: agg + [v], name="seen")
+    with TopologyTestDriver(b.build()) as d:
+        for v, ts in (({"x": 1}, 1), (None, 2), ({"x": 3}, 3)):
+            d.pipe_input("clicks", "a", v, timestamp=ts)
+        d.pipe_input("clicks", None, {"x": 4}, timestamp=4)    # a null key: skipped everywhere
+        assert d.get_store("plain").get("a") == 2
+        assert d.get_store("time").get(Windowed("a", 0, 10)) == 3
+        assert d.get_store("session").get(Windowed("a", 1, 3)) == 3
+        assert d.get_store("sliding").get(Windowed("a", 0, 10)) == 3
+        assert d.get_store("seen").get(Windowed("a", 0, 10)) == [{"x": 1}, None, {"x": 3}]
