@@ -33,6 +33,10 @@ class _MemoryCollector:
         pass
 
 
+def _same_serde(a, b) -> bool:
+    return a is b or (type(a) is type(b) and getattr(a, "__dict__", None) == getattr(b, "__dict__", None))
+
+
 class ReadOnlyStore:
     """Read-only, deserialized view of a store: ``get(key)``, ``get_with_timestamp(key)``, ``items()``."""
 
@@ -181,6 +185,12 @@ class TopologyTestDriver:
             if not sinks and topic != self.dlq_topic:
                 raise ConfigError(f"topic {topic!r} is not written by this topology "
                                   f"(sinks: {self.topology.sink_topics()})")
+            if not self.topology.sink_nodes(topic) and any(
+                    not _same_serde(a.attrs.key_serde, b.attrs.key_serde) and key_serde is None or
+                    not _same_serde(a.attrs.value_serde, b.attrs.value_serde) and value_serde is None
+                    for a, b in zip(sinks, sinks[1:])):
+                raise ConfigError(f"topic {topic!r} is named by topic extractors whose sinks have different serdes "
+                                  f"({', '.join(n.name for n in sinks)}): pass key_serde= and value_serde=")
             ks = key_serde or (sinks[0].attrs.key_serde if sinks else None)
             vs = value_serde or (sinks[0].attrs.value_serde if sinks else None)
         else:

@@ -24,6 +24,8 @@ from processor.records import Record
 from processor.state.store import BOOKKEEPING_STORE
 
 _TIME = struct.Struct(">q")
+# the user instances hosted now, by id: a factory must make a new one per task
+_IN_USE: dict[int, object] = {}
 
 
 class _Schedule:
@@ -75,6 +77,11 @@ class UserProcessor(Processor):
         if not isinstance(self.user, papi.Processor) and not callable(getattr(self.user, "process", None)):
             raise TopologyError(f"{self.name}: process() needs a processor.Processor (or a factory of one), "
                                 f"got {self.user!r}")
+        if id(self.user) in _IN_USE:
+            user, self.user = self.user, None
+            raise TopologyError(f"{self.name}: the factory returned {user!r}, which another task already uses; "
+                                f"process() needs a new instance per task (as Kafka Streams' ProcessorSupplier)")
+        _IN_USE[id(self.user)] = self.user   # (held: its id is not reused while it is here)
         try:
             self.user.init(papi.ProcessorContext(self))
         except Exception as exc:
@@ -175,6 +182,7 @@ class UserProcessor(Processor):
             try:
                 self.user.close()
             finally:
+                _IN_USE.pop(id(self.user), None)
                 self.user = None
 
     def metrics(self):

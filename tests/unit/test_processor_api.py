@@ -352,3 +352,20 @@ def test_failed_records_neither_restart_a_wall_schedule_nor_revive_a_cancelled_o
         d.advance_wall_clock(500)
         d.pipe_input("in", "k", {}, timestamp=50)
         assert d.read_output("ticks") == []
+
+
+def test_a_factory_must_make_a_new_instance_per_task():
+    """Kafka Streams refuses a ProcessorSupplier that returns the same instance twice: two tasks
+    would share one processor's fields. A class, or a factory making new instances, is fine."""
+    shared = Dedup()
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("seen"))
+    b.stream("in").process(lambda: shared, stores=["seen"]).to("out")
+    with TopologyTestDriver(b.build()):   # (the driver runs one task per sub-topology: two drivers)
+        with pytest.raises(TopologyError, match="another task already uses"):
+            TopologyTestDriver(b.build())
+    # one task: the instance is used once; closed, it may be used again
+    for _ in range(2):
+        with TopologyTestDriver(b.build()) as d:
+            d.pipe_input("in", "a", {"x": 1}, timestamp=1)
+            assert [r.value for r in d.read_output("out")] == [{"x2": 2}]
