@@ -198,16 +198,17 @@ def commit_group_offsets(bootstrap_servers, application_id, snapshot, internal_e
         c.close()
 
 
-def read_global_tables(bootstrap_servers, topo, offsets: dict, consumer_config=None) -> tuple[dict, int]:
-    """The global tables at the snapshot: ``({store: [(key, stored bytes)]}, records read)``,
-    each topic read whole up to its snapshot end by the worker's rule
-    (``processor/engine/global_tables.py``), so every task joins what a worker bootstrapped to
-    the same offsets would hold."""
+def read_global_tables(bootstrap_servers, topo, offsets: dict, consumer_config=None) -> tuple[dict, int, dict]:
+    """The global tables at the snapshot: ``({store: [(key, stored bytes)]}, records read,
+    {store: the latest timestamp of a record applied})``, each topic read whole up to its
+    snapshot end by the worker's rule (``processor/engine/global_tables.py``), so every task
+    joins what a worker bootstrapped to the same offsets would hold (a stream record older than
+    a table's latest change joins the table as it is at the snapshot: named in the report)."""
     from backfill.range_reader import Range, iter_range
     from processor.engine.global_tables import apply_global_record
     from processor.state.memory import MemoryStore
 
-    tables, n = {}, 0
+    tables, n, latest = {}, 0, {}
     for g in topo.global_stores.values():
         store = MemoryStore(g.name)
         for (topic, partition), (start, end) in sorted(offsets.items()):
@@ -215,7 +216,9 @@ def read_global_tables(bootstrap_servers, topo, offsets: dict, consumer_config=N
                 continue
             for msgs in iter_range(bootstrap_servers, Range(topic, partition, start, end), consumer_config):
                 for m in msgs:
-                    apply_global_record(store, g, m.key(), m.value(), m.timestamp()[1])
+                    ts = m.timestamp()[1]
+                    if apply_global_record(store, g, m.key(), m.value(), ts):
+                        latest[g.name] = max(latest.get(g.name, ts), ts)
                     n += 1
         tables[g.name] = sorted(store.items())
-    return tables, n
+    return tables, n, latest

@@ -86,6 +86,7 @@ class BackfillReport:
     rows_replayed: int = 0                       # of those, fed to the tasks (after compaction)
     compaction: dict = field(default_factory=dict)   # source topic -> mode (README "Backfill")
     global_records: int = 0                      # global table records read (to the snapshot)
+    global_latest: dict = field(default_factory=dict)   # global store -> the latest timestamp applied
     records_processed: int = 0                   # every record a task processed (incl. internal)
     rows_per_store: dict = field(default_factory=dict)   # store -> entries (all tasks)
     tasks: int = 0
@@ -111,8 +112,10 @@ class BackfillReport:
         if self.unordered:
             out.append(f"  replayed whole, their timestamps going backwards: {', '.join(sorted(self.unordered))}")
         if self.global_records:
+            latest = ", ".join(f"{n} at {ts}" for n, ts in sorted(self.global_latest.items()))
             out.append(f"  global tables: {self.global_records} records read to the snapshot, the same table "
-                       f"given to every task")
+                       f"given to every task (their last changes: {latest or 'none'}; an older record joins the "
+                       f"table as of the snapshot)")
         if self.fk_records_superseded:
             out.append(f"  foreign-key join records superseded within a run (not sent): "
                        f"{self.fk_records_superseded}")
@@ -309,8 +312,12 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
                          local_root=str(build_root) if session.is_local(spark) else None)
         ctx.snapshot, ctx.internal_ends, ctx.changelog_ends = snapshot, internal_ends, changelog_ends
         if topo.global_stores:   # every task gets the same global tables: their topics at the snapshot
-            ctx.global_tables, report.global_records = handoff.read_global_tables(
+            ctx.global_tables, report.global_records, report.global_latest = handoff.read_global_tables(
                 bootstrap_servers, topo, everything, consumer_config)
+            for name, ts in sorted(report.global_latest.items()):
+                log.warning("backfill: global table %s last changed at timestamp %d: every task joins it as of the "
+                            "snapshot, so a record older than that joins the table as it is now, not as it was "
+                            "(a worker started at the snapshot does the same; README \"DSL\")", name, ts)
         # the user sink topics' ends (--emit-outputs): a table sink gets a tombstone only for a
         # key it already holds
         ctx.output_ends = {tp: r for tp, r in everything.items() if tp[0] in user_sinks}
