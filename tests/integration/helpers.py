@@ -473,3 +473,19 @@ def produce_with_partitioner(bootstrap: str, records, partitioner: str, timestam
     assert not errors, errors[:5]
     assert len(got) == len(records)
     return [got[i] for i in range(len(records))]
+
+
+def produce_out_of_order(bootstrap: str, topic: str, n: int, seed: int, keys: int = 60,
+                         lateness: int = 50) -> None:
+    """``n`` JSON records ``{"x": 0-9}`` over ``keys`` keys in arrival order, each with its own
+    timestamp up to ``lateness`` ms before the clock's (out of order), placed by Java's murmur2."""
+    rnd = random.Random(seed)
+    conf = kafka.producer_defaults(bootstrap)
+    conf["partitioner"] = "murmur2_random"
+    p = Producer(conf)
+    clock = 1_000_000
+    for _ in range(n):
+        clock += rnd.choice([0, 1, 3, 10, 90])
+        p.produce(topic, json.dumps({"x": rnd.randrange(10)}).encode(), f"u{rnd.randrange(keys):02d}".encode(),
+                  timestamp=clock - rnd.randrange(lateness))
+    assert p.flush(30) == 0
