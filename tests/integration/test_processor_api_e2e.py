@@ -84,7 +84,7 @@ def test_processor_api_on_the_broker_equals_the_driver_and_restores(kafka_bootst
     for p in range(3):
         got = task_store_bytes([tmp_path / "w1" / app / f"task-0_{p}"], STORES)
         assert got == task_stores[p], p
-        assert len(got["_bookkeeping"]) == 3   # each processor's stream time, the ticker's next punctuation
+        assert len(got["_bookkeeping"]) == 2   # the task's stream time, the ticker's next punctuation
 
     # a second worker on an empty state directory restores the stores from their changelogs
     w2 = Worker(topology_for(t), kafka_bootstrap, app, tmp_path / "w2", commit_interval_ms=200,
