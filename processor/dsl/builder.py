@@ -77,14 +77,16 @@ class StreamsBuilder:
         return self
 
     def connect_user_store(self, name: str, node_name: str) -> StoreSpec:
-        """Give store ``name`` (added by ``add_state_store``) to processor ``node_name``."""
+        """Give store ``name`` (added by ``add_state_store``) to processor ``node_name``. A store
+        connected to several processors is one store; they share a sub-topology (the graph's
+        split joins them, as Kafka Streams does: their inputs must be co-partitioned), and its
+        owner is the first."""
         store = self._user_stores.get(name)
         if store is None:
             raise TopologyError(f"process(): no store {name!r} was added (builder.add_state_store"
                                 f"(Stores.key_value({name!r}, ...)))")
         if name in self._stores:
-            raise TopologyError(f"store {name!r} is connected to {self._stores[name].owner} already: a store "
-                                f"shared by two processors is not supported")
+            return self._stores[name]
         spec = StoreSpec(name, node_name, None, store.key_serde, store.value_serde, kind="kv")
         self.add_store(spec)
         return spec

@@ -24,20 +24,23 @@ from processor.errors import TopologyError
 from processor.graph import SinkAttrs, SourceAttrs
 from processor.topology import describe as description
 from processor.topology import marks, naming, partitioning, serdes
-from processor.topology.nodes import LogicalNode, StoreSpec, clone_graph
+from processor.topology.nodes import LogicalNode, StoreSpec, clone_graph, user_store_sharers
 from processor.topology.passes import OPTIMIZATION_PASSES
 from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
 
 
 def split(topo) -> list[list[LogicalNode]]:
     """The sub-topologies: connected components of the graph along parent, child and lookup
-    edges, each in graph order."""
+    edges and shared stores (processors connected to one store), each in graph order."""
     seen: dict[int, int] = {}
     subs: list[list[LogicalNode]] = []
     lookers: dict[int, list[LogicalNode]] = {}
     for n in topo.nodes:
         for x in n.lookups:
             lookers.setdefault(id(x), []).append(n)
+    for sharing in user_store_sharers(topo).values():   # as if each looked the others up
+        for n in sharing:
+            lookers.setdefault(id(n), []).extend(m for m in sharing if m is not n)
     for start in topo.nodes:
         if id(start) in seen:
             continue

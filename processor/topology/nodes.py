@@ -10,7 +10,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
-from processor.graph import NodeAttrs, ProcessorAttrs
+from processor.graph import NodeAttrs, ProcessorAttrs, UserProcessorAttrs
 
 
 @dataclass(eq=False)
@@ -74,3 +74,14 @@ class GlobalStoreSpec:
     key_serde: object
     value_serde: object
     kind: str = "kv"        # read as a key-value store (interactive queries, state dump, the driver)
+
+
+def user_store_sharers(topo) -> dict[str, list[LogicalNode]]:
+    """``{store: its processors}`` for each Processor API store connected to several
+    ``process()`` nodes (one store: their sub-topologies are one, their inputs co-partitioned)."""
+    users: dict[str, list[LogicalNode]] = {}
+    for n in topo.nodes:
+        if isinstance(n.attrs, UserProcessorAttrs):
+            for name in n.stores:
+                users.setdefault(name, []).append(n)
+    return {name: ns for name, ns in users.items() if len(ns) > 1}

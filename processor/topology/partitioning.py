@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from processor.errors import TopologyError
 from processor.graph import JoinResultAttrs, JoinSideAttrs
-from processor.topology.nodes import LogicalNode
+from processor.topology.nodes import LogicalNode, user_store_sharers
 
 
 def roots(topo, node: LogicalNode) -> list[str]:
@@ -35,9 +35,10 @@ def roots(topo, node: LogicalNode) -> list[str]:
 def copartition_constraints(topo) -> list[tuple[str, list[str], list[str]]]:
     """``(node, left topics, right topics)`` for every place where the same key must land on
     the same partition number on both sides, so both sides' topics must be placed by one
-    partitioner: primary-key table joins, stream-table joins, stream-stream joins, and a merge
-    of several inputs that reaches key-grouped state (an aggregation by key, a join) with no
-    repartition in between. Sides read from the very same topics need no check."""
+    partitioner: primary-key table joins, stream-table joins, stream-stream joins, a merge of
+    several inputs that reaches key-grouped state (an aggregation by key, a join) with no
+    repartition in between, and processors sharing a store. Sides read from the very same
+    topics need no check."""
     out = []
     for n in topo.nodes:
         other = n.attrs.copartition_with if isinstance(n.attrs, JoinSideAttrs) else None
@@ -54,6 +55,11 @@ def copartition_constraints(topo) -> list[tuple[str, list[str], list[str]]]:
         left, right = sorted(set(sides[0])), sorted(set(sides[1]))
         if left and right and left != right:
             out.append((n.name, left, right))
+    for sharing in user_store_sharers(topo).values():   # processors sharing a store: keys meet in it
+        left = sorted({t for p in sharing[0].parents for t in roots(topo, p)})
+        right = sorted({t for m in sharing[1:] for p in m.parents for t in roots(topo, p)})
+        if left and right and left != right:
+            out.append((sharing[0].name, left, right))
     return out
 
 

@@ -191,6 +191,18 @@ def processor_api(t):
     return b.build()
 
 
+def shared_store(t):
+    """Two processors on two topics connected to one store (one sub-topology): a dedup across
+    both streams."""
+    from tests.unit.test_processor_api import Dedup
+
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("seen", key_serde=Serdes.string(), value_serde=Serdes.json()))
+    b.stream(t["s"]).process(Dedup, stores=["seen"]).to(t["out"])
+    b.stream(t["s2"]).process(Dedup, stores=["seen"]).group_by_key().count(name="firsts")
+    return b.build()
+
+
 def session_windows(t):
     b = StreamsBuilder()
     w = b.stream(t["s"]).group_by_key().windowed_by(SessionWindows.with_inactivity_gap(12).grace(30))
@@ -225,6 +237,8 @@ def _history(case, rnd):
         return interleave(rnd, {"a": table_history(rnd, 1500, 120)})
     if case in ("stream_aggregates", "windowed", "stream_stream", "stream_operators", "processor_api"):
         return interleave(rnd, {"s": stream_history(rnd, 1500, 30)})
+    if case == "shared_store":
+        return interleave(rnd, {"s": stream_history(rnd, 900, 300), "s2": stream_history(rnd, 900, 300)})
     if case == "global_table":   # the table first: the backfill joins the table at the snapshot, as a worker
         return [("c", k, v) for k, v in table_history(rnd, 400, 40)] + \
             [("s", k, v) for k, v in stream_history(rnd, 1200, 30)]
@@ -265,6 +279,7 @@ CASES = {
     "stream_operators": (stream_operators, 3, ()),
     # one partition: stream-time punctuation follows the task's records
     "processor_api": (processor_api, 1, ()),
+    "shared_store": (shared_store, 1, ()),
     "session_windows": (session_windows, 1, ()),
     "sliding_windows": (sliding_windows, 1, ()),
     "global_table": (global_table, 3, ()),

@@ -241,7 +241,7 @@ def test_a_process_that_raises_follows_the_on_error_policy_and_leaves_no_write(p
         assert dead == []
 
 
-def test_stores_must_be_added_and_connected_once():
+def test_stores_must_be_added_and_connected():
     b = StreamsBuilder()
     with pytest.raises(TopologyError, match="no store 'nope' was added"):
         b.stream("in").process(Dedup, stores=["nope"])
@@ -250,12 +250,6 @@ def test_stores_must_be_added_and_connected_once():
     b.stream("in").filter(lambda k, v: True)
     with pytest.raises(TopologyError, match="connected to no processor"):
         b.build()
-    b = StreamsBuilder()
-    b.add_state_store(Stores.key_value("seen"))
-    s = b.stream("in")
-    s.process(Dedup, stores=["seen"])
-    with pytest.raises(TopologyError, match="shared by two processors"):
-        s.process(Dedup, stores=["seen"])
 
 
 def test_a_key_change_in_process_repartitions_a_later_group_by_key():
@@ -369,3 +363,28 @@ def test_a_factory_must_make_a_new_instance_per_task():
         with TopologyTestDriver(b.build()) as d:
             d.pipe_input("in", "a", {"x": 1}, timestamp=1)
             assert [r.value for r in d.read_output("out")] == [{"x2": 2}]
+
+
+def test_processors_connected_to_one_store_share_it_and_a_sub_topology():
+    """As Kafka Streams: a store connected to two processors (here on two input topics) is one
+    store, and the processors share a sub-topology (their topics co-partitioned): a dedup
+    across both streams, against the model over the interleaved records."""
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("seen", key_serde=Serdes.string(), value_serde=Serdes.json()))
+    b.stream("in").process(Dedup, stores=["seen"]).to("out")
+    b.stream("in2").process(Dedup, stores=["seen"]).to("out")
+    topo = b.build()
+    assert len(topo.subtopologies) == 1
+    assert topo.describe().count("(stores: [seen])") == 2
+    assert "co-partitioned, one partitioner for in and in2" in topo.describe()
+    rnd = random.Random(4)
+    recs = [(rnd.choice(["in", "in2"]), f"k{rnd.randrange(30)}", {"x": i}) for i in range(200)]
+    with TopologyTestDriver(topo) as d:
+        for i, (t, k, v) in enumerate(recs):
+            d.pipe_input(t, k, v, timestamp=i)
+        got = [(r.key, r.value) for r in d.read_output("out")]
+        first = {}
+        for t, k, v in recs:
+            first.setdefault(k, v)
+        assert got == [(k, {"x2": v["x"] * 2}) for k, v in first.items()]
+        assert [d.get_store("seen").get(k) for k in sorted(first)] == [first[k] for k in sorted(first)]
