@@ -157,3 +157,24 @@ def test_sliding_windows_are_declared_checked():
     assert SlidingWindows.of_time_difference_and_grace(0, 5).diff_ms == 0   # as Kafka Streams allows
     with pytest.raises(ValueError):
         SlidingWindows.of_time_difference_and_grace(5, -1)
+
+
+@pytest.mark.parametrize("emit", [Emit.every(50), Emit.on_change(), Emit.on_update()])
+def test_every_emission_policy_leaves_the_models_windows_in_the_output(emit):
+    """The last record per window read from the output (after the closing flush) equals the
+    model's windows under every policy that emits before a window closes."""
+    import random
+
+    rnd = random.Random(9)
+    events = [(rnd.choice("ab"), rnd.randrange(400), rnd.randrange(1, 9)) for _ in range(150)]
+    order = list(events)
+    rnd.shuffle(order)
+    with TopologyTestDriver(topology(25, grace=10_000, emit=emit)) as d:
+        for k, ts, x in order:
+            d.pipe_input("in", k, {"x": x}, timestamp=ts)
+        d.flush()
+        last = {}
+        for r in d.read_output("counts"):
+            last[r.key] = r.value
+    want = model_windows(events, 25)
+    assert sorted(last.items()) == sorted((w, c) for w, (c, _, _) in want.items())
