@@ -280,7 +280,7 @@ class Task:
                     self.duplicates_dropped += 1
                     self.positions[(topic, partition)] = offset + 1
                     return
-            advanced = timestamp > ctx.stream_time and self._stream_punctuators
+            advanced = self._stream_punctuators and timestamp > ctx.stream_time
             if advanced:   # (stream time includes the record in hand)
                 ctx.stream_time = timestamp
                 self.bookkeeping.put(_STREAM_TIME, timestamp.to_bytes(8, "big", signed=True))
