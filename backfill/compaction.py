@@ -32,8 +32,9 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     than the last changes (no store sees their records; ``--emit-outputs`` refuses a stream sink
     anyway), while a repartition, to_table, join, aggregation, window or ``process()`` there
     replays every record. Streams are never reduced: each of their records is an event. Nor is a
-    table whose sub-topology holds a user processor (``process()``): every input record of the
-    task moves the stream time it punctuates on.
+    table whose records reach a sub-topology holding a user processor (``process()``), its own or
+    another through an internal topic: every input record of that task moves the stream time
+    it punctuates on.
 
     With ``emit_outputs`` the sinks are written too, so a source is reduced only when every user
     sink downstream of it (through internal topics, joins and aggregations, up to a transparent
@@ -55,7 +56,6 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     def op(n):
         return type(n.factory(n))
 
-    sub_of = topo.subtopology_of_topic()
     lookers: dict[int, list] = {}
     for n in topo.nodes:
         for x in n.lookups:
@@ -106,9 +106,15 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
                     why = why or (f"{c.name} ({t.kind}): its state depends on the history (a group, "
                                   f"a window or a join row that only an intermediate change reached)")
         if why is None:
-            user = next((n for n in topo.subtopologies[sub_of[src.source_topic]] if op(n) is UserProcessor), None)
-            if user is not None:   # every input record of the task moves the stream time it punctuates on
-                why = f"{user.name} (a user processor in its sub-topology) punctuates on the task's stream time"
+            # every input record of a task moves the stream time its user processors punctuate
+            # on: the source's own sub-topology and every one its records reach (internal topics,
+            # foreign-key subscriptions too: found in review)
+            reached = {id(x) for x in [src] + downstream(topo, src, lookers)}
+            subs = [sub for sub in topo.subtopologies if any(id(x) in reached for x in sub)]
+            user = next((n for sub in subs for n in sub if op(n) is UserProcessor), None)
+            if user is not None:
+                why = (f"{user.name} (a user processor in a sub-topology its records reach) punctuates on "
+                       f"the task's stream time")
         if why is None and emit_outputs:
             why = _outputs_need_history(topo, src, lookers, set(held_outputs), op, transparent)
             if why:

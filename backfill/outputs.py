@@ -15,18 +15,21 @@ from processor.errors import ConfigError
 
 
 def table_sinks(topo) -> set[str]:
-    """Sink topics fed straight by a table's ``to_stream()``: they carry a table, so the history's
-    result is the last record per key (none where a topic extractor's sink may write to them)."""
+    """Sink topics fed straight by a table's ``to_stream()`` and by nothing else: they carry a
+    table, so the history's result is the last record per key (none where a topic extractor's
+    sink may write to them, or another sink writes a stream to them)."""
     from processor.graph import ToStreamAttrs
 
     if any(n.kind == "sink" and n.attrs.extractor is not None for n in topo.nodes):
         return set()   # a topic extractor may write to any of them: every record is emitted
-    out = set()
+    out, streams = set(), set()
     for n in topo.nodes:
-        if n.sink_topic and not n.attrs.internal and n.parents and \
-                all(isinstance(p.attrs, ToStreamAttrs) for p in n.parents):
-            out.add(n.sink_topic)
-    return out
+        if n.sink_topic and not n.attrs.internal:
+            if n.parents and all(isinstance(p.attrs, ToStreamAttrs) for p in n.parents):
+                out.add(n.sink_topic)
+            else:   # a stream sink to the same topic: the topic is no table (found in review)
+                streams.add(n.sink_topic)
+    return out - streams
 
 
 

@@ -35,7 +35,8 @@ Invariants:
   order they are made: a task whose operators were rebuilt after a failed record continues each
   schedule where it was (or leaves it cancelled); a restored task does so for stream schedules,
   while its wall schedules start their interval again (Kafka Streams keeps none across a
-  restart).
+  restart). A ``cancel()`` made while processing a record that then fails is undone with the
+  record for a stream schedule (its state is the task's), kept for a wall schedule.
 - ``process()`` raising is a ``UserFunctionError`` under the on-error policy, all or nothing:
   its store writes are undone and its forwards dropped when the record is dead-lettered or
   skipped.

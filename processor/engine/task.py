@@ -21,9 +21,10 @@ Invariants:
   ``("__punctuation:<sub-topology>", partition, <commit counter>, <index>)``.
 - The task's stream time (``context.stream_time``) is the largest timestamp of the input records
   it has processed, the one in hand included (Kafka Streams' task stream time). A sub-topology
-  with a user processor keeps it in ``_bookkeeping`` (committed with the state, undone with a
-  failed record's writes) and, after each record that advanced it, runs the user processors'
-  stream-time punctuations (``punctuate_task_time``) as part of that record.
+  with a user processor keeps it in ``_bookkeeping`` (committed with the state; a record that
+  fails, even in deserialization, leaves it where it was) and, after each record that advanced
+  it, runs the user processors' stream-time punctuations (``punctuate_task_time``) as part of
+  that record (an output of theirs too large for the producer is fatal, not the record's).
 - A record that fails follows the ``on_error`` policy: its key or value does not deserialize (on
   a user topic; an internal record this build cannot read is always fatal: those bytes are ours),
   a user function raises (``UserFunctionError``), a value does not serialize for a store or an
@@ -180,6 +181,7 @@ class Task:
                     self._internal_sources.add(n.source_topic)
         raw = self.bookkeeping.get(_STREAM_TIME)
         self.context.stream_time = -1 if raw is None else int.from_bytes(raw, "big", signed=True)
+        self._stream_time_before = None   # while a record that moved stream time is processed
         self._build_operators()
         # foreign-key join records held until the commit, a later one of the same pair replacing
         # an earlier (processor/engine/fk_join_coalescing.py)
@@ -273,6 +275,7 @@ class Task:
         outbox_len = len(ctx.outbox)
         if self._atomic:
             self._journal.clear()
+        self._stream_time_before = None
         try:
             if topic in self.internal_topics:
                 mark = self._check_provenance(topic, headers)
@@ -281,14 +284,11 @@ class Task:
                     self.positions[(topic, partition)] = offset + 1
                     return
             advanced = self._stream_punctuators and timestamp > ctx.stream_time
-            if advanced:   # (stream time includes the record in hand)
+            if advanced:   # (stream time includes the record in hand; _reject puts it back)
+                self._stream_time_before = ctx.stream_time
                 ctx.stream_time = timestamp
-                self.bookkeeping.put(_STREAM_TIME, timestamp.to_bytes(8, "big", signed=True))
             for source in self.sources[topic]:
                 source.process_bytes(key, value, timestamp)
-            if advanced:
-                for op in self._stream_punctuators:
-                    op.punctuate_task_time(timestamp)
             if mark is not None:
                 self.bookkeeping.put(*mark)
             if sends:   # (the hot path of _check_sizes, inline)
@@ -302,6 +302,9 @@ class Task:
                         break
             if len(ctx.outbox) > outbox_len:   # internal records queued behind an earlier outbox entry
                 self._check_sizes(headers, ctx.outbox[outbox_len:])
+            if advanced:   # the record is done: the task's stream time moves, then punctuates
+                self.bookkeeping.put(_STREAM_TIME, timestamp.to_bytes(8, "big", signed=True))
+                self._punctuate_stream_time(timestamp, outbox_len)
         except DeserializationError as exc:
             if topic in self._internal_sources:
                 # our own records: a newer build's format or corruption, not user input
@@ -333,12 +336,30 @@ class Task:
         self.positions[(topic, partition)] = offset + 1
         self.processed += 1
 
+    def _punctuate_stream_time(self, now: int, outbox_len: int) -> None:
+        """The user processors' stream-time punctuations after a record that moved stream time:
+        their outputs go out with the record's, but one too large is fatal (a punctuation is no
+        record's doing: the record is not dead-lettered for it)."""
+        sends, outbox = self._record_sends, self.context.outbox
+        n_sends, n_outbox = len(sends), len(outbox)
+        for op in self._stream_punctuators:
+            op.punctuate_task_time(now)
+        try:
+            if len(sends) > n_sends:
+                self._check_sizes(None, sends[n_sends:])
+            if len(outbox) > n_outbox:
+                self._check_sizes(None, outbox[n_outbox:])
+        except OutputError as exc:
+            raise ProcessingError(f"a stream-time punctuation's output: {exc}", step=exc.step) from exc
+
     def _reject(self, exc, after_writes: bool, outbox_len: int, topic, partition, offset, timestamp, key, value,
                 headers) -> None:
         """A record failed (``exc``): leave nothing of it behind, then apply the on_error policy.
         ``after_writes``: it may have written before failing (``failed_in_processing``)."""
         if after_writes:
             self.failed_in_processing[topic] = self.failed_in_processing.get(topic, 0) + 1
+        if self._stream_time_before is not None:   # a failed record leaves stream time where it was
+            self.context.stream_time = self._stream_time_before
         if self._atomic:
             self._undo_record(outbox_len)
         else:
@@ -393,8 +414,6 @@ class Task:
         self._record_sends.clear()
         del self.context.outbox[outbox_len:]
         if changed:
-            raw = self.bookkeeping.get(_STREAM_TIME)   # (the record's advance undone with it)
-            self.context.stream_time = -1 if raw is None else int.from_bytes(raw, "big", signed=True)
             self._build_operators()
 
     def _check_placement(self, topic, partition, offset, key) -> None:
@@ -597,11 +616,19 @@ class Task:
         return out
 
     def close(self) -> None:
+        """Close every operator (each, even after one raised: the first error is raised once
+        all are closed), then the stores."""
+        error = None
         try:
             for op in self.ops.values():
-                op.close()
+                try:
+                    op.close()
+                except Exception as exc:
+                    error = error or exc
         finally:
             self.stores.close()
+        if error is not None:
+            raise error
 
 
 class _DirectSends(list):

@@ -2,10 +2,11 @@
 
 Invariant: the store (key layout ``processor/state/session_key.py``) holds, per key, sessions
 that never overlap within the inactivity gap: a record at ``ts`` merges every session of its key
-that ends at or after ``ts - gap`` and after ``close_time`` (below) and starts at or before ``ts +
-gap`` (a session ending exactly at ``close_time`` is no longer merged, as Kafka Streams' session
-store retains ``gap + grace``, though it is closed only once it ends before it; Kafka Streams
-also drops such a session from its store, this store keeps it until it closes; their aggregates folded
+that ends at or after ``ts - gap`` and after ``before - grace - gap`` (``before``: stream time
+without this record) and starts at or before ``ts + gap`` (a session ending exactly there is no
+longer merged, as Kafka Streams' session store retains ``gap + grace`` by its own clock, though
+it is closed only once it ends before ``close_time``; Kafka Streams also drops such a session
+from its store, this store keeps it until it closes; their aggregates folded
 into ``initializer()`` with ``merger(key, agg, session_agg)``, in the store's order: by end),
 together with itself, into one session ``[min start, max end]``; the merged sessions are removed
 (a tombstone for each whose result was emitted, at once, under every policy but
@@ -59,6 +60,7 @@ class SessionWindowedStreamAggregate(StreamAggregate):
         return self._call(self.merger, key, agg, other)
 
     def process(self, key, value, timestamp):
+        before = self.observed_time   # stream time without this record: the store's clock
         begun = self._begin(key, value, timestamp)
         if begun is None:
             return
@@ -67,9 +69,12 @@ class SessionWindowedStreamAggregate(StreamAggregate):
         start, end = timestamp, timestamp
         agg = None if self.initializer is None else self._call(self.initializer)
         merged = []
-        # sessions ending at or before close_time are no longer found (Kafka Streams' session
-        # store: retention gap + grace), though only those ending before it are closed
-        lo = session_key.end_bound(kb, max(timestamp - self.gap, close_time + 1, 0))
+        # Kafka Streams' session store retains gap + grace by its own clock (the largest session
+        # end stored, i.e. stream time before this record): a session ending at or before that
+        # clock - grace - gap is no longer found, though only one ending before close_time is
+        # closed (found in review, twice: by the clock with this record, gap 10 and grace 0
+        # parted records at 0 and 10)
+        lo = session_key.end_bound(kb, max(timestamp - self.gap, before - self.grace - self.gap + 1, 0))
         for sk, raw in self.store.range(lo, prefix_upper_bound(kb)):
             if len(sk) != len(kb) + session_key.TIMES_SIZE:
                 continue   # a longer key sharing this key's bytes as a prefix

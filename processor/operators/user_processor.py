@@ -81,11 +81,11 @@ class UserProcessor(Processor):
             user, self.user = self.user, None
             raise TopologyError(f"{self.name}: the factory returned {user!r}, which another task already uses; "
                                 f"process() needs a new instance per task (as Kafka Streams' ProcessorSupplier)")
-        _IN_USE[id(self.user)] = self.user   # (held: its id is not reused while it is here)
         try:
             self.user.init(papi.ProcessorContext(self))
         except Exception as exc:
             raise self.user_error(self.user.init, exc) from exc
+        _IN_USE[id(self.user)] = self.user   # (held: its id is not reused while it is here)
 
     # -- what papi.ProcessorContext calls -------------------------------------------------------
     def user_store(self, name: str):

@@ -218,8 +218,8 @@ def test_a_partition_is_in_time_order_while_its_timestamps_never_go_backwards():
 def test_a_user_processor_in_the_sources_sub_topology_refuses_the_reduction():
     """A user processor punctuates on the task's stream time, which every input record of the
     task moves (an inner join's left table is transparent, but its records would be dropped
-    from under the processor's punctuations); behind the response topic, in the right table's
-    sub-topology, nothing changes."""
+    from under the processor's punctuations). The right table's responses reach that task too:
+    refused as well (conservatively: per run they are the same records either way)."""
     from processor import Processor
 
     class Tick(Processor):
@@ -238,4 +238,35 @@ def test_a_user_processor_in_the_sources_sub_topology_refuses_the_reduction():
         return b.build()
 
     assert sorted(compaction_plan(topo(False))) == ["customers", "orders"]
-    assert sorted(compaction_plan(topo(True))) == ["customers"]
+    assert sorted(compaction_plan(topo(True))) == []
+
+
+def test_a_user_processor_behind_a_subscription_topic_refuses_the_reduction():
+    """Found in review: the left table's subscriptions reach the right table's sub-topology,
+    where a user processor punctuates on the task's stream time; and a stream sink writing to
+    a table sink's topic makes that topic no table under --emit-outputs."""
+    from processor import Processor
+
+    class Tick(Processor):
+        def init(self, context):
+            context.schedule(10, "stream", lambda ts: None)
+
+        def process(self, record):
+            pass
+
+    b = StreamsBuilder()
+    orders, customers = b.table("orders", store_name="orders"), b.table("customers", store_name="cust")
+    orders.join_on_foreign_key(customers, lambda v: v["c"], lambda o, c: c["name"], name="fk").to_stream().to("out")
+    b.stream("events").join(customers, lambda e, c: c).process(Tick)
+    refusals: dict = {}
+    assert compaction_plan(b.build(), refusals=refusals) == {}
+    assert "punctuates on the task's stream time" in refusals["orders"]
+
+    b = StreamsBuilder()
+    t = b.table("t")
+    t.to_stream().to("T")
+    t.to_stream().select_key(lambda k, v: v["k"]).to("T")
+    assert sorted(compaction_plan(b.build())) == ["t"]
+    refusals = {}
+    assert compaction_plan(b.build(), emit_outputs=True, refusals=refusals) == {}
+    assert "T is a stream sink" in refusals["t"]

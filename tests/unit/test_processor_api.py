@@ -388,3 +388,43 @@ def test_processors_connected_to_one_store_share_it_and_a_sub_topology():
             first.setdefault(k, v)
         assert got == [(k, {"x2": v["x"] * 2}) for k, v in first.items()]
         assert [d.get_store("seen").get(k) for k in sorted(first)] == [first[k] for k in sorted(first)]
+
+
+@pytest.mark.parametrize("policy", ["dlq", "skip"])
+def test_a_record_that_does_not_deserialize_moves_no_stream_time_and_rebuilds_nothing(policy):
+    """Found in review: a poison record at 25 moved the task's stream time, so the record at 20
+    after it did not punctuate (and each one rebuilt the operators: a new instance, init again)."""
+    inits = []
+
+    class CountingTicker(Ticker):
+        def init(self, context):
+            inits.append(1)
+            super().init(context)
+
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("n"))
+    b.stream("in").process(CountingTicker, stores=["n"]).to("ticks")
+    with TopologyTestDriver(b.build(), on_error=policy) as d:
+        d.pipe_input("in", "k", {}, timestamp=5)
+        d.pipe_raw("in", b"k", b"{not json", timestamp=25)
+        d.pipe_input("in", "k", {}, timestamp=20)
+        assert [(r.timestamp, r.value) for r in d.read_output("ticks")] == [(5, 1), (20, 2)]
+        assert len(inits) == 1
+
+
+def test_a_stream_punctuations_output_too_large_is_fatal_not_the_records():
+    class Huge(Processor):
+        def init(self, context):
+            self.ctx = context
+            context.schedule(10, "stream", lambda ts: self.ctx.forward(Record("big", "x" * 2_000_000, ts)))
+
+        def process(self, record):
+            pass
+
+    b = StreamsBuilder()
+    b.stream("in").process(Huge).to("out")
+    with TopologyTestDriver(b.build(), on_error="dlq") as d:
+        with pytest.raises(ProcessingError, match="stream-time punctuation's output") as info:
+            d.pipe_input("in", "k", {}, timestamp=0)
+        assert not isinstance(info.value, UserFunctionError)
+        assert d.read_output(d.dlq_topic, Serdes.bytes(), Serdes.bytes()) == []

@@ -125,6 +125,20 @@ def test_a_session_ending_at_close_time_is_no_longer_merged():
         assert d.get_store("n").get(Windowed("a", 0, 0)) == 1
 
 
+def test_with_no_grace_records_one_gap_apart_in_order_merge():
+    """Found in review: the store's retention is by stream time before the record (Kafka
+    Streams' session store clock), so with gap 10 and grace 0, records at 0 and 10 merge."""
+    b = StreamsBuilder()
+    b.stream("in").group_by_key().windowed_by(SessionWindows.with_inactivity_gap(10)).count(name="n") \
+        .to_stream().to("counts")
+    with TopologyTestDriver(b.build()) as d:
+        for ts in (0, 10, 21, 31):
+            d.pipe_input("in", "a", {"x": 1}, timestamp=ts)
+        assert [(r.key, r.value) for r in d.read_output("counts")] == [
+            (Windowed("a", 0, 0), 1), (Windowed("a", 0, 0), None), (Windowed("a", 0, 10), 2),
+            (Windowed("a", 21, 21), 1), (Windowed("a", 21, 21), None), (Windowed("a", 21, 31), 2)]
+
+
 @pytest.mark.parametrize("emit", [Emit.every(100), Emit.on_change(), Emit.on_update()])
 def test_a_merged_sessions_result_is_retracted_under_every_policy(emit):
     """The final table read from the output equals the sessions under every emission policy
