@@ -283,8 +283,18 @@ def modules_to_ship(obj) -> dict[str, Path]:
 
 def _zip_package(pkg_dir: Path, dest_dir: str) -> str:
     """A zip of a package directory (its ``.py`` files, under the package's name), with an entry
-    for each directory (zipimport finds a namespace package's portions by them)."""
+    for each directory (zipimport finds a namespace package's portions by them). Its bytes
+    depend only on the files' names and contents (every entry dated 1980-01-01): Spark refuses
+    a second ``addPyFile`` of a name whose bytes differ, so two backfills of the same code in one
+    session must ship the same zip (found when a directory entry carried the time of zipping)."""
     target = os.path.join(dest_dir, f"{pkg_dir.name}.zip")
+
+    def entry(name: str, mode: int) -> zipfile.ZipInfo:
+        info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+        info.external_attr = mode << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        return info
+
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
         dirs = set()
         for p in sorted(pkg_dir.rglob("*.py")):
@@ -294,8 +304,8 @@ def _zip_package(pkg_dir: Path, dest_dir: str) -> str:
             for parent in reversed(rel.parents[:-1]):
                 if parent not in dirs:
                     dirs.add(parent)
-                    z.writestr(f"{parent.as_posix()}/", "")
-            z.write(p, rel.as_posix())
+                    z.writestr(entry(f"{parent.as_posix()}/", 0o40755), b"")
+            z.writestr(entry(rel.as_posix(), 0o100644), p.read_bytes())
     return target
 
 
@@ -325,7 +335,11 @@ def ship(spark, wanted, work_dir: str | None = None) -> list[str]:
         try:
             sc.addPyFile(_zip_package(path, work_dir) if path.is_dir() else str(path))
         except Exception as exc:
-            raise ConfigError(f"cannot ship {name} ({path}) to the executors: {exc}") from exc
+            why = str(exc)
+            if "does not match contents" in why:   # (Spark keeps the first file of a name per session)
+                why = (f"this Spark session already has a different version of it (the code changed since "
+                       f"it was shipped): start a new session to ship the new code")
+            raise ConfigError(f"cannot ship {name} ({path}) to the executors: {why}") from exc
         added.append(str(path))
     if added:
         log.info("shipped to the executors: %s", ", ".join(added))
