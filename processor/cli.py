@@ -158,7 +158,8 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--state-dir", required=True)
         if name == "dump":
             sp.add_argument("--store", default=None, help="only this store (column family)")
-            sp.add_argument("--task", default=None, metavar="SUB_PARTITION", help="only this task, e.g. 0_1 (global: the global tables)")
+            sp.add_argument("--task", default=None, metavar="SUB_PARTITION",
+                            help="only this task, e.g. 0_1 (global: the global tables)")
             sp.add_argument("--raw", action="store_true",
                             help="keys and values as hex, every column family (bookkeeping, host-local) too")
 
