@@ -489,3 +489,35 @@ def produce_out_of_order(bootstrap: str, topic: str, n: int, seed: int, keys: in
         p.produce(topic, json.dumps({"x": rnd.randrange(10)}).encode(), f"u{rnd.randrange(keys):02d}".encode(),
                   timestamp=clock - rnd.randrange(lateness))
     assert p.flush(30) == 0
+
+
+def worker_equals_driver_per_partition(bootstrap: str, topology_for, t: dict, app: str, state_dir, input_topic: str,
+                                       outputs: list[str], stores, partitions: int = 3) -> tuple[dict, dict]:
+    """Run a ``Worker`` over ``input_topic`` until drained, then the test driver over each input
+    partition's records in offset order: the worker's task ``0_<p>`` stores equal the driver's
+    byte for byte, and each output's records per key equal the driver's in order. Returns the
+    driver's outputs (``{topic: {key: [(value, timestamp)]}}``) and metrics summed by name."""
+    from processor.runtime.worker import Worker
+    from tests.conftest import TEST_CONSUMER_CONFIG
+
+    w = Worker(topology_for(t), bootstrap, app, state_dir, commit_interval_ms=200,
+               consumer_config=TEST_CONSUMER_CONFIG)
+    w.run(until_drained=True, install_signal_handlers=False)
+    inputs = kafka.read_topic(bootstrap, input_topic)
+    want: dict = {o: defaultdict(list) for o in outputs}
+    metrics: dict = defaultdict(int)
+    for part in range(partitions):
+        with TopologyTestDriver(topology_for(t), application_id=app) as d:
+            for m in (m for m in inputs if m.partition() == part):
+                d.pipe_raw(input_topic, m.key(), m.value(), m.timestamp()[1])
+            for o in want:
+                for r in d.read_output(o, Serdes.bytes(), Serdes.bytes()):
+                    want[o][r.key].append((r.value, r.timestamp))
+            expected = driver_store_bytes(d, stores)
+            for op_metrics in d.metrics().values():
+                for k, v in op_metrics.items():
+                    metrics[k] += v
+        assert task_store_bytes([state_dir / app / f"task-0_{part}"], stores) == expected, part
+    for o in want:
+        assert by_key(kafka.read_topic(bootstrap, o)) == want[o], o
+    return want, metrics

@@ -3,15 +3,9 @@ partitions (Java's murmur2 placing them), with arrivals out of order within grac
 (late records dropped), against the test driver per input partition: every window result per key
 (count on change, sum on window close), in order, and the window stores byte for byte."""
 
-from collections import defaultdict
-
 from processor import Emit, SlidingWindows, StreamsBuilder
 from processor.kafka import clients as kafka
-from processor.runtime.worker import Worker
-from processor.serde import Serdes
-from processor.testing import TopologyTestDriver
-from tests.conftest import TEST_CONSUMER_CONFIG
-from tests.integration.helpers import by_key, driver_store_bytes, produce_out_of_order, task_store_bytes
+from tests.integration.helpers import produce_out_of_order, worker_equals_driver_per_partition
 
 STORES = ("sliding", "sliding.emitted", "sliding-sums", "sliding-sums.emitted")
 
@@ -29,28 +23,8 @@ def test_sliding_windows_on_the_broker_equal_the_driver(kafka_bootstrap, unique,
     t = {n: f"slw-{n}-{unique}" for n in ("in", "counts", "sums")}
     kafka.create_topics(kafka_bootstrap, {v: 3 for v in t.values()})
     produce_out_of_order(kafka_bootstrap, t["in"], 3000, seed=43, lateness=80)   # some beyond grace
-    app = f"slw-{unique}"
-    w = Worker(topology_for(t), kafka_bootstrap, app, tmp_path, commit_interval_ms=200,
-               consumer_config=TEST_CONSUMER_CONFIG)
-    w.run(until_drained=True, install_signal_handlers=False)
-
-    inputs = kafka.read_topic(kafka_bootstrap, t["in"])
-    assert len(inputs) == 3000
-    want: dict = {o: defaultdict(list) for o in (t["counts"], t["sums"])}
-    late = 0
-    for part in range(3):
-        with TopologyTestDriver(topology_for(t), application_id=app) as d:
-            for m in (m for m in inputs if m.partition() == part):
-                d.pipe_raw(t["in"], m.key(), m.value(), m.timestamp()[1])
-            for o in want:
-                for r in d.read_output(o, Serdes.bytes(), Serdes.bytes()):
-                    want[o][r.key].append((r.value, r.timestamp))
-            stores = driver_store_bytes(d, STORES)
-            late += sum(m.get("late_records_dropped", 0) for m in d.metrics().values())
-        got = task_store_bytes([tmp_path / app / f"task-0_{part}"], STORES)
-        assert got == stores, part
-    for o in want:
-        assert by_key(kafka.read_topic(kafka_bootstrap, o)) == want[o], o
+    want, metrics = worker_equals_driver_per_partition(kafka_bootstrap, topology_for, t, f"slw-{unique}", tmp_path,
+                                                       t["in"], [t["counts"], t["sums"]], STORES)
     assert sum(map(len, want[t["counts"]].values())) > 2000    # windows updated
     assert sum(map(len, want[t["sums"]].values())) > 500       # closed windows
-    assert late > 10                                           # some arrived beyond grace
+    assert metrics["late_records_dropped"] > 10                # some arrived beyond grace
