@@ -181,7 +181,6 @@ class Task:
                     self._internal_sources.add(n.source_topic)
         raw = self.bookkeeping.get(_STREAM_TIME)
         self.context.stream_time = -1 if raw is None else int.from_bytes(raw, "big", signed=True)
-        self._stream_time_before = None   # while a record that moved stream time is processed
         self._build_operators()
         # foreign-key join records held until the commit, a later one of the same pair replacing
         # an earlier (processor/engine/fk_join_coalescing.py)
@@ -275,7 +274,7 @@ class Task:
         outbox_len = len(ctx.outbox)
         if self._atomic:
             self._journal.clear()
-        self._stream_time_before = None
+        advanced = False
         try:
             if topic in self.internal_topics:
                 mark = self._check_provenance(topic, headers)
@@ -284,8 +283,8 @@ class Task:
                     self.positions[(topic, partition)] = offset + 1
                     return
             advanced = self._stream_punctuators and timestamp > ctx.stream_time
-            if advanced:   # (stream time includes the record in hand; _reject puts it back)
-                self._stream_time_before = ctx.stream_time
+            if advanced:   # (stream time includes the record in hand; put back if it fails)
+                before = ctx.stream_time
                 ctx.stream_time = timestamp
             for source in self.sources[topic]:
                 source.process_bytes(key, value, timestamp)
@@ -315,9 +314,13 @@ class Task:
             # not the topic's first source: an earlier one (another source of the same topic with
             # other serdes) may have written already (a host that runs without the journal must
             # run the task again: failed_in_processing)
+            if advanced:   # a failed record leaves stream time where it was
+                ctx.stream_time = before
             self._reject(exc, exc.step != self.sources[topic][0].name, outbox_len,
                          topic, partition, offset, timestamp, key, value, headers)
         except (UserFunctionError, SerializationError) as exc:   # incl. OutputError
+            if advanced:
+                ctx.stream_time = before
             self._reject(exc, True, outbox_len, topic, partition, offset, timestamp, key, value, headers)
         except RecordError as exc:
             raise exc.with_provenance(topic, partition, offset) from exc.__cause__
@@ -358,8 +361,6 @@ class Task:
         ``after_writes``: it may have written before failing (``failed_in_processing``)."""
         if after_writes:
             self.failed_in_processing[topic] = self.failed_in_processing.get(topic, 0) + 1
-        if self._stream_time_before is not None:   # a failed record leaves stream time where it was
-            self.context.stream_time = self._stream_time_before
         if self._atomic:
             self._undo_record(outbox_len)
         else:
