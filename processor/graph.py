@@ -203,11 +203,19 @@ def getter_spec(node) -> GetterSpec | None:
 
 @dataclass(frozen=True, kw_only=True)
 class UserProcessorAttrs(NodeAttrs):
-    """``KStream.process(P, stores=[...])``: a user processor (it may punctuate on the wall clock)."""
+    """``KStream.process(P, stores=[...])``: a user processor (it may punctuate on the wall clock).
+    ``store_specs``: ``((name, StoreSpec), ...)`` of the stores it is connected to, bound to their
+    topics with the rest of the topology (a DSL table's store may have a registry serde)."""
+
+    store_specs: tuple = ()
 
 
 @dataclass(frozen=True, kw_only=True)
 class GlobalJoinAttrs(NodeAttrs):
-    """A stream joined with a global table: ``global_store`` names the global store it reads."""
+    """A stream joined with a global table: ``global_store`` names the global store it reads;
+    ``table_key_serde`` / ``table_value_serde`` are the global table's serdes, bound to its topic
+    with the topology's (a Schema Registry serde is bound to nothing before that)."""
 
     global_store: str
+    table_key_serde: Any = None
+    table_value_serde: Any = None

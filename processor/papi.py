@@ -45,11 +45,30 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from processor.records import Record
 
-__all__ = ["Processor", "Record", "Stores", "StoreBuilder", "ProcessorContext", "KeyValueStore", "Cancellable"]
+__all__ = ["Processor", "Record", "Stores", "StoreBuilder", "ProcessorContext", "KeyValueStore", "Cancellable",
+           "ValueAndTimestamp", "ReadOnlyKeyValueStore", "ReadOnlyStoreError"]
+
+
+class ValueAndTimestamp(NamedTuple):
+    """A row of a key-value store with its timestamp (Kafka Streams' ``ValueAndTimestamp``):
+    ``store.get_with_timestamp(key)`` returns one, or None for a key the store does not hold.
+    The timestamp is that of the record (or punctuation) that wrote the row: for a DSL table's
+    store, its last real change (no-op updates keep it)."""
+
+    value: Any
+    timestamp: int
+
+
+class ReadOnlyStoreError(Exception):
+    """A write (``put``/``delete``) to a store a processor may only read: a DSL table's store
+    connected with ``process(P, stores=[...])`` (Kafka Streams' read-only store decorators throw
+    ``UnsupportedOperationException``). Raised in ``process()`` it is a ``UserFunctionError``
+    naming the step, under the on-error policy; in a punctuation it is fatal."""
+
 
 
 class Processor:
@@ -118,6 +137,19 @@ class KeyValueStore:
         raw = self._raw.get(self._ks.serialize(key))
         return None if raw is None else self._vs.deserialize(raw[8:])
 
+    def get_with_timestamp(self, key) -> ValueAndTimestamp | None:
+        """The key's value with the timestamp of what wrote it, or None (Kafka Streams'
+        ``TimestampedKeyValueStore.get``). Rows keep ``{8-byte timestamp}{value bytes}``
+        (``processor/state/timestamped.py``), in the changelog too: a restored store gives the
+        same timestamps."""
+        raw = self._raw.get(self._ks.serialize(key))
+        if raw is None:
+            return None
+        from processor.state import timestamped
+
+        ts, vb = timestamped.decode(raw)
+        return ValueAndTimestamp(self._vs.deserialize(vb), ts)
+
     def put(self, key, value) -> None:
         if value is None:
             self.delete(key)
@@ -148,6 +180,28 @@ class KeyValueStore:
 
     def all(self):
         return self._pairs(self._raw.items())
+
+
+class ReadOnlyKeyValueStore(KeyValueStore):
+    """A DSL table's store as a processor connected to it sees it (``process(P,
+    stores=[name])``): every read of ``KeyValueStore`` (the table's current rows and their
+    timestamps), and ``put``/``delete`` raise ``ReadOnlyStoreError`` naming the store and the
+    step (the table's operator alone writes its store)."""
+
+    def __init__(self, name, raw, key_serde, value_serde, clock, step: str, owner: str):
+        super().__init__(name, raw, key_serde, value_serde, clock)
+        self._step = step
+        self._owner = owner
+
+    def _refuse(self, what: str):
+        return ReadOnlyStoreError(f"store {self.name!r} is read-only in {self._step}: it is the store of the "
+                                  f"DSL table of {self._owner}, which process() may read but not {what}")
+
+    def put(self, key, value) -> None:
+        raise self._refuse("put into")
+
+    def delete(self, key):
+        raise self._refuse("delete from")
 
 
 class ProcessorContext:

@@ -84,12 +84,31 @@ class StreamsBuilder:
         store = self._user_stores.get(name)
         if store is None:
             raise TopologyError(f"process(): no store {name!r} was added (builder.add_state_store"
-                                f"(Stores.key_value({name!r}, ...)))")
+                                f"(Stores.key_value({name!r}, ...))) or materialized by a table defined "
+                                f"before this process()")
         if name in self._stores:
             return self._stores[name]
         spec = StoreSpec(name, node_name, None, store.key_serde, store.value_serde, kind="kv")
         self.add_store(spec)
         return spec
+
+    def dsl_store_for_process(self, name: str, node_name: str):
+        """``(StoreSpec, owner node)`` of the DSL table store ``name`` for ``process(P,
+        stores=[name])`` (read-only there), or None when ``name`` is no DSL store (then a
+        Processor API store). Key-value stores of tables only: a table source's, ``to_table``'s,
+        a join result's, a (non-windowed) aggregate's; the table must be defined first."""
+        if name in self._user_stores or name not in self._stores:
+            if name in self._global_stores:
+                raise TopologyError(f"{node_name}: store {name!r} is a global table's: process() connects "
+                                    f"Processor API stores and DSL tables' stores, not global ones")
+            return None
+        spec = self._stores[name]
+        if spec.kind not in ("kv", "aggregate"):
+            raise TopologyError(f"{node_name}: store {name!r} ({spec.kind}, of {spec.owner}) cannot be connected "
+                                f"to process(): only a table's key-value store can (a table source's, "
+                                f"to_table's, a join result's, a non-windowed aggregate's)")
+        owner = next(n for n in self._nodes if n.name == spec.owner)
+        return spec, owner
 
     def add_store(self, spec: StoreSpec) -> None:
         self.check_store_names_free(spec.name)

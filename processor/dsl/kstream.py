@@ -83,9 +83,23 @@ class KStream:
             stores = [stores]
         b = self._builder
         node_name = b.new_name("KSTREAM-PROCESSOR", name)
-        specs = {s: b.connect_user_store(s, node_name) for s in stores}
-        node = LogicalNode(name=node_name, kind="processor", stores=list(specs), attrs=UserProcessorAttrs(),
-                           factory=lambda n: UserProcessor(n.name, processor, specs))
+        # a DSL table's store (table(store_name=), to_table(name), an aggregate's name=...) is
+        # connected read-only; the processor looks its table up, so it joins the table's
+        # sub-topology (co-partitioned with it, as Kafka Streams requires)
+        specs, read_only, lookups = {}, {}, []
+        for s in stores:
+            dsl = b.dsl_store_for_process(s, node_name)
+            if dsl is None:
+                specs[s] = b.connect_user_store(s, node_name)
+                continue
+            specs[s], owner = dsl
+            read_only[s] = owner.name
+            if all(x is not owner for x in lookups):
+                lookups.append(owner)
+        node = LogicalNode(name=node_name, kind="processor", stores=list(specs), lookups=lookups,
+                           attrs=UserProcessorAttrs(store_specs=tuple(specs.items())),
+                           factory=lambda n: UserProcessor(n.name, processor, dict(n.attrs.store_specs),
+                                                           read_only))
         b.add_node(node, self._node)
         return KStream(b, node, self.key_serde, self.value_serde, True)
 
@@ -226,8 +240,12 @@ class KStream:
         store, ks, vs = table.store_name, table.key_serde, table.value_serde
         node = LogicalNode(name=b.new_name("KSTREAM-GLOBALJOIN" if how == "inner" else "KSTREAM-GLOBALLEFTJOIN",
                                            name),
-                           kind="processor", attrs=GlobalJoinAttrs(global_store=store),
-                           factory=lambda n: StreamGlobalTableJoin(n.name, store, key_selector, joiner, how, ks, vs))
+                           kind="processor",
+                           attrs=GlobalJoinAttrs(global_store=store, table_key_serde=ks, table_value_serde=vs),
+                           # the serdes of the node's attrs: bound to the table's topic by the topology
+                           factory=lambda n: StreamGlobalTableJoin(n.name, store, key_selector, joiner, how,
+                                                                   n.attrs.table_key_serde,
+                                                                   n.attrs.table_value_serde))
         b.add_node(node, self._node)
         # the key is unchanged: nothing after it repartitions because of this join
         return KStream(b, node, self.key_serde, value_serde or Serdes.json(), self.repartition_required)

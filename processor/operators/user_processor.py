@@ -46,10 +46,12 @@ class _Schedule:
 class UserProcessor(Processor):
     kind = "user-processor"
 
-    def __init__(self, name, factory, stores: dict):
+    def __init__(self, name, factory, stores: dict, read_only: dict | None = None):
         super().__init__(name)
         self.factory = factory
         self.store_specs = stores          # {name: StoreSpec} this processor may use
+        # DSL tables' stores it may only read: {store name: the node that writes it}
+        self.read_only = read_only or {}
         self.user = None
         self._stream_schedules: list[_Schedule] = []
         self._wall_schedules: list[_Schedule] = []
@@ -95,6 +97,11 @@ class UserProcessor(Processor):
             if spec is None:
                 raise TopologyError(f"{self.name}: store {name!r} is not connected to this processor "
                                     f"(process(..., stores=[...]) names {sorted(self.store_specs)})")
+            if name in self.read_only:        # a DSL table's store: its operator alone writes it
+                s = self._stores[name] = papi.ReadOnlyKeyValueStore(
+                    name, self.context.get_store(name), spec.key_serde, spec.value_serde, lambda: self._ts,
+                    step=self.name, owner=self.read_only[name])
+                return s
             s = self._stores[name] = papi.KeyValueStore(name, self.context.get_store(name), spec.key_serde,
                                                         spec.value_serde, lambda: self._ts)
         return s

@@ -6,7 +6,7 @@ Invariant: describes, never changes; every store and internal topic a host creat
 
 from __future__ import annotations
 
-from processor.graph import AggregateAttrs, JoinSideAttrs
+from processor.graph import AggregateAttrs, JoinSideAttrs, UserProcessorAttrs
 from processor.topology.nodes import LogicalNode
 
 
@@ -49,7 +49,8 @@ def describe(topo) -> str:
                 from processor.operators.value_getter import getter_stores
 
                 # the stores it reads through lookups, resolved now (after the rewrites)
-                used = [st for x in n.lookups for st in getter_stores(x)]
+                used = [] if isinstance(n.attrs, UserProcessorAttrs) else \
+                    [st for x in n.lookups for st in getter_stores(x)]   # (a processor's: its stores)
                 self_join_of = n.attrs.self_join_of if isinstance(n.attrs, JoinSideAttrs) else None
                 if self_join_of is not None:
                     used += getter_stores(n.parents[0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from processor.errors import TopologyError
-from processor.graph import SinkAttrs, SourceAttrs
+from processor.graph import GlobalJoinAttrs, SinkAttrs, SourceAttrs, UserProcessorAttrs
 from processor.serde import Serde
 from processor.serde.registry import RegistryAvroSerde
 
@@ -49,6 +49,11 @@ def bind_serdes(topo, config: dict | None) -> None:
         bv = vs.for_topic(g.topic, False, config) if isinstance(vs, Serde) else vs
         if bk is not ks or bv is not vs:
             topo.global_stores[name] = replace(g, key_serde=bk, value_serde=bv)
+    for n in topo.nodes:   # a stream joined with a global table reads it with the table's bound serdes
+        if isinstance(n.attrs, GlobalJoinAttrs) and n.attrs.global_store in topo.global_stores:
+            g = topo.global_stores[n.attrs.global_store]
+            if g.key_serde is not n.attrs.table_key_serde or g.value_serde is not n.attrs.table_value_serde:
+                n.attrs = replace(n.attrs, table_key_serde=g.key_serde, table_value_serde=g.value_serde)
     for name, spec in list(topo.stores.items()):
         if spec.source_topic is None:
             for serde in (spec.key_serde, spec.value_serde):
@@ -63,10 +68,16 @@ def bind_serdes(topo, config: dict | None) -> None:
         bv = vs.for_topic(topic, False, config) if isinstance(vs, Serde) else vs
         if bk is not ks or bv is not vs:
             topo.stores[name] = replace(spec, key_serde=bk, value_serde=bv)
+    for n in topo.nodes:   # user processors see their stores with the serdes bound above
+        if isinstance(n.attrs, UserProcessorAttrs) and n.attrs.store_specs:
+            specs = tuple((name, topo.stores.get(name, spec)) for name, spec in n.attrs.store_specs)
+            if any(a[1] is not b[1] for a, b in zip(specs, n.attrs.store_specs)):
+                n.attrs = replace(n.attrs, store_specs=specs)
 
 
 def registry_serdes(topo) -> list:
-    """The Schema Registry serdes of the sources, sinks and stores (wrapped ones included)."""
+    """The Schema Registry serdes of the sources, sinks and stores, global ones too (wrapped ones
+    included)."""
     found, seen = [], set()
 
     def walk(serde, depth=0):
@@ -84,7 +95,7 @@ def registry_serdes(topo) -> list:
         if isinstance(n.attrs, (SourceAttrs, SinkAttrs)):
             walk(n.attrs.key_serde)
             walk(n.attrs.value_serde)
-    for spec in topo.stores.values():
+    for spec in list(topo.stores.values()) + list(getattr(topo, "global_stores", {}).values()):
         walk(spec.key_serde)
         walk(spec.value_serde)
     return found
