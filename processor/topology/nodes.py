@@ -84,4 +84,7 @@ def user_store_sharers(topo) -> dict[str, list[LogicalNode]]:
         if isinstance(n.attrs, UserProcessorAttrs):
             for name in n.stores:
                 users.setdefault(name, []).append(n)
-    return {name: ns for name, ns in users.items() if len(ns) > 1}
+    # (a DSL table's store connected to processors: each looks the table up instead)
+    owners = {name: spec.owner for name, spec in topo.stores.items()}
+    return {name: ns for name, ns in users.items()
+            if len(ns) > 1 and any(n.name == owners.get(name) for n in ns)}
