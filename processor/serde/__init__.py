@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import numbers
+import operator
 import re
 import struct
+import uuid
 from pathlib import Path
 from typing import Any
 
 import fastavro
 import orjson
 
-__all__ = ["Serde", "Serdes", "StringSerde", "JsonSerde", "BytesSerde", "AvroSerde"]
+__all__ = ["Serde", "Serdes", "StringSerde", "JsonSerde", "BytesSerde", "AvroSerde", "LongSerde",
+           "IntegerSerde", "ShortSerde", "FloatSerde", "DoubleSerde", "UUIDSerde"]
 
 
 class Serde:
@@ -243,13 +248,168 @@ class AvroSerde(Serde):
         return f"Serdes.avro({name!r})"
 
 
+# -- Kafka's number and UUID serdes ------------------------------------------------------------------
+# The bytes of Kafka's own serializers (org.apache.kafka.common.serialization), so a topic written by
+# a Java application reads here and the other way round. None <-> no bytes (a tombstone), as there.
+# A value of another size is refused (Kafka's deserializers: "Size of data received by
+# LongDeserializer is not 8"): the runtime makes it a DeserializationError naming the record and the
+# step, under the on-error policy.
+
+
+def _integral(value, serde):
+    """``value`` as a Python int for ``serde`` (an int or anything with ``__index__``, numpy's
+    integers too), never a bool: Kafka's serializers are typed (a Boolean is no Long)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{serde.name} serde expects int, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{serde.name} serde expects int, got {type(value).__name__}") from None
+
+
+class _FixedWidthSerde(Serde):
+    """A value as exactly ``size`` bytes (``_struct``, big-endian)."""
+
+    size = 0
+    java = ""
+    _struct: struct.Struct   # (a class attribute: the serde pickles as its class alone)
+
+    def deserialize(self, data):
+        if data is None:
+            return None
+        if len(data) != self.size:
+            raise ValueError(f"{self.name} serde expects exactly {self.size} bytes (Kafka's "
+                             f"{self.java}Deserializer), got {len(data)}")
+        return self._struct.unpack(data)[0]
+
+    def check(self, data):
+        if data is not None and len(data) != self.size:
+            self.deserialize(data)
+
+
+class _IntegerSerde(_FixedWidthSerde):
+    """Two's complement, big-endian, ``size`` bytes (Kafka's Long/Integer/ShortSerializer)."""
+
+    _lo = _hi = 0
+
+    def serialize(self, value):
+        if value is None:
+            return None
+        n = _integral(value, self)
+        if not self._lo <= n <= self._hi:
+            raise ValueError(f"{self.name} serde: {n} is out of range [{self._lo}, {self._hi}] "
+                             f"({8 * self.size}-bit two's complement)")
+        return self._struct.pack(n)
+
+
+class LongSerde(_IntegerSerde):
+    """8 bytes, big-endian two's complement (Java ``long``): 1 -> ``00 00 00 00 00 00 00 01``,
+    -1 -> ``ff ff ff ff ff ff ff ff``, -2**63 -> ``80 00 00 00 00 00 00 00``."""
+
+    name, size, java, _struct = "long", 8, "Long", struct.Struct(">q")
+    _lo, _hi = -(1 << 63), (1 << 63) - 1
+
+
+class IntegerSerde(_IntegerSerde):
+    """4 bytes, big-endian two's complement (Java ``int``): 258 -> ``00 00 01 02``,
+    -2 -> ``ff ff ff fe``."""
+
+    name, size, java, _struct = "integer", 4, "Integer", struct.Struct(">i")
+    _lo, _hi = -(1 << 31), (1 << 31) - 1
+
+
+class ShortSerde(_IntegerSerde):
+    """2 bytes, big-endian two's complement (Java ``short``): 1 -> ``00 01``, -1 -> ``ff ff``."""
+
+    name, size, java, _struct = "short", 2, "Short", struct.Struct(">h")
+    _lo, _hi = -(1 << 15), (1 << 15) - 1
+
+
+class _FloatingSerde(_FixedWidthSerde):
+    """IEEE 754, big-endian. Takes a float or an int (not a bool); every NaN is written as Java's
+    canonical NaN (``nan_bytes``), so equal values give equal bytes."""
+
+    nan_bytes = b""
+
+    def serialize(self, value):
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{self.name} serde expects float, got {type(value).__name__}")
+        value = float(value)
+        if math.isnan(value):
+            return self.nan_bytes
+        try:
+            return self._struct.pack(value)
+        except OverflowError:
+            raise ValueError(f"{self.name} serde: {value!r} is beyond the range of a "
+                             f"{8 * self.size}-bit float") from None
+
+
+class FloatSerde(_FloatingSerde):
+    """4 bytes, IEEE 754 binary32, big-endian (Java ``float``, ``Float.floatToRawIntBits``):
+    1.0 -> ``3f 80 00 00``, -2.5 -> ``c0 20 00 00``; NaN -> ``7f c0 00 00`` (``Float.NaN``).
+    A Python float is rounded to the nearest binary32 (0.1 reads back as 0.10000000149011612);
+    a finite value beyond binary32's range is refused, not written as infinity."""
+
+    name, size, java, _struct = "float", 4, "Float", struct.Struct(">f")
+    nan_bytes = b"\x7f\xc0\x00\x00"
+
+
+class DoubleSerde(_FloatingSerde):
+    """8 bytes, IEEE 754 binary64, big-endian (Java ``double``, ``Double.doubleToLongBits``):
+    1.0 -> ``3f f0 00 00 00 00 00 00``; NaN -> ``7f f8 00 00 00 00 00 00`` (Java's canonical NaN)."""
+
+    name, size, java, _struct = "double", 8, "Double", struct.Struct(">d")
+    nan_bytes = b"\x7f\xf8" + bytes(6)
+
+
+_UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
+
+
+class UUIDSerde(Serde):
+    """A ``uuid.UUID`` as the UTF-8 bytes of its 36-character string (Kafka's UUIDSerializer,
+    ``UUID.toString()``: lower-case ``8-4-4-4-12`` hex), e.g.
+    ``b"123e4567-e89b-12d3-a456-426614174000"``. Reading accepts that form in either case; anything
+    else (another length, other characters, not UTF-8) is refused. Java's ``UUID.fromString``
+    also takes shortened groups (``"1-2-3-4-5"``), which Java's serializer never writes; they are
+    refused here."""
+
+    name = "uuid"
+
+    def serialize(self, value):
+        if value is None:
+            return None
+        if not isinstance(value, uuid.UUID):
+            raise TypeError(f"uuid serde expects uuid.UUID, got {type(value).__name__}")
+        return str(value).encode("ascii")
+
+    def deserialize(self, data):
+        if data is None:
+            return None
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError("uuid serde: the bytes are not UTF-8") from None
+        if _UUID_TEXT.match(text) is None:
+            raise ValueError(f"uuid serde: {text[:60]!r} is not a UUID (8-4-4-4-12 hex digits)")
+        return uuid.UUID(text)
+
+
 class Serdes:
     """Factory, as in Kafka Streams: ``Serdes.string()``, ``.json()``, ``.bytes()``, ``.avro(schema)``,
-    ``.avro(schema, registry=url)``."""
+    ``.avro(schema, registry=url)``, and Kafka's ``.long()``, ``.integer()``, ``.short()``,
+    ``.float()``, ``.double()``, ``.uuid()`` (their byte layouts are next to their classes)."""
 
     _string = StringSerde()
     _json = JsonSerde()
     _bytes = BytesSerde()
+    _long = LongSerde()
+    _integer = IntegerSerde()
+    _short = ShortSerde()
+    _float = FloatSerde()
+    _double = DoubleSerde()
+    _uuid = UUIDSerde()
 
     @staticmethod
     def string() -> StringSerde:
@@ -262,6 +422,36 @@ class Serdes:
     @staticmethod
     def bytes() -> BytesSerde:
         return Serdes._bytes
+
+    @staticmethod
+    def long() -> LongSerde:
+        """Kafka's LongSerde: 8 bytes, big-endian two's complement."""
+        return Serdes._long
+
+    @staticmethod
+    def integer() -> IntegerSerde:
+        """Kafka's IntegerSerde: 4 bytes, big-endian two's complement."""
+        return Serdes._integer
+
+    @staticmethod
+    def short() -> ShortSerde:
+        """Kafka's ShortSerde: 2 bytes, big-endian two's complement."""
+        return Serdes._short
+
+    @staticmethod
+    def float() -> FloatSerde:
+        """Kafka's FloatSerde: 4 bytes, IEEE 754 binary32, big-endian."""
+        return Serdes._float
+
+    @staticmethod
+    def double() -> DoubleSerde:
+        """Kafka's DoubleSerde: 8 bytes, IEEE 754 binary64, big-endian."""
+        return Serdes._double
+
+    @staticmethod
+    def uuid() -> UUIDSerde:
+        """Kafka's UUIDSerde: a ``uuid.UUID`` as its 36-character string's UTF-8 bytes."""
+        return Serdes._uuid
 
     @staticmethod
     def avro(schema, schema_id: int | None = None, *, registry=None, auto_register: bool | None = None):
