@@ -70,7 +70,6 @@ class ReadOnlyStoreError(Exception):
     naming the step, under the on-error policy; in a punctuation it is fatal."""
 
 
-
 class Processor:
     """Subclass and override ``process``; ``init`` and ``close`` are optional."""
 
@@ -86,12 +85,28 @@ class Processor:
 
 @dataclass(frozen=True)
 class StoreBuilder:
-    """What ``Stores.key_value`` returns: a store for ``StreamsBuilder.add_state_store``."""
+    """What ``Stores.key_value`` / ``window`` / ``session`` return: a store for
+    ``StreamsBuilder.add_state_store``."""
 
     name: str
     key_serde: Any
     value_serde: Any
-    kind: str = "kv"
+    kind: str = "kv"                 # kv | window | session
+    retention_ms: int | None = None  # window / session stores
+    window_size_ms: int | None = None
+    retain_duplicates: bool = False
+
+    def store_key_serde(self):
+        """The serde of the store's keys as stored (the window/session key codecs of
+        ``processor/state/papi_window_key.py``; a key-value store's key serde)."""
+        from processor.state import papi_window_key
+
+        if self.kind == "window":
+            return papi_window_key.WindowStoreKeyCodec(self.key_serde, self.window_size_ms, self.retention_ms,
+                                                       self.retain_duplicates)
+        if self.kind == "session":
+            return papi_window_key.SessionStoreKeyCodec(self.key_serde, self.retention_ms)
+        return self.key_serde
 
 
 class Stores:
@@ -104,6 +119,51 @@ class Stores:
         if not isinstance(name, str) or not name or name.startswith("_"):
             raise TopologyError(f"a store name is a non-empty string not starting with '_', not {name!r}")
         return StoreBuilder(name, key_serde or Serdes.string(), value_serde or Serdes.json())
+
+    @staticmethod
+    def window(name: str, retention_ms: int, window_size_ms: int, retain_duplicates: bool = False,
+               key_serde=None, value_serde=None) -> StoreBuilder:
+        """A persistent window store (Kafka Streams' ``Stores.persistentWindowStore``):
+        ``put(key, value, window_start)``, ``fetch(key, from, to)``, ``fetch_all(from, to)``,
+        ``backward_*``; entries expire ``retention_ms`` after the store's observed stream time
+        (``processor/papi_windowed.py``). ``retention_ms >= window_size_ms >= 0``."""
+        _check_store_name(name)
+        from processor.serde import Serdes
+
+        for what, v in (("retention_ms", retention_ms), ("window_size_ms", window_size_ms)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise _topology_error(f"Stores.window({name!r}): {what} is an int >= 0, not {v!r}")
+        if window_size_ms > retention_ms:
+            raise _topology_error(f"Stores.window({name!r}): the retention period ({retention_ms} ms) must be "
+                                  f"no smaller than the window size ({window_size_ms} ms)")
+        return StoreBuilder(name, key_serde or Serdes.string(), value_serde or Serdes.json(), kind="window",
+                            retention_ms=retention_ms, window_size_ms=window_size_ms,
+                            retain_duplicates=bool(retain_duplicates))
+
+    @staticmethod
+    def session(name: str, retention_ms: int, key_serde=None, value_serde=None) -> StoreBuilder:
+        """A persistent session store (Kafka Streams' ``Stores.persistentSessionStore``):
+        ``put(Windowed(key, start, end), value)``, ``find_sessions(key, earliest_end,
+        latest_start)``, ``remove(windowed)``, ``fetch(key)``; sessions expire ``retention_ms``
+        after the store's observed stream time (the largest session end put)."""
+        _check_store_name(name)
+        from processor.serde import Serdes
+
+        if not isinstance(retention_ms, int) or isinstance(retention_ms, bool) or retention_ms < 0:
+            raise _topology_error(f"Stores.session({name!r}): retention_ms is an int >= 0, not {retention_ms!r}")
+        return StoreBuilder(name, key_serde or Serdes.string(), value_serde or Serdes.json(), kind="session",
+                            retention_ms=retention_ms)
+
+
+def _topology_error(message: str):
+    from processor.errors import TopologyError
+
+    return TopologyError(message)
+
+
+def _check_store_name(name) -> None:
+    if not isinstance(name, str) or not name or name.startswith("_"):
+        raise _topology_error(f"a store name is a non-empty string not starting with '_', not {name!r}")
 
 
 class Cancellable:

@@ -203,7 +203,9 @@ class TopologyTestDriver:
         return out
 
     def get_store(self, name: str) -> ReadOnlyStore:
-        """A store by name: a task store (all tasks' partitions) or a global table's."""
+        """A store by name: a task store (all tasks' partitions) or a global table's; a
+        Processor API window or session store gives its reads (``fetch``, ``fetch_all``,
+        ``find_sessions``...) and ``raw()``."""
         if name in self.topology.global_stores:
             return ReadOnlyStore(self.topology.global_stores[name], [self.global_stores[name]])
         if name not in self.topology.stores:
@@ -211,6 +213,16 @@ class TopologyTestDriver:
                               f"{sorted(self.topology.stores) + sorted(self.topology.global_stores)})")
         spec = self.topology.stores[name]
         owners = [t for t in self.tasks if any(s.name == name for s in t.store_specs)]
+        if spec.kind in ("window", "session"):   # Processor API window/session stores: their reads
+            from processor import papi_windowed
+            from processor.state.store import BOOKKEEPING_STORE
+
+            task = owners[0]   # (one sub-topology, one partition here)
+            cls = papi_windowed.WindowStore if spec.kind == "window" else papi_windowed.SessionStore
+            raw = task.stores.store(name)
+            return papi_windowed.ReadOnlyWindowedStore(
+                spec.kind, cls(name, raw, task.stores.store(BOOKKEEPING_STORE), spec.key_serde, spec.value_serde,
+                               lambda: 0), raw)
         return ReadOnlyStore(spec, [t.stores.store(name) for t in owners])
 
     def metrics(self) -> dict:

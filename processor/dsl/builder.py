@@ -88,7 +88,7 @@ class StreamsBuilder:
                                 f"before this process()")
         if name in self._stores:
             return self._stores[name]
-        spec = StoreSpec(name, node_name, None, store.key_serde, store.value_serde, kind="kv")
+        spec = StoreSpec(name, node_name, None, store.store_key_serde(), store.value_serde, kind=store.kind)
         self.add_store(spec)
         return spec
 

@@ -97,6 +97,13 @@ class UserProcessor(Processor):
             if spec is None:
                 raise TopologyError(f"{self.name}: store {name!r} is not connected to this processor "
                                     f"(process(..., stores=[...]) names {sorted(self.store_specs)})")
+            if spec.kind in ("window", "session"):   # processor/papi_windowed.py
+                from processor import papi_windowed
+
+                cls = papi_windowed.WindowStore if spec.kind == "window" else papi_windowed.SessionStore
+                s = self._stores[name] = cls(name, self.context.get_store(name), self._bookkeeping,
+                                             spec.key_serde, spec.value_serde, lambda: self._ts)
+                return s
             if name in self.read_only:        # a DSL table's store: its operator alone writes it
                 s = self._stores[name] = papi.ReadOnlyKeyValueStore(
                     name, self.context.get_store(name), spec.key_serde, spec.value_serde, lambda: self._ts,
@@ -193,4 +200,8 @@ class UserProcessor(Processor):
                 self.user = None
 
     def metrics(self):
-        return {"punctuations": self.punctuations}
+        out = {"punctuations": self.punctuations}
+        dropped = sum(getattr(s, "expired_puts_dropped", 0) for s in self._stores.values())
+        if dropped:
+            out["expired_puts_dropped"] = dropped
+        return out

@@ -12,7 +12,8 @@ Routes:
   partition for a key this worker owns but has no row for; 503 while its task restores).
   ``GET /stores/<store>?prefix=P&limit=N``: ``{"entries": [...]}`` from every local task of the
   store. Keys in the path are text: a string-keyed store takes them as they are, any other
-  store parses them as JSON (``/stores/counts/42``).
+  store parses them as JSON (``/stores/counts/42``). A Processor API window or session store
+  answers a key with ``{"key", "windows": [...], "partition", "task"}`` (its live windows).
 
 Invariant: the server threads never touch a task, a store or a Kafka client: metrics come from
 the snapshot the main loop publishes, store reads are run by the main loop
@@ -121,12 +122,12 @@ class _Handler(BaseHTTPRequestHandler):
         view = StoreView(self.endpoint.worker, unquote(name))
         if key_text:
             key_text = unquote(key_text)
-            key = key_text if isinstance(view.spec.key_serde, StringSerde) else json.loads(key_text)
+            key = key_text if isinstance(view.key_serde, StringSerde) else json.loads(key_text)
             entry = view.entry(key)
             if entry is None:
                 self._json(404, {"error": f"no row for key {key_text!r} in store {view.name!r}",
                                  "partition": view.worker._queries.call(
-                                     lambda: view.owner_partition(view.spec.key_serde.serialize(key))),
+                                     lambda: view.owner_partition(view.key_serde.serialize(key))),
                                  "hosted_here": True})   # (serialized by the main loop)
             else:
                 self._json(200, entry)

@@ -15,6 +15,11 @@ Invariants:
   (``{"key", "value", "timestamp"}``); only key-value stores (tables, aggregates, Processor
   API stores) are queryable, and global tables' stores, which every worker holds whole (any key
   is answered here, ``"task": "global"``, ``"partition": null``).
+- A Processor API window or session store answers a key with every live window (session) of
+  it: ``{"key", "windows": [{"window_start", "window_end", ("seq",) "value", "timestamp"}...]}``
+  (``session_start``/``session_end``), in time order, expired ones left out as the store's own
+  fetches leave them (``processor/papi_windowed.py``); no entry when it has none. A prefix scan
+  of one is refused (``QueryError``, 400): its keys are windows, not the user's keys.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from concurrent.futures import Future
 from processor.errors import ProcessorError
 from processor.runtime.state_inspect import decode_entry
 
-QUERYABLE_KINDS = ("kv", "aggregate")
+QUERYABLE_KINDS = ("kv", "aggregate", "window", "session")
+WINDOWED_KINDS = ("window", "session")
 GLOBAL_TASK = "global"   # the "task" of a global table's entries (every worker holds all of it)
 # a prefix scan returns at most this many entries unless asked for fewer
 DEFAULT_LIMIT = 1000
@@ -118,6 +124,9 @@ class StoreView:
         self.spec = spec
         # a global table's store: every key is here (``GLOBAL_TASK``), no partition owns it
         self.is_global = name in topo.global_stores
+        self.windowed = spec.kind in WINDOWED_KINDS
+        # the serde of the keys a caller gives (a window/session store's keys are windows of them)
+        self.key_serde = spec.key_serde.inner if self.windowed else spec.key_serde
         self.sub = None if self.is_global else next(
             s for s in sorted(set(worker._sub_of_topic.values())) if any(x.name == name for x in topo.stores_of(s)))
 
@@ -130,11 +139,14 @@ class StoreView:
     def entry(self, key, timeout_s: float = 10.0) -> dict | None:
         """``{"key", "value", "timestamp", "partition", "task"}`` for ``key``, or None."""
         # (serialized by the main loop too: a serde may keep client state)
-        return self.worker._queries.call(lambda: self._lookup(self.spec.key_serde.serialize(key)), timeout_s)
+        return self.worker._queries.call(lambda: self._lookup(self.key_serde.serialize(key)), timeout_s)
 
     def prefix(self, prefix, limit: int = DEFAULT_LIMIT, timeout_s: float = 10.0) -> list[dict]:
         """Entries whose key bytes start with ``prefix``'s (a ``str`` is taken as UTF-8, ``bytes``
         as they are), over every task of this store this worker runs, in key order per task."""
+        if self.windowed:
+            raise QueryError(f"store {self.name!r} is a {self.spec.kind} store: it answers a key "
+                             f"(/stores/{self.name}/<key>: every live window of it), not a prefix scan")
         pb = prefix.encode() if isinstance(prefix, str) else bytes(prefix)
         return self.worker._queries.call(lambda: self._scan(pb, limit), timeout_s)
 
@@ -172,10 +184,28 @@ class StoreView:
                 raise StoreNotReady(f"store {self.name!r}: task {task_id} (partition {part}) is being restored")
             raise KeyNotHosted(f"store {self.name!r}: the key belongs to partition {part} (task {task_id}), "
                                f"which this worker does not run", part, task_id)
+        if self.windowed:
+            return self._windows(task, kb, part, task_id)
         raw = task.stores.store(self.name).get(kb)
         if raw is None:
             return None
         return {**decode_entry(self.spec, kb, raw), "partition": part, "task": task_id}
+
+    def _windows(self, task, kb: bytes, part: int, task_id: str) -> dict | None:
+        from processor import papi_windowed
+        from processor.state.store import BOOKKEEPING_STORE
+
+        cls = papi_windowed.WindowStore if self.spec.kind == "window" else papi_windowed.SessionStore
+        view = cls(self.name, task.stores.store(self.name), task.stores.store(BOOKKEEPING_STORE),
+                   self.spec.key_serde, self.spec.value_serde, lambda: 0)
+        windows = []
+        for k, v in view.live_entries(kb):
+            e = decode_entry(self.spec, k, v)
+            del e["key"]
+            windows.append(e)
+        if not windows:
+            return None
+        return {"key": self.key_serde.deserialize(kb), "windows": windows, "partition": part, "task": task_id}
 
     def _scan(self, pb: bytes, limit: int) -> list[dict]:
         w = self.worker

@@ -9,7 +9,8 @@ same contents on every open); a state directory that a running worker holds is r
 ``dump`` prints one JSON line per entry, ``{"task", "store", "key", "value", "timestamp"}`` (a
 global table's entries with ``"task": "global"``),
 decoded with the topology's serdes as the test driver's stores are (a last-emitted column:
-``value`` and ``timestamp`` of what was emitted, plus ``emitted_at``); an entry its serdes cannot
+``value`` and ``timestamp`` of what was emitted, plus ``emitted_at``; a Processor API window or
+session store's entry: its window or session bounds beside the key); an entry its serdes cannot
 decode, and every entry with ``raw``, is printed as hex (``key_hex``, ``value_hex``). With
 ``raw`` every column family is printed, the host-local ones (``__``) and ``_bookkeeping`` too.
 """
@@ -68,6 +69,8 @@ def _entries(topology, application_id, state_dir, store=None, task=None):
 
 
 def decode_entry(spec, k: bytes, v: bytes) -> dict:
+    if spec.kind in ("window", "session"):     # Processor API window / session stores
+        return _decode_windowed(spec, k, v)
     out = {"key": spec.key_serde.deserialize(k)}
     if spec.kind in ("version", "subscription"):      # a foreign-key join's own bytes
         out["key_hex"], out["value_hex"] = k.hex(), v.hex()
@@ -79,6 +82,24 @@ def decode_entry(spec, k: bytes, v: bytes) -> dict:
     else:
         ts, vb = timestamped.decode(v)
         out.update(value=spec.value_serde.deserialize(vb), timestamp=ts)
+    return out
+
+
+def _decode_windowed(spec, k: bytes, v: bytes) -> dict:
+    """``{"key", "window_start", "window_end", ("seq",) "value", "timestamp"}`` of a window store
+    entry (``seq`` where it retains duplicates), ``{"key", "session_start", "session_end", ...}``
+    of a session store's (``processor/state/papi_window_key.py``). Every stored entry is printed,
+    expired ones not purged yet too (a store purges a segment at a time)."""
+    ts, vb = timestamped.decode(v)
+    if spec.kind == "window":
+        windowed, seq = spec.key_serde.deserialize(k)
+        out = {"key": windowed.key, "window_start": windowed.start, "window_end": windowed.end}
+        if spec.key_serde.retain_duplicates:
+            out["seq"] = seq
+    else:
+        windowed = spec.key_serde.deserialize(k)
+        out = {"key": windowed.key, "session_start": windowed.start, "session_end": windowed.end}
+    out.update(value=spec.value_serde.deserialize(vb), timestamp=ts)
     return out
 
 
