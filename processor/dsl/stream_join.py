@@ -16,18 +16,16 @@ store and runs ``StreamSelfJoin`` over ``<base>-this-store`` alone. It is offere
 is provably output-equal, i.e. only for
 
 * inner joins (the pass's rule, as KIP-862 in Kafka): a left/outer join's output also depends
-  on its outer store. Unoptimized, a record ``r`` goes into the outer store on the left side
-  (other-store does not hold it yet) and is taken out again on the right side, where it
-  matches ITSELF; it is emitted unmatched only when one side admitted it and the other did not.
-  With ``before == after`` that never happens, so a left/outer self-join gives exactly the
-  inner join's output, but a rewrite would silently drop the outer store (state of a running
-  application) on an argument about windows; such joins keep their two stores.
-* windows with ``before == after``: a record at ``t`` is late for the left side when stream
-  time ``> t + after + grace`` and for the right side when ``> t + before + grace``. With
-  ``before != after`` a record can be admitted by one side and dropped by the other, so the two
-  stores hold different records and one store cannot tell which side admitted an entry. (The
-  topology pass decides the ``how`` and same-input conditions; the window condition is decided
-  here, by not marking the join at all.)
+  on its outer store. Unoptimized, a record ``r`` is looked up on the left side before the
+  other store holds it: without another match it goes into the outer store, or, out of order
+  with its window already ended, is emitted unmatched at once (as Kafka Streams), and then
+  matches ITSELF on the right side. A rewrite would drop that output and the outer store
+  (state of a running application); such joins keep their two stores.
+* windows with ``before == after``: both stores hold the same records (each store's retention
+  follows its own observed time, and both see every record in the same order), but the two
+  passes scan ``[t - before, t + after]`` and ``[t - after, t + before]``; with ``before ==
+  after`` that is one range of one store. (The topology pass decides the ``how`` and
+  same-input conditions; the window condition is decided here, by not marking the join at all.)
 """
 
 from __future__ import annotations

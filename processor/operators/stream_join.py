@@ -1,49 +1,57 @@
 """Stream-stream windowed joins (inner, left, outer) and the stream self-join (KIP-862).
 
-Invariant: after each input record, the join has forwarded ``joiner(l, r)`` exactly once for
-every pair of a left record ``l`` and a right record ``r`` that were admitted (not dropped) and
-have equal keys and ``r.ts - before <= l.ts <= r.ts + after`` -- the pair is emitted when the
-later of the two arrives, with timestamp ``max(l.ts, r.ts)``; and, for left/outer joins,
-``joiner(v, None)`` / ``joiner(None, v)`` exactly once for every admitted record that had no
-match when its window closed. Kafka Streams (>= 3.1) semantics, record by record:
+Kafka Streams (>= 3.1) semantics, record by record (``KStreamKStreamJoin``; the window stores'
+retention as its segmented window stores apply it). NO record is dropped for lateness: a record
+joins whatever the other side's window store still holds, and its own store may refuse it.
 
 * A left record ``(k, v, t)`` matches right records of key ``k`` with timestamps in
   ``[t - before, t + after]``; a right record matches left records in ``[t - after, t + before]``.
   Records with a null key, a null value or a negative timestamp are dropped and counted
-  (``skipped_null_key``, ``skipped_null_value``, ``skipped_invalid_timestamp``), as Kafka does.
+  (``skipped_null_key``, ``skipped_null_value``, ``skipped_invalid_timestamp``).
+* Window stores (``<join>-this-store``: left records, ``<join>-other-store``: right records) have
+  Kafka's retention ``R = before + after + grace``, by each store's OWN observed time (the
+  largest timestamp put into it: a ``_bookkeeping`` entry ``stream_join_observed\x00<store>``).
+  A record at ``t`` is in its store's live range while ``t > observed - R``: a record whose own
+  store has already passed ``t + R`` is not stored (``expired_not_stored``) but still joins, and a
+  scan of the other store sees only its live range (``lo = max(t - look_back, observed - R + 1)``).
+  So with ``R == 0`` (``JoinWindows.of(0)``, no grace) nothing is ever matched, as in Kafka.
+* Each side puts the record into its own store, then scans the OTHER side's store (one range
+  scan, key then time then arrival order: ``processor/state/join_window_key.py``) and forwards
+  ``joiner`` once per match, in store order, with timestamp ``max(t, other's t)`` (``joined``).
 * Stream time is the largest timestamp the join has seen, from either side: ONE value in the
-  ``_bookkeeping`` store (``stream_join_time\\x00<join>``) that both side operators read and advance,
-  committed with the state. It advances first; then a left record is late when
-  ``stream time > t + after + grace`` (right: ``t + before + grace``): it is dropped and counted
-  (``late_records_dropped``), joins nothing and is never emitted as unmatched.
-* Each side puts the record into its own window store, then scans the OTHER side's store
-  (one range scan, key then time then arrival order: ``processor/state/join_window_key.py``)
-  and forwards one result per match, in store order (``joined``).
-* Left/outer joins: a tracked record (left join: left records; outer: both) that found no
-  match goes into the shared outer store; a later match from the other side removes it. When a
-  record advances stream time past a stored record's window close (left: ``t + after + grace``,
-  right: ``t + before + grace``), that record is forwarded as ``joiner(v, None)`` (left) or
-  ``joiner(None, v)`` (right) with its own timestamp and deleted (``unmatched_emitted``), in
-  outer-store order ``(timestamp, side, sequence)``, BEFORE the advancing record is joined (it
-  cannot match a closed record). Unlike Kafka, a closed record is not held back behind an
-  earlier-timestamped one that is still open (asymmetric windows). Unmatched records are not
-  flushed at shutdown: they are state, and their windows close on stream time (as Kafka).
-* Retention: a record at ``t`` can never match again once ``stream time > t + before + after +
-  grace`` (a matching record would be late). Such entries are purged by a full scan of the
-  join's window stores whenever stream time has advanced by half the retention since the last
-  purge (``_bookkeeping``: ``stream_join_purged\\x00<join>``); purging never changes the output.
+  ``_bookkeeping`` store (``stream_join_time\x00<join>``) that both side operators read and
+  advance, committed with the state. It decides only the left/outer joins' unmatched records:
+* Left/outer joins: a tracked record (left join: left records; outer: both) that found no match
+  is forwarded at once as ``joiner(v, None)`` / ``joiner(None, v)`` with its own timestamp when
+  its join window already ended (``t + look_ahead < stream time``: Kafka's "timeTo < stream
+  time"), else it goes into the shared outer store; a later match from the other side removes
+  it. When a record at ``t == stream time`` arrives, every stored record whose window closed
+  (left: ``t + after + grace < stream time``, right: ``t + before + grace``) is forwarded with
+  its own timestamp and deleted (``unmatched_emitted``), in outer-store order ``(timestamp,
+  side, sequence)``, BEFORE the arriving record is joined. A record emitted unmatched at once
+  can still be matched later by a record within its window and grace (Kafka's spurious left/outer
+  result for out-of-order input). Unlike Kafka, a closed record is not held back behind an
+  earlier-timestamped one that is still open (asymmetric windows), Kafka's wall-clock throttle of
+  these scans (``emit.interval.ms.kstreams.outer.join.spurious.results.fix``) does not apply, and
+  records of one timestamp and side close in arrival order (Kafka: by key bytes). Unmatched
+  records are not flushed at shutdown: they are state, and their windows close on stream time.
+* Purging: entries outside their store's live range can never be seen again; they are deleted
+  by a full scan of the join's window stores whenever stream time has advanced by half the
+  retention since the last purge (``_bookkeeping``: ``stream_join_purged\x00<join>``); purging
+  never changes the output.
 
 The self-join (``StreamSelfJoin``) is the optimized form of ``s.join(s, ...)`` (pass
 ``self-join`` in ``topology.py``, rewrite in ``processor/dsl/stream_join.py``): ONE window store
 for both sides. The unoptimized join runs each record ``r`` first on the left side (put into
 this-store, scan other-store, which does not hold ``r`` yet: ``joiner(r, x)``), then on the
 right side (put into other-store, scan this-store, which holds ``r``: ``joiner(x, r)``, ``r``
-itself included). With windows where ``before == after`` both sides admit exactly the same
-records, so both stores always hold the same records in the same order (their sequence
-counters advance in lockstep) and one store ``S`` reproduces the output record for record:
-put ``r``; pass 1 scans ``S`` over ``[t - before, t + after]`` skipping ``r``: ``joiner(r, x)``;
-pass 2 scans it over ``[t - after, t + before]``: ``joiner(x, r)``. Why only inner joins and
-only ``before == after``: see ``processor/dsl/stream_join.py``.
+itself included). Both stores get every record in the same order, so they hold the same records
+(their observed times and sequence counters advance in lockstep), and with windows where
+``before == after`` one store ``S`` reproduces the output record for record: put ``r``; pass 1
+scans ``S`` over ``[t - before, t + after]`` skipping ``r``, live range as the other store saw
+it before ``r``: ``joiner(r, x)``; pass 2 the same range, live range after ``r``:
+``joiner(x, r)``. Why only inner joins and only ``before == after``: see
+``processor/dsl/stream_join.py``.
 """
 
 from __future__ import annotations
@@ -63,8 +71,8 @@ _COUNTER = struct.Struct(">Q")
 
 
 class _StreamJoin(Processor):
-    """What both side operators and the self-join share: admission (null keys, stream time,
-    lateness), the window stores' sequence counters, scans and purging."""
+    """What both side operators and the self-join share: admission (null keys, stream time), the
+    window stores' sequence counters and observed times (retention), scans and purging."""
 
     kind = "stream-join"
 
@@ -78,7 +86,7 @@ class _StreamJoin(Processor):
         tag = base.encode("utf-8")
         self._time_key = b"stream_join_time\x00" + tag
         self._purge_key = b"stream_join_purged\x00" + tag
-        self.counts = dict.fromkeys(("records_in", "joined", "unmatched_emitted", "late_records_dropped",
+        self.counts = dict.fromkeys(("records_in", "joined", "unmatched_emitted", "expired_not_stored",
                                      "skipped_null_key", "skipped_null_value", "skipped_invalid_timestamp",
                                      "purged"), 0)
 
@@ -87,8 +95,8 @@ class _StreamJoin(Processor):
         self._task = context.get_store(BOOKKEEPING_STORE)
 
     # -- admission and stream time ---------------------------------------------------------------
-    def _admit(self, key, value, ts, look_ahead):
-        """``(advanced, stream time)`` for a record to join; None when it is dropped."""
+    def _admit(self, key, value, ts):
+        """The join's stream time after a record to join (advanced by it); None when it is dropped."""
         self.counts["records_in"] += 1
         if key is None:
             self.counts["skipped_null_key"] += 1
@@ -101,25 +109,34 @@ class _StreamJoin(Processor):
             return None
         raw = self._task.get(self._time_key)
         stream_time = -1 if raw is None else _TIME.unpack(raw)[0]
-        advanced = ts > stream_time
-        if advanced:
+        if ts > stream_time:
             stream_time = ts
             self._task.put(self._time_key, _TIME.pack(ts))
-        if stream_time > ts + look_ahead + self.grace:
-            self.counts["late_records_dropped"] += 1
-            return None
-        return advanced, stream_time
+        return stream_time
 
     # -- window stores -----------------------------------------------------------------------------
-    def _append(self, store, kb, ts, vb) -> bytes:
-        """Put a record into a window store under the store's next sequence number."""
+    def _observed(self, store) -> int:
+        """The largest timestamp put into ``store`` (-1: none yet)."""
+        raw = self._task.get(b"stream_join_observed\x00" + store.name.encode("utf-8"))
+        return -1 if raw is None else _TIME.unpack(raw)[0]
+
+    def _append(self, store, kb, ts, vb) -> tuple[bytes, int]:
+        """Put a record into its window store under the store's next sequence number, unless it
+        is outside the store's live range (``ts <= observed - retention``, the observed time
+        advanced by ``ts`` first): ``(window key, observed time before the put)``."""
         ck = b"stream_join_seq\x00" + store.name.encode("utf-8")
         raw = self._task.get(ck)
         seq = 0 if raw is None else _COUNTER.unpack(raw)[0]
         self._task.put(ck, _COUNTER.pack(seq + 1))
         wk = jwk.encode(kb, ts, seq)
-        store.put(wk, timestamped.encode(ts, vb))
-        return wk
+        observed = self._observed(store)
+        if ts > observed:
+            self._task.put(b"stream_join_observed\x00" + store.name.encode("utf-8"), _TIME.pack(ts))
+        if ts > max(observed, ts) - self.retention:
+            store.put(wk, timestamped.encode(ts, vb))
+        else:
+            self.counts["expired_not_stored"] += 1
+        return wk, observed
 
     @staticmethod
     def _scan(store, kb, lo_ts, hi_ts):
@@ -132,9 +149,9 @@ class _StreamJoin(Processor):
         if stream_time - last < max(1, self.retention // 2):
             return
         self._task.put(self._purge_key, _TIME.pack(stream_time))
-        cutoff = stream_time - self.retention
         for store in stores:
-            expired = [k for k, _ in store.items() if _TIME.unpack_from(k, len(k) - 12)[0] < cutoff]
+            cutoff = self._observed(store) - self.retention      # entries at or below: never seen again
+            expired = [k for k, _ in store.items() if _TIME.unpack_from(k, len(k) - 12)[0] <= cutoff]
             for k in expired:
                 store.delete(k)
             self.counts["purged"] += len(expired)
@@ -188,16 +205,17 @@ class StreamJoinSide(_StreamJoin):
         self.outer = None if outer is None else context.get_store(outer)
 
     def process(self, key, value, timestamp):
-        admitted = self._admit(key, value, timestamp, self.look_ahead)
-        if admitted is None:
+        stream_time = self._admit(key, value, timestamp)
+        if stream_time is None:
             return
-        advanced, stream_time = admitted
-        if advanced and self.outer is not None:
+        if timestamp == stream_time and self.outer is not None:
             self._emit_closed(stream_time)
         kb = self._serialize(self.key_serde, key, "key")
         vb = self._serialize(self.this_value_serde, value, "value")
-        wk = self._append(self.this, kb, timestamp, vb)
-        matches = self._scan(self.other, kb, timestamp - self.look_back, timestamp + self.look_ahead)
+        wk, _ = self._append(self.this, kb, timestamp, vb)
+        live_from = self._observed(self.other) - self.retention + 1
+        matches = self._scan(self.other, kb, max(timestamp - self.look_back, live_from),
+                             timestamp + self.look_ahead)
         for owk, ots, ovb in matches:
             if self.tracks_other:
                 ok = jwk.outer_of(owk, self.other_side)
@@ -208,8 +226,12 @@ class StreamJoinSide(_StreamJoin):
             self.counts["joined"] += 1
             self.forward(key, out, max(timestamp, ots))
         if not matches and self.tracks_this:
-            self.outer.put(jwk.outer_of(wk, self.side), timestamped.encode(timestamp, vb))
-        if advanced:
+            if timestamp + self.look_ahead < stream_time:     # its window has ended: no waiting
+                self.counts["unmatched_emitted"] += 1
+                self.forward(key, self._join(value, None) if self.left else self._join(None, value), timestamp)
+            else:
+                self.outer.put(jwk.outer_of(wk, self.side), timestamped.encode(timestamp, vb))
+        if timestamp == stream_time:
             self._purge(stream_time, (self.this, self.other))
 
     def _emit_closed(self, stream_time) -> None:
@@ -251,20 +273,23 @@ class StreamSelfJoin(_StreamJoin):
         self.store = context.get_store(self.store_name)
 
     def process(self, key, value, timestamp):
-        admitted = self._admit(key, value, timestamp, self.after)
-        if admitted is None:
+        stream_time = self._admit(key, value, timestamp)
+        if stream_time is None:
             return
-        advanced, stream_time = admitted
         kb = self._serialize(self.key_serde, key, "key")
-        wk = self._append(self.store, kb, timestamp, self._serialize(self.value_serde, value, "value"))
-        # before == after: pass 1's range [t - before, t + after] IS pass 2's [t - after, t + before]
-        matches = self._scan(self.store, kb, timestamp - self.before, timestamp + self.after)
+        wk, observed = self._append(self.store, kb, timestamp, self._serialize(self.value_serde, value, "value"))
+        # pass 1 sees the live range of the other store before r, pass 2 after r (see the docstring);
+        # before == after: both passes scan [t - before, t + after]
+        live_before = observed - self.retention + 1
+        live_after = max(observed, timestamp) - self.retention + 1
+        matches = self._scan(self.store, kb, max(timestamp - self.before, live_before), timestamp + self.after)
         for owk, ots, ovb in matches:          # pass 1: as the left side, before r is on the right
             if owk != wk:
                 self.counts["joined"] += 1
                 self.forward(key, self._join(value, self.value_serde.deserialize(ovb)), max(timestamp, ots))
         for owk, ots, ovb in matches:          # pass 2: as the right side, r itself included
-            self.counts["joined"] += 1
-            self.forward(key, self._join(self.value_serde.deserialize(ovb), value), max(timestamp, ots))
-        if advanced:
+            if ots >= live_after:
+                self.counts["joined"] += 1
+                self.forward(key, self._join(self.value_serde.deserialize(ovb), value), max(timestamp, ots))
+        if timestamp == stream_time:
             self._purge(stream_time, (self.store,))

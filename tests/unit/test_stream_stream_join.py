@@ -41,7 +41,8 @@ def pipe_all(topology, records):
 
 
 # -- inner joins ------------------------------------------------------------------------------------
-def test_inner_join_exact_sequence_with_out_of_order_late_and_duplicate_records():
+def test_inner_join_exact_sequence_with_out_of_order_expired_and_duplicate_records():
+    # retention 10 + 10 + 5 = 25: a record is in its store's live range while t > observed - 25
     with TopologyTestDriver(two_streams(windows=JoinWindows.of(10).grace(5))) as d:
         d.pipe_input("left", "a", "a1", timestamp=100)
         assert out(d) == []
@@ -51,39 +52,50 @@ def test_inner_join_exact_sequence_with_out_of_order_late_and_duplicate_records(
         assert out(d) == [("a", ["a1", "r2"], 100)]
         d.pipe_input("left", "a", "a2", timestamp=112)
         assert out(d) == [("a", ["a2", "r1"], 112)]
-        d.pipe_input("left", "a", "a3", timestamp=96)      # 112 > 96 + 10 + 5: late
-        assert out(d) == []
-        d.pipe_input("left", "a", "a4", timestamp=97)      # 112 == 97 + 10 + 5: not late
+        d.pipe_input("left", "a", "a3", timestamp=96)      # 112 > 96 + 10 + 5, yet never dropped
+        assert out(d) == [("a", ["a3", "r2"], 96), ("a", ["a3", "r1"], 105)]
+        d.pipe_input("left", "a", "a4", timestamp=97)
         assert out(d) == [("a", ["a4", "r2"], 97), ("a", ["a4", "r1"], 105)]
         d.pipe_input("right", "b", "x", timestamp=112)     # another key
         assert out(d) == []
         d.pipe_input("right", "a", "r3", timestamp=105)    # matches in timestamp order
-        assert out(d) == [("a", ["a4", "r3"], 105), ("a", ["a1", "r3"], 105), ("a", ["a2", "r3"], 112)]
+        assert out(d) == [("a", ["a3", "r3"], 105), ("a", ["a4", "r3"], 105), ("a", ["a1", "r3"], 105),
+                          ("a", ["a2", "r3"], 112)]
         d.pipe_input("left", "a", "a5", timestamp=105)     # duplicates of (a, 105) in arrival order
         assert out(d) == [("a", ["a5", "r2"], 105), ("a", ["a5", "r1"], 105), ("a", ["a5", "r3"], 105)]
+        d.pipe_input("left", "a", "a6", timestamp=87)      # 87 <= 112 - 25: not stored, still joins
+        assert out(d) == [("a", ["a6", "r2"], 95)]
+        d.pipe_input("right", "a", "r4", timestamp=90)     # sees a3, a4, a1, not a6
+        assert out(d) == [("a", ["a3", "r4"], 96), ("a", ["a4", "r4"], 97), ("a", ["a1", "r4"], 100)]
         d.pipe_input("left", None, "n", timestamp=110)
         m = d.metrics()
-        assert m[THIS]["late_records_dropped"] == 1 and m[OTHER]["late_records_dropped"] == 0
+        assert m[THIS]["expired_not_stored"] == 1 and m[OTHER]["expired_not_stored"] == 0
         assert m[THIS]["skipped_null_key"] == 1
-        assert m[THIS]["joined"] + m[OTHER]["joined"] == 11
+        assert m[THIS]["joined"] + m[OTHER]["joined"] == 18
+        assert [(k, ts) for (k, ts, _), _ in d.get_store(f"{BASE}-this-store").items()] == \
+            [("a", 96), ("a", 97), ("a", 100), ("a", 105), ("a", 112)]
 
 
 def test_inner_join_with_before_and_after_windows():
     # a left record at t matches right records in [t - 5, t + 20]; a right one left records in
-    # [t - 20, t + 5]; a left record is late past t + 20 + 0, a right one past t + 5 + 0
+    # [t - 20, t + 5]; retention 5 + 20 + 0 = 25, by each store's own observed time
     with TopologyTestDriver(two_streams(windows=JoinWindows(5, 20, 0))) as d:
         d.pipe_input("left", "k", "l1", timestamp=100)
-        d.pipe_input("right", "k", "r1", timestamp=94)     # 100 > 94 + 5: late
+        d.pipe_input("right", "k", "r1", timestamp=94)     # l1 at 100 is after 94 + 5
         d.pipe_input("right", "k", "r2", timestamp=96)
         d.pipe_input("right", "k", "r3", timestamp=118)
         d.pipe_input("right", "k", "r4", timestamp=121)    # l1 at 100 is before 121 - 20
         assert out(d) == [("k", ["l1", "r2"], 100), ("k", ["l1", "r3"], 118)]
-        d.pipe_input("left", "k", "l2", timestamp=101)     # 121 == 101 + 20: not late
-        assert out(d) == [("k", ["l2", "r2"], 101), ("k", ["l2", "r3"], 118), ("k", ["l2", "r4"], 121)]
-        d.pipe_input("left", "k", "l3", timestamp=100)     # 121 > 100 + 20: late
-        assert out(d) == []
+        d.pipe_input("left", "k", "l2", timestamp=101)     # r2 at 96 <= 121 - 25: out of the right store's range
+        assert out(d) == [("k", ["l2", "r3"], 118), ("k", ["l2", "r4"], 121)]
+        d.pipe_input("left", "k", "l3", timestamp=100)     # out of order: joins what the right store holds
+        assert out(d) == [("k", ["l3", "r3"], 118)]
+        d.pipe_input("right", "k", "r5", timestamp=95)     # 95 <= 121 - 25: not stored, joins l1 and l3
+        assert out(d) == [("k", ["l1", "r5"], 100), ("k", ["l3", "r5"], 100)]
+        d.pipe_input("left", "k", "l4", timestamp=99)      # r5 was not stored
+        assert out(d) == [("k", ["l4", "r3"], 118)]
         m = d.metrics()
-        assert (m[THIS]["late_records_dropped"], m[OTHER]["late_records_dropped"]) == (1, 1)
+        assert (m[THIS]["expired_not_stored"], m[OTHER]["expired_not_stored"]) == (0, 1)
 
 
 def test_join_topology_shape_and_errors():
@@ -174,17 +186,18 @@ def test_unmatched_records_are_emitted_only_once_stream_time_passes_their_window
 
 # -- a from-scratch reference model -------------------------------------------------------------------
 def reference(records, how, w):
-    """The join's output computed from the module docstring's rules, without stores or purging."""
+    """The join's output computed from the module docstring's rules (Kafka Streams'), without
+    stores or purging."""
     stream_time, out_, stored, pending = -1, [], {"left": [], "right": []}, []
+    observed, seqs = {"left": -1, "right": -1}, {"left": 0, "right": 0}
+    retention = w.before_ms + w.after_ms + w.grace_ms
     close = {"left": w.after_ms + w.grace_ms, "right": w.before_ms + w.grace_ms}
     tracked = {"inner": (), "left": ("left",), "outer": ("left", "right")}[how]
     for topic, k, v, t in records:
         if k is None or v is None or t < 0:
             continue
-        advanced, stream_time = t > stream_time, max(stream_time, t)
-        if stream_time > t + close[topic]:
-            continue                                            # late
-        if advanced:
+        stream_time = max(stream_time, t)
+        if t == stream_time:
             closed = sorted((p for p in pending if p[0] + close[p[1]] < stream_time),
                             key=lambda p: (p[0], p[1] != "left", p[2]))
             for p in closed:
@@ -192,15 +205,21 @@ def reference(records, how, w):
                 out_.append((p[3], [p[4], None] if p[1] == "left" else [None, p[4]], p[0]))
         other = "right" if topic == "left" else "left"
         back, ahead = (w.before_ms, w.after_ms) if topic == "left" else (w.after_ms, w.before_ms)
-        seq = len(stored[topic])
-        stored[topic].append((k, t, seq, v))
-        matches = sorted((x for x in stored[other] if x[0] == k and t - back <= x[1] <= t + ahead),
+        seq, seqs[topic] = seqs[topic], seqs[topic] + 1
+        observed[topic] = max(observed[topic], t)
+        if t > observed[topic] - retention:                     # in its own store's live range
+            stored[topic].append((k, t, seq, v))
+        live_from = observed[other] - retention + 1
+        matches = sorted((x for x in stored[other] if x[0] == k and max(t - back, live_from) <= x[1] <= t + ahead),
                          key=lambda x: (x[1], x[2]))
         for xk, xt, xseq, xv in matches:
             pending[:] = [p for p in pending if p[1:3] != (other, xseq)]
             out_.append((k, [v, xv] if topic == "left" else [xv, v], max(t, xt)))
         if not matches and topic in tracked:
-            pending.append((t, topic, seq, k, v))
+            if t + ahead < stream_time:                         # its window has ended: at once
+                out_.append((k, [v, None] if topic == "left" else [None, v], t))
+            else:
+                pending.append((t, topic, seq, k, v))
     return out_
 
 
@@ -264,13 +283,19 @@ def test_self_join_uses_one_store_when_optimized(two_sources):
 
 @pytest.mark.parametrize("two_sources", [False, True])
 def test_self_join_exact_sequence_optimized_and_not(two_sources):
+    # retention 20: "old" at 4 is in the store's live range (4 > 15 - 20); v5 at 10 is not (10 <= 30 - 20)
     records = [("t", "a", "v1", 10), ("t", "a", "v2", 15), ("t", "b", "w", 15), ("t", "a", "v3", 5),
-               ("t", "a", "late", 4)]
+               ("t", "a", "old", 4), ("t", "a", "v4", 30), ("t", "a", "v5", 10)]
     expected = [("a", ["v1", "v1"], 10),
                 ("a", ["v2", "v1"], 15), ("a", ["v1", "v2"], 15), ("a", ["v2", "v2"], 15),
                 ("b", ["w", "w"], 15),
                 ("a", ["v3", "v1"], 10), ("a", ["v3", "v2"], 15),                            # pass 1
-                ("a", ["v3", "v3"], 5), ("a", ["v1", "v3"], 10), ("a", ["v2", "v3"], 15)]    # pass 2
+                ("a", ["v3", "v3"], 5), ("a", ["v1", "v3"], 10), ("a", ["v2", "v3"], 15),    # pass 2
+                ("a", ["old", "v3"], 5), ("a", ["old", "v1"], 10),
+                ("a", ["old", "old"], 4), ("a", ["v3", "old"], 5), ("a", ["v1", "old"], 10),
+                ("a", ["v4", "v4"], 30),
+                # v5: not stored (no (v5, v5)); of [0, 20] only v2 at 15 is still in the live range
+                ("a", ["v5", "v2"], 15), ("a", ["v2", "v5"], 15)]
     for optimize in (True, False):
         assert pipe_all(self_join(optimize, two_sources), records) == expected
 
@@ -305,10 +330,21 @@ def test_self_join_optimized_output_equals_unoptimized(records, two_sources, dat
     assert pipe_all(optimized, records) == pipe_all(self_join(False, two_sources, windows=w), records)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(records=self_join_records, window=st.integers(0, 12), grace=st.integers(0, 8),
        how=st.sampled_from(["left_join", "outer_join"]))
-def test_left_and_outer_self_joins_with_equal_before_and_after_give_the_inner_output(records, window, grace, how):
-    # every admitted record matches itself on the right side (processor/dsl/stream_join.py)
+def test_left_and_outer_self_joins_equal_the_model_of_each_record_on_both_sides(records, window, grace, how):
+    # unoptimized (not rewritten): each record runs on the left side, then on the right side. A
+    # record out of order whose window has ended and that nothing else matches is emitted
+    # unmatched at once, before it matches itself on the right side (as Kafka Streams)
     w = JoinWindows(window, window, grace)
-    assert pipe_all(self_join(False, how=how, windows=w), records) == pipe_all(self_join(False, windows=w), records)
+    both = [(side, k, v, t) for _, k, v, t in records for side in ("left", "right")]
+    assert pipe_all(self_join(False, how=how, windows=w), records) == reference(both, how.split("_")[0], w)
+
+
+def test_a_left_self_join_emits_an_out_of_order_record_unmatched_then_matched_with_itself():
+    records = [("t", "a", "v1", 50), ("t", "b", "x", 10)]
+    assert pipe_all(self_join(False, how="left_join", windows=JoinWindows.of(10).grace(100)), records) == [
+        ("a", ["v1", "v1"], 50), ("b", ["x", None], 10), ("b", ["x", "x"], 10)]
+    assert pipe_all(self_join(False, windows=JoinWindows.of(10).grace(100)), records) == [
+        ("a", ["v1", "v1"], 50), ("b", ["x", "x"], 10)]
