@@ -203,6 +203,16 @@ def shared_store(t):
     return b.build()
 
 
+def dsl_stores(t):
+    """DSL stores in process() (issue 34): a table's store read with each row's timestamp by a
+    processor on the clicks and by one on the table's own changes, a count's store, a Processor
+    API store (``tests/unit/test_processor_api_dsl_stores.py``)."""
+    from tests.unit.test_processor_api_dsl_stores import dsl_stores_topology
+
+    return dsl_stores_topology({"users": t["a"], "clicks": t["s"], "enriched": t["out"], "stamped": t["out2"],
+                                "counted": t["s2"]})
+
+
 def session_windows(t):
     b = StreamsBuilder()
     w = b.stream(t["s"]).group_by_key().windowed_by(SessionWindows.with_inactivity_gap(12).grace(30))
@@ -239,6 +249,11 @@ def _history(case, rnd):
         return interleave(rnd, {"s": stream_history(rnd, 1500, 30)})
     if case == "shared_store":
         return interleave(rnd, {"s": stream_history(rnd, 900, 300), "s2": stream_history(rnd, 900, 300)})
+    if case == "dsl_stores":   # the clicks' keys are the table's: u00..u29; rows from a small domain
+        rows = [(f"u{rnd.randrange(30):02d}".encode(),
+                 None if rnd.random() < 0.1 else _js({"tier": rnd.choice("ab"), "region": rnd.choice("xy")}))
+                for _ in range(700)]
+        return interleave(rnd, {"a": rows, "s": stream_history(rnd, 1300, 30)})
     if case == "global_table":   # the table first: the backfill joins the table at the snapshot, as a worker
         return [("c", k, v) for k, v in table_history(rnd, 400, 40)] + \
             [("s", k, v) for k, v in stream_history(rnd, 1200, 30)]
@@ -280,6 +295,7 @@ CASES = {
     # one partition: stream-time punctuation follows the task's records
     "processor_api": (processor_api, 1, ()),
     "shared_store": (shared_store, 1, ()),
+    "dsl_stores": (dsl_stores, 3, ()),
     "session_windows": (session_windows, 1, ()),
     "sliding_windows": (sliding_windows, 1, ()),
     "global_table": (global_table, 3, ()),
