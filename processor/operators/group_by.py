@@ -7,8 +7,10 @@
   (Kafka Streams since KIP-904);
 - otherwise ``(old_group, Change(None, old'))`` then ``(new_group, Change(new', None))``, as two
   records (the subtraction first, as in Kafka Streams);
-- a side that is absent, or whose selected group or value is None, sends nothing (``no_group``
-  counts new values that join no group), as Kafka Streams' KTableRepartitionMap.
+- a side that is absent, or whose selector returns None or a pair whose group or value is None,
+  sends nothing (``no_group`` counts new values that join no group), as Kafka Streams'
+  KTableRepartitionMap; the other side goes on alone (a row leaving its group for none is
+  subtracted from the old group).
 
 ``StreamGroupBy``: ``selector(k, v) -> group``; records with a null group or a null value are
 dropped before the repartition topic (an aggregation would skip them) and counted.
@@ -34,7 +36,7 @@ class TableGroupBy(Processor):
             return None
         try:
             pair = self.selector(key, value)
-            group, new_value = pair
+            group, new_value = (None, None) if pair is None else pair
         except Exception as exc:
             raise self.user_error(self.selector, exc) from exc
         if group is None or new_value is None:
