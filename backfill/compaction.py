@@ -66,6 +66,13 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
             continue
         if not src.source_topic or op(src) is not TableSource:
             continue
+        if src.attrs.timestamp_extractor is not None:
+            # the reduction keeps the last changes in offset order, which are the last ones in
+            # time only by the broker's timestamps
+            if refusals is not None:
+                refusals[src.source_topic] = ("every record replayed (a timestamp extractor gives its rows "
+                                              "their times)")
+            continue
         transparent = transparent_joins(src, lookers)
         why, via = None, set()      # why: the first reader that needs every record, named
         stack = [(src, False)]      # (node, a map_values lies between the source and it)

@@ -181,22 +181,27 @@ def input_rows(batch):
     return [("input", topic, part, keys[i], values[i], ts[i], hs[i], "", offsets[i], 0) for i in range(n)]
 
 
-def merge(streams: dict) -> Iterator:
+def merge(streams: dict, event_time=None) -> Iterator:
     """A task's rows of one run, from ``{(phase, topic, partition, origin): [rows in stream
     order]}``: each stream as it came; across streams phase 0 before phase 1 (records of a
-    flush), then the lowest timestamp first (ties: topic, partition, origin)."""
+    flush), then the lowest timestamp first (ties: topic, partition, origin). ``event_time``
+    (``Task.event_time``, for a task with timestamp extractors): the time an input row is
+    ordered by, as the worker's ``PartitionGroup`` orders it."""
+    def time_of(r):
+        ts = r[5] if r[5] is not None else 0
+        return ts if event_time is None or r[0] != "input" else event_time(r[1], r[3], r[4], ts)
+
     heap = []
     for key, rs in streams.items():
         if rs:
-            heap.append((key[0], rs[0][5] if rs[0][5] is not None else 0, key[1], key[2], key[3], 0))
+            heap.append((key[0], time_of(rs[0]), key[1], key[2], key[3], 0))
     heapq.heapify(heap)
     while heap:
         phase, _, topic, part, origin, i = heapq.heappop(heap)
         rs = streams[(phase, topic, part, origin)]
         yield rs[i]
         if i + 1 < len(rs):
-            nxt = rs[i + 1][5]
-            heapq.heappush(heap, (phase, nxt if nxt is not None else 0, topic, part, origin, i + 1))
+            heapq.heappush(heap, (phase, time_of(rs[i + 1]), topic, part, origin, i + 1))
 
 
 def add_stream_rows(streams: dict, rows) -> None:

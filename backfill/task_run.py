@@ -211,7 +211,8 @@ class TaskRun:
                     topic_exists=ctx.counts.__contains__,   # the topics at the snapshot
                     global_stores=ctx.global_stores())
         n = 0
-        for kind, topic, part, key, value, ts, headers, origin, seq, phase in merge(streams):
+        for kind, topic, part, key, value, ts, headers, origin, seq, phase in merge(
+                streams, task.event_time if task.extracts_time else None):
             if kind == "input":
                 offset = seq
             else:   # a shuffled internal record: offsets of its (virtual) partition, in arrival order

@@ -119,6 +119,11 @@ def _parser() -> argparse.ArgumentParser:
                    default="at_least_once",
                    help="exactly_once: outputs, changelogs and input offsets of each commit in one "
                         "Kafka transaction (state is effectively once either way)")
+    r.add_argument("--max-task-idle-ms", type=int, default=0, metavar="MS",
+                   help="a task reading several partitions processes them in time order, waiting for a "
+                        "partition known to have data; MS also waits that long for one that looks empty "
+                        "(default 0; -1: never wait, process records as they are fetched), as Kafka "
+                        "Streams' max.task.idle.ms (KIP-695)")
     r.add_argument("--startup-timeout-s", type=float, default=10.0, metavar="S",
                    help="give up (exit code 3) when the broker does not answer within S seconds "
                         "at start-up (default: 10)")
@@ -385,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                             startup_timeout_s=args.startup_timeout_s,
                             processing_guarantee=args.processing_guarantee,
                             static_membership=args.static_membership, http_port=args.http_port,
-                            http_host=args.http_host, health_timeout_s=args.health_timeout_s)
+                            http_host=args.http_host, health_timeout_s=args.health_timeout_s,
+                            max_task_idle_ms=args.max_task_idle_ms)
             worker.run()
             logging.getLogger("processor.worker").info(
                 "stopped after %d records; fetch gaps read again: %d, accepted: %d; counters: %s",

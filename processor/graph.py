@@ -72,6 +72,8 @@ class SourceAttrs(NodeAttrs):
     partitioning: str | None = None
     # The librdkafka name of the partitioner declared for this (user) topic; None: undeclared.
     partitioner: str | None = None
+    # fn(key, value, record_timestamp) -> event time in ms (StreamsBuilder ``timestamp_extractor``)
+    timestamp_extractor: Any = None
 
     @property
     def internal(self) -> bool:

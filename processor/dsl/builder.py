@@ -130,10 +130,16 @@ class StreamsBuilder:
         return partitioner
 
     def stream(self, topic: str, key_serde=None, value_serde=None, name: str | None = None,
-               partitioner: str | None = None, repartition: bool = False):
+               partitioner: str | None = None, repartition: bool = False, timestamp_extractor=None):
         """A stream read from ``topic``. ``repartition=True``: through the internal topic
         ``<app>-<node name>-repartition`` placed by murmur2 first, so co-partitioned joins over
-        it are right whatever partitioner wrote ``topic`` (README "Partitioning")."""
+        it are right whatever partitioner wrote ``topic`` (README "Partitioning").
+
+        ``timestamp_extractor``: ``fn(key, value, record_timestamp) -> int``, the record's event
+        time in milliseconds, its time everywhere (the order a task reads its inputs in,
+        windows, joins, grace, stream time, output timestamps). An extractor that raises or
+        returns anything but a non-negative integer makes the record a bad one (the on-error
+        policy), never silently its broker timestamp."""
         from processor.dsl.kstream import KStream
 
         key_serde = key_serde or Serdes.string()
@@ -141,14 +147,19 @@ class StreamsBuilder:
         self._no_declaration_with_repartition(topic, partitioner, repartition)
         node_name = self.new_name("KSTREAM-SOURCE", name)
         internal_topic = None
-        if repartition:
+        _check_extractor(timestamp_extractor)
+        if repartition:   # (the event time is extracted before the repartition topic, its record time)
             topic = internal_topic = self._repartitioned_input(topic, node_name, key_serde, value_serde,
-                                                               require_key=False)
+                                                               require_key=False,
+                                                               timestamp_extractor=timestamp_extractor)
+            timestamp_extractor = None
         node = LogicalNode(
             name=node_name, kind="source", source_topic=topic,
-            factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs.key_serde, n.attrs.value_serde),
+            factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs.key_serde, n.attrs.value_serde,
+                                           n.attrs.timestamp_extractor),
             attrs=SourceAttrs(key_serde=key_serde, value_serde=value_serde, internal_topic=internal_topic,
-                              partitioner=self._checked_partitioner(partitioner)),
+                              partitioner=self._checked_partitioner(partitioner),
+                              timestamp_extractor=timestamp_extractor),
         )
         self.add_node(node)
         return KStream(self, node, key_serde, value_serde)
@@ -160,14 +171,17 @@ class StreamsBuilder:
                                 f"(a repartitioned source is placed by murmur2 whatever wrote the topic)")
 
     def table(self, topic: str, key_serde=None, value_serde=None, name: str | None = None,
-              store_name: str | None = None, partitioner: str | None = None, repartition: bool = False):
+              store_name: str | None = None, partitioner: str | None = None, repartition: bool = False,
+              timestamp_extractor=None):
         """A table read from ``topic``; always materialized (in a store with its own changelog, or,
         under ``build(reuse_source_topics=True)``, restored from ``topic`` itself).
 
         ``repartition=True``: the topic's records are first sent through the internal topic
         ``<app>-<node name>-repartition``, placed by our own partitioner (murmur2), and the table is
         read from there, so joins over it are right whatever partitioner (or none) wrote ``topic``
-        (README "Partitioning"). Costs one more topic write and read per record."""
+        (README "Partitioning"). Costs one more topic write and read per record.
+
+        ``timestamp_extractor``: as ``stream``'s; the row's timestamp is its event time."""
         from processor.dsl.ktable import KTable
 
         key_serde = key_serde or Serdes.string()
@@ -176,16 +190,19 @@ class StreamsBuilder:
         store = store_name or f"{topic}-STATE-STORE-{self._index - 1:010d}"
         self._no_declaration_with_repartition(topic, partitioner, repartition)
         internal_topic = None
+        _check_extractor(timestamp_extractor)
         if repartition:
             topic = internal_topic = self._repartitioned_input(topic, node_name, key_serde, value_serde,
-                                                               require_key=True)
+                                                               require_key=True,
+                                                               timestamp_extractor=timestamp_extractor)
+            timestamp_extractor = None
         node = LogicalNode(
             name=node_name, kind="table-source", source_topic=topic, stores=[store],
             factory=lambda n: TableSource(n.name, n.source_topic, n.attrs.key_serde,
-                                          n.attrs.value_serde, n.stores[0]),
+                                          n.attrs.value_serde, n.stores[0], n.attrs.timestamp_extractor),
             attrs=TableSourceAttrs(
                 key_serde=key_serde, value_serde=value_serde, internal_topic=internal_topic,
-                partitioner=self._checked_partitioner(partitioner),
+                partitioner=self._checked_partitioner(partitioner), timestamp_extractor=timestamp_extractor,
                 getter=GetterSpec(lambda n, ctx: StoreValueGetter(ctx.get_store(n.stores[0]), n.attrs.value_serde),
                                   stores=(store,))),
         )
@@ -194,10 +211,13 @@ class StreamsBuilder:
                                  key_serde=key_serde, value_serde=value_serde))
         return KTable(self, node, key_serde, value_serde, store_name=store)
 
-    def global_table(self, topic: str, key_serde=None, value_serde=None, name: str | None = None):
+    def global_table(self, topic: str, key_serde=None, value_serde=None, name: str | None = None,
+                     timestamp_extractor=None):
         """A table every host holds whole (all partitions of ``topic``, outside the tasks),
         bootstrapped to the topic's end before any task processes a record, then kept current;
-        the topic is its changelog. Streams join it by a key selector (``KStream.join``)."""
+        the topic is its changelog. Streams join it by a key selector (``KStream.join``).
+        ``timestamp_extractor``: the rows' timestamps (as ``stream``'s; a record it fails on is
+        skipped and counted, as one that does not deserialize: a global table has no task)."""
         from processor.dsl.global_table import GlobalKTable
         from processor.topology.nodes import GlobalStoreSpec
 
@@ -211,17 +231,21 @@ class StreamsBuilder:
         if any(g.topic == topic for g in self._global_stores.values()) or \
                 any(n.source_topic == topic for n in self._nodes):
             raise TopologyError(f"topic {topic!r} is read twice: a global table's topic is read by it alone")
-        self._global_stores[store] = GlobalStoreSpec(store, topic, key_serde, value_serde)
+        _check_extractor(timestamp_extractor)
+        self._global_stores[store] = GlobalStoreSpec(store, topic, key_serde, value_serde,
+                                                     timestamp_extractor=timestamp_extractor)
         return GlobalKTable(store, topic, key_serde, value_serde)
 
-    def _repartitioned_input(self, topic, node_name, key_serde, value_serde, require_key: bool) -> str:
+    def _repartitioned_input(self, topic, node_name, key_serde, value_serde, require_key: bool,
+                             timestamp_extractor=None) -> str:
         """source(topic) [-> require a key] -> sink(<node name>-repartition); returns the internal
         topic. Records that do not deserialize (and, for a table, have no key) are poison at the
         source (the topology's on-error policy), before they reach the internal topic."""
         source = LogicalNode(
             name=self.new_name("KSTREAM-SOURCE"), kind="source", source_topic=topic,
-            factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs.key_serde, n.attrs.value_serde),
-            attrs=SourceAttrs(key_serde=key_serde, value_serde=value_serde))
+            factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs.key_serde, n.attrs.value_serde,
+                                           n.attrs.timestamp_extractor),
+            attrs=SourceAttrs(key_serde=key_serde, value_serde=value_serde, timestamp_extractor=timestamp_extractor))
         self.add_node(source)
         last = source
         if require_key:
@@ -250,6 +274,19 @@ class StreamsBuilder:
         if unconnected:
             raise TopologyError(f"store(s) {', '.join(unconnected)} added but connected to no processor "
                                 f"(KStream.process(P, stores=[...]))")
+        if reuse_source_topics:
+            extracted = sorted(n.source_topic for n in self._nodes if n.kind == "table-source"
+                               and n.attrs.timestamp_extractor is not None)
+            if extracted:
+                # a restore from the topic would give the rows their broker timestamps
+                raise TopologyError(f"reuse_source_topics=True: the table(s) of {', '.join(extracted)} have a "
+                                    f"timestamp extractor; their stores need changelog topics of their own")
         self._built = True
         return Topology(self._nodes, self._stores, optimize=optimize, reuse_source_topics=reuse_source_topics,
                         global_stores=self._global_stores)
+
+
+def _check_extractor(fn) -> None:
+    if fn is not None and not callable(fn):
+        raise TopologyError(f"timestamp_extractor must be a function (key, value, record_timestamp) -> "
+                            f"milliseconds, not {fn!r}")

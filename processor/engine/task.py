@@ -213,6 +213,10 @@ class Task:
         self._reused_sources = {topic: name for name, topic in topology.source_changelogs_of(sub_id).items()}
         self.processed = 0
         self.duplicates_dropped = 0
+        # the worker's input buffers (processor/runtime/partition_group.py) count these
+        self.enforced_processing = 0
+        self.idle_waits = 0
+        self.buffer_pauses = 0
         raw = self.task_store.get(_OUTBOX_COUNTER)
         self._outbox_counter = 0 if raw is None else int.from_bytes(raw, "big")
         self._outbox_unconfirmed = False
@@ -244,6 +248,10 @@ class Task:
         for n in self.topology.subtopologies[self.sub_id]:
             if n.source_topic:
                 self.sources.setdefault(n.source_topic, []).append(self.ops[n.name])
+        # topic -> its first source's event_time, where that source has a timestamp extractor
+        self._extractors = {topic: srcs[0].event_time for topic, srcs in self.sources.items()
+                            if srcs[0].timestamp_extractor is not None}
+        self.extracts_time = bool(self._extractors)
         ops = list(self.ops.values())
         self._wall_punctuators = [op for op in ops if op.punctuates_wall]
         self._stream_punctuators = [op for op in ops if op.punctuates_task_time]
@@ -262,6 +270,7 @@ class Task:
         ctx.headers = headers
         ctx.sequence = 0
         ctx.in_record = True
+        record_timestamp = timestamp
         self.stores.writer = (topic, partition, offset)
         mark = None
         if self._placement_checks and key is not None and topic in self._placement_checks:
@@ -282,6 +291,10 @@ class Task:
                     self.duplicates_dropped += 1
                     self.positions[(topic, partition)] = offset + 1
                     return
+            if self._extractors and topic in self._extractors:
+                # the event time is the record's time from here on (the dead-letter topic gets
+                # the record as it was: record_timestamp)
+                timestamp = self._extractors[topic](key, value, timestamp)
             advanced = self._stream_punctuators and timestamp > ctx.stream_time
             if advanced:   # (stream time includes the record in hand; put back if it fails)
                 before = ctx.stream_time
@@ -317,11 +330,11 @@ class Task:
             if advanced:   # a failed record leaves stream time where it was
                 ctx.stream_time = before
             self._reject(exc, exc.step != self.sources[topic][0].name, outbox_len,
-                         topic, partition, offset, timestamp, key, value, headers)
+                         topic, partition, offset, record_timestamp, key, value, headers)
         except (UserFunctionError, SerializationError) as exc:   # incl. OutputError
             if advanced:
                 ctx.stream_time = before
-            self._reject(exc, True, outbox_len, topic, partition, offset, timestamp, key, value, headers)
+            self._reject(exc, True, outbox_len, topic, partition, offset, record_timestamp, key, value, headers)
         except RecordError as exc:
             raise exc.with_provenance(topic, partition, offset) from exc.__cause__
         except ProcessorError:
@@ -338,6 +351,19 @@ class Task:
             sends.clear()
         self.positions[(topic, partition)] = offset + 1
         self.processed += 1
+
+    def event_time(self, topic, key, value, timestamp) -> int:
+        """The time a host orders this input record by before processing it: its source's
+        timestamp extractor's result where there is one (``extracts_time``), else ``timestamp``.
+        A record whose extractor fails is ordered by its own timestamp; ``process`` then applies
+        the on-error policy to it."""
+        extract = self._extractors.get(topic)
+        if extract is None:
+            return timestamp
+        try:
+            return extract(key, value, timestamp)
+        except RecordError:
+            return timestamp
 
     def _punctuate_stream_time(self, now: int, outbox_len: int) -> None:
         """The user processors' stream-time punctuations after a record that moved stream time:
@@ -608,6 +634,10 @@ class Task:
                 m[k] = m.get(k, 0) + v
         out["task"] = {"processed": self.processed, "dead_lettered": self.dead_lettered,
                        "skipped_poison": self.skipped_poison, "duplicates_dropped": self.duplicates_dropped}
+        if self.enforced_processing or self.idle_waits:
+            out["task"]["enforced_processing"] = self.enforced_processing
+            out["task"]["idle_waits"] = self.idle_waits
+            out["task"]["buffer_pauses"] = self.buffer_pauses
         if self._convergence_metrics:
             out["sink convergence"] = dict(self._convergence_metrics)
         if self._coalescer is not None:   # on the sink of the topic: what its records_out did not send

@@ -10,8 +10,8 @@ rule without forwarding, so a restored store equals the one built by processing.
 
 from __future__ import annotations
 
-from processor.errors import DeserializationError
-from processor.operators.base import Processor
+from processor.errors import DeserializationError, UserFunctionError
+from processor.operators.base import Processor, describe_function
 from processor.records import Change
 from processor.state import timestamped
 from processor.state.source_changelog import apply_table_record
@@ -20,12 +20,15 @@ from processor.state.source_changelog import apply_table_record
 class StreamSource(Processor):
     kind = "source"
 
-    def __init__(self, name, topic, key_serde, value_serde):
+    def __init__(self, name, topic, key_serde, value_serde, timestamp_extractor=None):
         super().__init__(name)
         self.topic = topic
         self.key_serde = key_serde
         self.value_serde = value_serde
         self.records_in = 0
+        # fn(key, value, record_timestamp) -> event time in ms (None: the record's timestamp)
+        self.timestamp_extractor = timestamp_extractor
+        self._read_ahead = None   # (key bytes, value bytes, key, value) that event_time read
 
     def deserialize(self, key_bytes, value_bytes):
         try:
@@ -40,8 +43,27 @@ class StreamSource(Processor):
                                      f"{type(exc).__name__}: {exc}", step=self.name) from exc
         return key, value
 
-    def process_bytes(self, key_bytes, value_bytes, timestamp):
+    def event_time(self, key_bytes, value_bytes, timestamp) -> int:
+        """The record's event time by the timestamp extractor (which only sources that have one
+        are asked): the time it has everywhere (ordering, windows, joins, grace, stream time,
+        output timestamps). The extractor raising, or returning anything but a non-negative
+        integer, makes the record a bad one (``UserFunctionError``: the on-error policy), never
+        silently its broker timestamp. The record read here is not deserialized again by
+        ``process_bytes``."""
         key, value = self.deserialize(key_bytes, value_bytes)
+        self._read_ahead = (key_bytes, value_bytes, key, value)
+        return extract_event_time(self.timestamp_extractor, key, value, timestamp, self.name)
+
+    def _read(self, key_bytes, value_bytes):
+        ahead = self._read_ahead
+        if ahead is not None:
+            self._read_ahead = None
+            if ahead[0] is key_bytes and ahead[1] is value_bytes:
+                return ahead[2], ahead[3]
+        return self.deserialize(key_bytes, value_bytes)
+
+    def process_bytes(self, key_bytes, value_bytes, timestamp):
+        key, value = self._read(key_bytes, value_bytes)
         self.records_in += 1
         ctx = self.context
         ctx.source_value = value
@@ -51,6 +73,25 @@ class StreamSource(Processor):
 
     def metrics(self):
         return {"records_in": self.records_in}
+
+
+def extract_event_time(fn, key, value, timestamp: int, step: str) -> int:
+    """``fn(key, value, record_timestamp)``, checked: an event time is a non-negative integer
+    of milliseconds; anything else (or an exception) is a ``UserFunctionError`` naming ``step``
+    and the extractor (one rule for every source: a stream's, a table's, a global table's)."""
+    try:
+        ts = fn(key, value, timestamp)
+    except Exception as exc:
+        name = describe_function(fn)
+        raise UserFunctionError(f"timestamp extractor {name} raised {type(exc).__name__}: {exc}",
+                                step=step, function=name) from exc
+    if type(ts) is not int or ts < 0:
+        if isinstance(ts, int) and not isinstance(ts, bool) and ts >= 0:
+            return int(ts)   # an int subclass (numpy's)
+        name = describe_function(fn)
+        raise UserFunctionError(f"timestamp extractor {name} returned {ts!r}: an event time must be a "
+                                f"non-negative integer of milliseconds", step=step, function=name)
+    return ts
 
 
 class RequireKey(Processor):
@@ -68,8 +109,8 @@ class RequireKey(Processor):
 class TableSource(StreamSource):
     kind = "table-source"
 
-    def __init__(self, name, topic, key_serde, value_serde, store_name):
-        super().__init__(name, topic, key_serde, value_serde)
+    def __init__(self, name, topic, key_serde, value_serde, store_name, timestamp_extractor=None):
+        super().__init__(name, topic, key_serde, value_serde, timestamp_extractor)
         self.store_name = store_name
         self.noop_updates_skipped = 0
         self.store = None
@@ -79,7 +120,7 @@ class TableSource(StreamSource):
         self.store = context.get_store(self.store_name)
 
     def process_bytes(self, key_bytes, value_bytes, timestamp):
-        key, value = self.deserialize(key_bytes, value_bytes)
+        key, value = self._read(key_bytes, value_bytes)
         self.records_in += 1
         if key_bytes is None:
             raise DeserializationError("a table record needs a non-null key", step=self.name)

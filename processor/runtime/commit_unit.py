@@ -174,4 +174,5 @@ class CommitUnit:
             for tp, off in self._seek_offsets({tp: task.positions.get(tp, 0) for tp in tps}).items():
                 self.consumer.seek(TopicPartition(tp[0], tp[1], off))
                 self._resumed.add(tp)   # records fetched before the seek must not reach the task
+                self._at_eof.discard(tp)   # read again from there
         self._resumed_at = time.monotonic()

@@ -327,6 +327,7 @@ class TaskManagement:
                 self._at_eof.discard((tp.topic, tp.partition))
                 self._resumed.discard((tp.topic, tp.partition))
             self._forget_gaps((tp.topic, tp.partition) for tp in partitions)
+            self._drop_groups(keys)
             for key in keys:
                 task = self.tasks.pop(key, None)
                 if task is not None:
@@ -351,6 +352,8 @@ class TaskManagement:
 
     def _close_tasks(self, keys, table=None):
         table = self.tasks if table is None else table
+        if table is self.tasks:
+            self._drop_groups(keys)
         errors = []
         for key in keys:
             task = table.pop(key, None)

@@ -48,6 +48,7 @@ from processor.runtime.changelog import RestoreInterrupted
 from processor.runtime.state_lock import StateDirLock
 from processor.engine.task import dlq_topic_for
 from processor.runtime.collector import KafkaCollector
+from processor.runtime.partition_group import PartitionGroup
 from processor.runtime.task_manager import TaskManagement
 from processor.runtime.http_endpoint import WorkerHTTPEndpoint
 from processor.runtime.interactive_queries import StoreQueries, StoreView
@@ -81,10 +82,18 @@ class Worker(TaskManagement, CommitUnit):
                  processing_guarantee: str = "at_least_once", client_config: ClientConfig | None = None,
                  replication_factor: int | None = None, topic_configs: dict[str, dict] | None = None,
                  static_membership: bool = False, http_port: int | None = None, http_host: str = "0.0.0.0",
-                 health_timeout_s: float = 60.0, coalesce_fk_records: bool = True):
+                 health_timeout_s: float = 60.0, coalesce_fk_records: bool = True,
+                 max_task_idle_ms: int = 0):
         if processing_guarantee not in GUARANTEES:
             raise ConfigError(f"processing_guarantee must be one of {GUARANTEES}, not {processing_guarantee!r}")
         self.processing_guarantee = processing_guarantee
+        if not isinstance(max_task_idle_ms, int) or isinstance(max_task_idle_ms, bool) or max_task_idle_ms < -1:
+            raise ConfigError(f"max_task_idle_ms must be an integer >= -1 (-1: never wait for an empty "
+                              f"partition; 0: only for one known to have data), not {max_task_idle_ms!r}")
+        # a task with several input partitions processes them in time order
+        # (processor/runtime/partition_group.py)
+        self.max_task_idle_ms = max_task_idle_ms
+        self._groups: dict[tuple[int, int], PartitionGroup] = {}
         # group.instance.id = <application id>-<worker id> (kept in the state directory), unless
         # the consumer config names one
         self.static_membership = static_membership
@@ -134,6 +143,9 @@ class Worker(TaskManagement, CommitUnit):
         self._writers: dict[tuple[int, int], ChangelogWriter] = {}
         self._suspended: dict[tuple[int, int], Task] = {}   # revoked, committed, maybe coming back
         self._sub_of_topic = topology.subtopology_of_topic()
+        # sub-topology -> its input topics, where it has several (their tasks buffer and order)
+        self._ordered_inputs = {i: sorted(topology.source_topics(i)) for i in range(len(topology.subtopologies))
+                                if len(topology.source_topics(i)) > 1}
         self._stop = threading.Event()
         self._assigned: set[tuple[str, int]] = set()
         self._at_eof: set[tuple[str, int]] = set()
@@ -310,6 +322,47 @@ class Worker(TaskManagement, CommitUnit):
         for tp in partitions:
             self._gaps.pop(tp, None)
 
+    # -- time-ordered input of tasks with several partitions ------------------------------------
+    def _new_group(self, key, task) -> PartitionGroup:
+        """Input buffers for ``task`` (replacing those of an instance it replaced: rebuilt after
+        an aborted transaction, which sought its partitions back to its positions)."""
+        old = self._groups.get(key)
+        if old is not None and old.paused:
+            self.consumer.resume([TopicPartition(*tp) for tp in old.paused])
+        group = self._groups[key] = PartitionGroup(
+            task, [(t, key[1]) for t in self._ordered_inputs[key[0]]], self.max_task_idle_ms, self._at_eof)
+        return group
+
+    def _process_buffered(self) -> int:
+        """Run every task with buffered input as far as Kafka Streams' rule lets it; returns the
+        records processed."""
+        n = 0
+        now_ms = int(time.time() * 1000)
+        tasks = self.tasks
+        for key, group in list(self._groups.items()):
+            if not group.buffered:
+                continue
+            if tasks.get(key) is not group.task:   # its task is gone: so are its buffers
+                self._drop_groups([key])
+                continue
+            before = group.buffered
+            resume = group.process_ready(now_ms, self._stop)
+            n += before - group.buffered
+            if resume:
+                self.consumer.resume([TopicPartition(*tp) for tp in resume])
+        return n
+
+    def _drop_groups(self, keys) -> None:
+        """Revoked, lost or closed tasks: their buffered records are dropped (never processed,
+        so never committed: fetched again by whoever runs the task next)."""
+        for key in keys:
+            group = self._groups.pop(key, None)
+            if group is not None and group.paused and not self._closing:
+                try:
+                    self.consumer.resume([TopicPartition(*tp) for tp in group.paused])
+                except Exception:   # not assigned any more
+                    pass
+
     # -- main loop ----------------------------------------------------------------------------
     def stop(self) -> None:
         self._stop.set()
@@ -457,6 +510,8 @@ class Worker(TaskManagement, CommitUnit):
         batch = self.batch_size
         metrics = self.metrics_state
         queries = self._queries
+        ordered = self._ordered_inputs
+        groups = self._groups
         while not stop.is_set():
             beat = metrics.loop_beat = time.monotonic()
             if queries.pending():
@@ -497,25 +552,41 @@ class Worker(TaskManagement, CommitUnit):
                     continue
                 topic = m.topic()
                 part = m.partition()
-                task = tasks.get((sub_of[topic], part))
+                key = (sub_of[topic], part)
+                task = tasks.get(key)
                 if task is None:  # revoked while in flight: not processed, not committed
                     continue
-                if resumed and (topic, part) in resumed and m.offset() < task.positions.get((topic, part), 0):
+                group = None
+                if ordered and key[0] in ordered:
+                    group = groups.get(key)
+                    if group is None or group.task is not task:
+                        group = self._new_group(key, task)
+                    pos = group.expected((topic, part))
+                else:
+                    pos = task.positions.get((topic, part))
+                if resumed and (topic, part) in resumed and m.offset() < (pos or 0):
                     continue   # just restored: a record below its position is already in its state
                 if topic in guarded:
                     if refetching and (topic, part) in refetching:
                         continue   # fetched before the seek back to a gap
-                    pos = task.positions.get((topic, part))
                     if (gaps or (pos is not None and m.offset() > pos)) and \
                             self._check_gap(topic, part, pos, m.offset()):
                         refetching = refetching or set()
                         refetching.add((topic, part))
                         at_eof.discard((topic, part))   # not at its end: the gap is read again
                         continue
-                task.process(topic, part, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
-                n += 1
                 if at_eof:
                     at_eof.discard((topic, part))
+                if group is not None:   # processed below, in time order
+                    if group.add((topic, part), m):
+                        group.paused.add((topic, part))
+                        task.buffer_pauses += 1
+                        consumer.pause([TopicPartition(topic, part)])
+                    continue
+                task.process(topic, part, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
+                n += 1
+            if groups:
+                n += self._process_buffered()
             if n:
                 self.records_processed += n
                 self.last_record_at = time.monotonic()
@@ -534,7 +605,8 @@ class Worker(TaskManagement, CommitUnit):
                 work_since = None
             else:
                 self.collector.poll()
-            if until_drained and self._assigned and self._at_eof >= self._assigned and self._drained():
+            if until_drained and self._assigned and self._at_eof >= self._assigned and \
+                    not any(g.buffered for g in groups.values()) and self._drained():
                 break
             if max_seconds is not None and now - started > max_seconds:
                 break

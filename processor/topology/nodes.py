@@ -74,6 +74,7 @@ class GlobalStoreSpec:
     key_serde: object
     value_serde: object
     kind: str = "kv"        # read as a key-value store (interactive queries, state dump, the driver)
+    timestamp_extractor: object = None   # fn(key, value, record_timestamp) -> the row's timestamp
 
 
 def user_store_sharers(topo) -> dict[str, list[LogicalNode]]:
