@@ -19,7 +19,11 @@ Invariants:
 - A store added with ``Stores.key_value`` is a key-value store like every other one: its
   changelog, restore, checkpoint, ``/stores``, ``processor state dump`` and the backfill treat it
   alike. Each entry holds the value bytes behind the 8-byte timestamp of the record (or
-  punctuation) that wrote it.
+  punctuation) that wrote it; ``get_with_timestamp`` returns both (``ValueAndTimestamp``).
+- A DSL table's store connected with ``process(P, stores=[name])`` is the table's own store,
+  read through ``ReadOnlyKeyValueStore``: every read, and ``put``/``delete`` raise
+  ``ReadOnlyStoreError`` (the table's operator alone writes it). The processor looks the table
+  up (``LogicalNode.lookups``), so it is in the table's sub-topology, co-partitioned with it.
 - ``context.schedule(interval, "stream", cb)``: ``cb(stream_time)`` runs when the task's stream
   time (Kafka Streams': the largest timestamp of the task's input records, the current one
   included, whether or not it reaches this processor; kept in the task's bookkeeping with each
