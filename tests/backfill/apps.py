@@ -112,3 +112,38 @@ def failing_catalog_for(t: dict):
 
     b.table(t["catalog"], store_name="catalog").filter(not_three).to_stream().to(t["out_catalog"])
     return b.build()
+
+
+# -- Processor API window and session stores (issue 34) -------------------------------------------
+class KeepAll:
+    """Every record into a window store retaining duplicates (window: the record's time // 10 * 10)."""
+
+    def init(self, context):
+        self.w = context.get_state_store("dups")
+
+    def process(self, record):
+        self.w.put(record.key, record.value["x"], record.timestamp // 10 * 10)
+
+    def close(self):
+        pass
+
+
+def windowed_stores_for(t: dict):
+    """``s`` stream (user -> {"x"}): Kafka Streams' EventDeduplication on a window store (an id
+    per key and x % 5, remembered 100 ms) -> ``out``; a sessionizer on a session store (gap 40)
+    whose merged sessions are counted by key (``merges``); every record kept in a window store
+    retaining duplicates (``dups``)."""
+    from processor import Stores
+    from processor.serde import Serdes
+    from tests.unit.test_papi_session_store import Sessionizer40
+    from tests.unit.test_papi_window_store import Deduplication
+
+    b = StreamsBuilder()
+    b.add_state_store(Stores.window("eventId-store", 100, 100, key_serde=Serdes.string(), value_serde=Serdes.json()))
+    b.add_state_store(Stores.window("dups", 60, 10, retain_duplicates=True))
+    b.add_state_store(Stores.session("sessions", 300))
+    s = b.stream(t["s"])
+    s.process(lambda: Deduplication(100, lambda k, v: f"{k}:{v['x'] % 5}"), stores=["eventId-store"]).to(t["out"])
+    s.process(Sessionizer40, stores=["sessions"]).group_by_key().count(name="merges")
+    s.process(KeepAll, stores=["dups"])
+    return b.build()

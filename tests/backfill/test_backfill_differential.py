@@ -213,6 +213,13 @@ def dsl_stores(t):
                                 "counted": t["s2"]})
 
 
+def windowed_stores(t):
+    """Processor API window and session stores (issue 34): tests/backfill/apps.py."""
+    from tests.backfill.apps import windowed_stores_for
+
+    return windowed_stores_for(t)
+
+
 def session_windows(t):
     b = StreamsBuilder()
     w = b.stream(t["s"]).group_by_key().windowed_by(SessionWindows.with_inactivity_gap(12).grace(30))
@@ -245,7 +252,8 @@ def global_table(t):
 def _history(case, rnd):
     if case in ("filter_map", "table_aggregates", "table_aggregate_every", "self_joins"):
         return interleave(rnd, {"a": table_history(rnd, 1500, 120)})
-    if case in ("stream_aggregates", "windowed", "stream_stream", "stream_operators", "processor_api"):
+    if case in ("stream_aggregates", "windowed", "stream_stream", "stream_operators", "processor_api",
+                "windowed_stores"):
         return interleave(rnd, {"s": stream_history(rnd, 1500, 30)})
     if case == "shared_store":
         return interleave(rnd, {"s": stream_history(rnd, 900, 300), "s2": stream_history(rnd, 900, 300)})
@@ -296,6 +304,8 @@ CASES = {
     "processor_api": (processor_api, 1, ()),
     "shared_store": (shared_store, 1, ()),
     "dsl_stores": (dsl_stores, 3, ()),
+    # one partition: each window/session store's clock follows the task's records
+    "windowed_stores": (windowed_stores, 1, ()),
     "session_windows": (session_windows, 1, ()),
     "sliding_windows": (sliding_windows, 1, ()),
     "global_table": (global_table, 3, ()),
@@ -317,7 +327,7 @@ def _backfilled(state_dir, app, names):
 
 
 # cases whose records come out of time order (windows within and beyond grace, punctuation)
-OUT_OF_ORDER = ("session_windows", "sliding_windows", "processor_api")
+OUT_OF_ORDER = ("session_windows", "sliding_windows", "processor_api", "windowed_stores")
 
 
 def _timestamp(case, i: int) -> int:

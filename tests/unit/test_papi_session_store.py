@@ -235,3 +235,9 @@ def test_a_sessionizer_on_a_session_store_follows_the_model():
     want = sessionize_model(records, 10, 60)
     assert got == want
     assert sum(1 for _, (s, e, n) in want if n > 3) > 10 and sum(1 for _, (s, e, n) in want if n == 1) > 50
+
+
+class Sessionizer40(Sessionizer):
+    """The sessionizer with a gap of 40 (the backfill differential's case ``windowed_stores``)."""
+
+    GAP = 40
