@@ -31,13 +31,15 @@ class WideSessionizer(Sessionizer):
     GAP = 60_000
 
 
-def topology_for(t):
+def topology_for(t, id_of=lambda k, v: f"{k}:{v['x']}"):
+    """``id_of``: the event id (the store's key; interactive queries find a key in the partition
+    the input's partitioner gives it, so a queried store is keyed by the record key)."""
     b = StreamsBuilder()
     b.add_state_store(Stores.window("eventId-store", MAINTAIN_MS, MAINTAIN_MS, key_serde=Serdes.string(),
                                     value_serde=Serdes.json()))
     b.add_state_store(Stores.session("sessions", 200_000))
     s = b.stream(t["in"])
-    s.process(lambda: Deduplication(MAINTAIN_MS, lambda k, v: f"{k}:{v['x']}"), stores=["eventId-store"]) \
+    s.process(lambda: Deduplication(MAINTAIN_MS, id_of), stores=["eventId-store"]) \
         .to(t["unique"])
     s.process(WideSessionizer, stores=["sessions"]).to(t["sessions"])
     return b.build()
@@ -50,7 +52,7 @@ def test_window_and_session_stores_on_the_broker_equal_the_driver_and_restore(ka
     records, stamps, clock = [], [], 0
     for _ in range(1500):
         clock += rnd.choice([0, 100, 500, 1_500, 3_000])
-        stamps.append(max(0, clock - rnd.choice([0, 0, 0, 700, 5_000])))
+        stamps.append(max(1, clock - rnd.choice([0, 0, 0, 700, 5_000])))   # (0 is the producer's "now")
         records.append((f"u{rnd.randrange(30):02d}".encode(), json.dumps({"x": rnd.randrange(6)}).encode()))
     produce(kafka_bootstrap, t["in"], records, timestamps=stamps)
     app = f"pws-{unique}"
@@ -88,3 +90,60 @@ def test_window_and_session_stores_on_the_broker_equal_the_driver_and_restore(ka
     sessions = [json.loads(line) for line in out.getvalue().splitlines()]
     assert len(sessions) == sum(len(first[p]["sessions"]) for p in range(3))
     assert all(e["session_start"] <= e["session_end"] and e["value"] >= 1 for e in sessions)
+
+
+def test_a_window_store_answers_a_key_with_its_live_windows_while_the_worker_runs(kafka_bootstrap, unique,
+                                                                                  tmp_path):
+    """``worker.store(name).entry(key)`` (what ``/stores/<name>/<key>`` serves) of a window store:
+    the key's live windows, as the driver's store fetches them; a prefix scan is refused. The
+    event id is the record key here: a key is looked up in the partition it belongs to."""
+    import threading
+
+    import pytest
+
+    from processor.runtime.interactive_queries import QueryError
+    from processor.testing import TopologyTestDriver
+    from tests.integration.helpers import wait_until_tasks_committed
+
+    t = {n: f"pwq-{n}-{unique}" for n in ("in", "unique", "sessions")}
+    kafka.create_topics(kafka_bootstrap, {v: 3 for v in t.values()})
+    rnd = random.Random(9)
+    records = [(f"u{rnd.randrange(10):02d}".encode(), json.dumps({"x": rnd.randrange(3)}).encode())
+               for _ in range(300)]
+    stamps = [1_000_000 + i * 1_000 for i in range(300)]   # (a timestamp 0 is the producer's "now")
+    produce(kafka_bootstrap, t["in"], records, timestamps=stamps)
+    app = f"pwq-{unique}"
+    def topo():
+        return topology_for(t, id_of=lambda k, v: k)
+
+    w = Worker(topo(), kafka_bootstrap, app, tmp_path, commit_interval_ms=200,
+               consumer_config=TEST_CONSUMER_CONFIG)
+    runner = threading.Thread(target=lambda: w.run(install_signal_handlers=False), daemon=True)
+    runner.start()
+    try:
+        wait_until_tasks_committed(kafka_bootstrap, topo().for_application(app), {t["in"]: 3},
+                                   "read_uncommitted", timeout_s=60)
+        inputs = kafka.read_topic(kafka_bootstrap, t["in"])
+        want = {}
+        for p in range(3):
+            with TopologyTestDriver(topo(), application_id=app) as d:
+                for m in (m for m in inputs if m.partition() == p):
+                    d.pipe_raw(t["in"], m.key(), m.value(), m.timestamp()[1])
+                store = d.get_store("eventId-store")
+                for k in sorted({m.key().decode() for m in inputs if m.partition() == p}):
+                    want[k] = [(s, s + MAINTAIN_MS, v) for s, v in store.fetch(k, 0, 10**12)]
+        view = w.store("eventId-store")
+        got = {}
+        for eid in sorted(want):
+            e = view.entry(eid)
+            assert e["key"] == eid and e["task"] == f"0_{e['partition']}"
+            got[eid] = [(x["window_start"], x["window_end"], x["value"]) for x in e["windows"]]
+        assert got == want
+        assert len(want) == 10 and all(len(v) > 2 for v in want.values())
+        assert view.entry("u99") is None
+        with pytest.raises(QueryError, match="is a window store: it answers a key"):
+            view.prefix("u0")
+    finally:
+        w.stop()
+        runner.join(60)
+    assert not runner.is_alive()
