@@ -93,3 +93,17 @@ def test_dsl_stores_in_process_on_the_broker_equal_the_driver_and_restore(kafka_
     assert {e["row"][1] // 1_000_000 for e in enriched if e["row"]} == {1, 3}
     assert sum(len(v) for v in want["stamped"].values()) > 300
 
+
+
+def test_a_processor_reading_a_table_of_another_partition_count_is_refused_at_start(kafka_bootstrap, unique,
+                                                                                     tmp_path):
+    import pytest
+
+    from processor.errors import ConfigError
+
+    t = {n: f"pdsn-{n}-{unique}" for n in ("users", "clicks", "enriched", "stamped", "counted")}
+    kafka.create_topics(kafka_bootstrap, {**{v: 3 for v in t.values()}, t["users"]: 2})
+    w = Worker(dsl_stores_topology(t), kafka_bootstrap, f"pdsn-{unique}", tmp_path, consumer_config=TEST_CONSUMER_CONFIG)
+    with pytest.raises(ConfigError, match=f"co-partitioned source topics of sub-topology 0 have different partition "
+                                          f"counts \\({t['clicks']}=3, {t['users']}=2\\)"):
+        w.run(until_drained=True, install_signal_handlers=False)
