@@ -219,7 +219,10 @@ def _imported_by(mod) -> set[str]:
             out.add(value.__name__)
         else:
             m = getattr(value, "__module__", None)
-            if isinstance(m, str) and (isinstance(value, (type, types.FunctionType))):
+            # (an extension's class may name a module that was never imported under that name,
+            # confluent-kafka's Producer ``cimpl``: the import that brought it is what ships)
+            if isinstance(m, str) and (isinstance(value, (type, types.FunctionType))) \
+                    and m.split(".")[0] in sys.modules:
                 out.add(m)
     return out
 
