@@ -53,7 +53,7 @@ def _repartition(builder, parent: LogicalNode, select: LogicalNode | None, store
 
 
 def _aggregate_node(builder, parent, store, key_serde, value_serde, factory, kind, emit, windows=None,
-                    store_key_serde=None, store_kind="window"):
+                    store_key_serde=None, store_kind="windowed-aggregate"):
     b = builder
     getter = None
     if store_key_serde is None:  # a windowed aggregate cannot be looked up by its table key
@@ -202,7 +202,7 @@ class KGroupedStream:
             kind, emit, name, value_serde, windows,
             lambda node, store, em: SlidingWindowedStreamAggregate(node, store, ks, value_serde, em, initializer,
                                                                    aggregator, windows),
-            SlidingStoreKeySerde(ks, windows.diff_ms), Serdes.windowed(ks, windows.diff_ms), "window")
+            SlidingStoreKeySerde(ks, windows.diff_ms), Serdes.windowed(ks, windows.diff_ms), "windowed-aggregate")
 
     def _build_sessions(self, kind, initializer, aggregator, merger, emit, name, value_serde, windows):
         from processor.operators.session_aggregate import SessionWindowedStreamAggregate
@@ -214,7 +214,7 @@ class KGroupedStream:
             kind, emit, name, value_serde, windows,
             lambda node, store, em: SessionWindowedStreamAggregate(node, store, ks, value_serde, em, initializer,
                                                                    aggregator, merger, windows),
-            session_keys, session_keys, "session")
+            session_keys, session_keys, "session-aggregate")
 
 
 class TimeWindowedKStream:

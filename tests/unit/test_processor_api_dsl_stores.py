@@ -239,7 +239,7 @@ def test_which_dsl_stores_connect_and_which_are_refused():
     b.global_table("g", name="g-store")
     s = b.stream("s")
     s.group_by_key().windowed_by(TimeWindows.of(10)).count(name="windowed")
-    with pytest.raises(TopologyError, match="store 'windowed' \\(window, of .*\\) cannot be connected"):
+    with pytest.raises(TopologyError, match="store 'windowed' \\(windowed-aggregate, of .*\\) cannot be connected"):
         s.process(Writer, stores=["windowed"])
     with pytest.raises(TopologyError, match="store 'windowed.emitted' \\(emitted"):
         s.process(Writer, stores=["windowed.emitted"])
