@@ -274,6 +274,15 @@ class StreamsBuilder:
         if unconnected:
             raise TopologyError(f"store(s) {', '.join(unconnected)} added but connected to no processor "
                                 f"(KStream.process(P, stores=[...]))")
+        extractors: dict[str, set] = {}
+        for n in self._nodes:
+            if n.source_topic and isinstance(n.attrs, SourceAttrs):
+                extractors.setdefault(n.source_topic, set()).add(n.attrs.timestamp_extractor)
+        mixed = sorted(t for t, fns in extractors.items() if len(fns) > 1)
+        if mixed:
+            # a record has one time: the order its task reads it in is decided before any source sees it
+            raise TopologyError(f"topic(s) {', '.join(mixed)} are read by sources with different timestamp "
+                                f"extractors (or with and without one); give every source of a topic the same")
         if reuse_source_topics:
             extracted = sorted(n.source_topic for n in self._nodes if n.kind == "table-source"
                                and n.attrs.timestamp_extractor is not None)

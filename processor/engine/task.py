@@ -116,6 +116,8 @@ def _outbox_chunks(records):
     if chunk:
         yield chunk
 _OUTBOX_COUNTER = b"outbox_counter"
+# Task.event_time of a record whose extraction fails: ordered before every other
+UNORDERED = -1
 _STREAM_TIME = b"stream_time"    # _bookkeeping: the task's stream time (8 bytes, signed big-endian)
 
 
@@ -262,7 +264,10 @@ class Task:
                 store.journal = self._journal
 
     # -- processing ---------------------------------------------------------------------------
-    def process(self, topic, partition, offset, timestamp, key, value, headers=None) -> None:
+    def process(self, topic, partition, offset, timestamp, key, value, headers=None, event_time=None) -> None:
+        """Process one input record to completion (or reject it by the on-error policy).
+        ``event_time``: its extracted time where the host already asked ``event_time`` (a
+        topic with a timestamp extractor; None: extracted here)."""
         ctx = self.context
         ctx.topic = topic
         ctx.partition = partition
@@ -294,7 +299,7 @@ class Task:
             if self._extractors and topic in self._extractors:
                 # the event time is the record's time from here on (the dead-letter topic gets
                 # the record as it was: record_timestamp)
-                timestamp = self._extractors[topic](key, value, timestamp)
+                timestamp = self._extractors[topic](key, value, timestamp) if event_time is None else event_time
             advanced = self._stream_punctuators and timestamp > ctx.stream_time
             if advanced:   # (stream time includes the record in hand; put back if it fails)
                 before = ctx.stream_time
@@ -334,7 +339,9 @@ class Task:
         except (UserFunctionError, SerializationError) as exc:   # incl. OutputError
             if advanced:
                 ctx.stream_time = before
-            self._reject(exc, True, outbox_len, topic, partition, offset, record_timestamp, key, value, headers)
+            # (a timestamp extractor's failure, at the topic's first source, is before any write)
+            self._reject(exc, not (type(exc) is UserFunctionError and exc.step == self.sources[topic][0].name),
+                         outbox_len, topic, partition, offset, record_timestamp, key, value, headers)
         except RecordError as exc:
             raise exc.with_provenance(topic, partition, offset) from exc.__cause__
         except ProcessorError:
@@ -355,15 +362,17 @@ class Task:
     def event_time(self, topic, key, value, timestamp) -> int:
         """The time a host orders this input record by before processing it: its source's
         timestamp extractor's result where there is one (``extracts_time``), else ``timestamp``.
-        A record whose extractor fails is ordered by its own timestamp; ``process`` then applies
-        the on-error policy to it."""
+        A record whose extraction fails (or that does not deserialize) gets ``UNORDERED`` (-1):
+        it goes first, changing nothing (``process`` applies the on-error policy to it), and
+        never holds back the records behind it, as Kafka Streams drops such a record at the head
+        of its partition's queue."""
         extract = self._extractors.get(topic)
         if extract is None:
             return timestamp
         try:
             return extract(key, value, timestamp)
         except RecordError:
-            return timestamp
+            return UNORDERED
 
     def _punctuate_stream_time(self, now: int, outbox_len: int) -> None:
         """The user processors' stream-time punctuations after a record that moved stream time:
@@ -634,7 +643,7 @@ class Task:
                 m[k] = m.get(k, 0) + v
         out["task"] = {"processed": self.processed, "dead_lettered": self.dead_lettered,
                        "skipped_poison": self.skipped_poison, "duplicates_dropped": self.duplicates_dropped}
-        if self.enforced_processing or self.idle_waits:
+        if self.enforced_processing or self.idle_waits or self.buffer_pauses:
             out["task"]["enforced_processing"] = self.enforced_processing
             out["task"]["idle_waits"] = self.idle_waits
             out["task"]["buffer_pauses"] = self.buffer_pauses

@@ -10,6 +10,8 @@ rule without forwarding, so a restored store equals the one built by processing.
 
 from __future__ import annotations
 
+import numbers
+
 from processor.errors import DeserializationError, UserFunctionError
 from processor.operators.base import Processor, describe_function
 from processor.records import Change
@@ -86,8 +88,8 @@ def extract_event_time(fn, key, value, timestamp: int, step: str) -> int:
         raise UserFunctionError(f"timestamp extractor {name} raised {type(exc).__name__}: {exc}",
                                 step=step, function=name) from exc
     if type(ts) is not int or ts < 0:
-        if isinstance(ts, int) and not isinstance(ts, bool) and ts >= 0:
-            return int(ts)   # an int subclass (numpy's)
+        if isinstance(ts, numbers.Integral) and not isinstance(ts, bool) and ts >= 0:
+            return int(ts)   # numpy's integers, an int subclass
         name = describe_function(fn)
         raise UserFunctionError(f"timestamp extractor {name} returned {ts!r}: an event time must be a "
                                 f"non-negative integer of milliseconds", step=step, function=name)

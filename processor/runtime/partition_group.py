@@ -23,7 +23,10 @@ task stopped to wait for a partition), ``buffer_pauses`` (times a partition was 
 its buffer was full).
 
 The timestamp a record is ordered by is its event time: the task's timestamp extractor's
-result for its topic where one is set (``Task.event_time``), else the record's timestamp.
+result for its topic where one is set (``Task.event_time``, extracted once: the task processes
+the record at that time), else the record's timestamp. A record whose extraction fails is
+ordered first (``UNORDERED``): it changes nothing (it is dead-lettered, skipped or fatal) and
+holds back no record behind it, as Kafka Streams drops it at its queue's head.
 
 Invariant: the buffers hold consecutive fetched records after the task's positions; what the
 worker commits is the task's positions, so a buffered record that was never processed is
@@ -35,6 +38,8 @@ A task with one input partition needs none of this: the worker hands it records 
 from __future__ import annotations
 
 from collections import deque
+
+from processor.engine.task import UNORDERED
 
 # a partition whose buffer holds this many records is paused until the task caught up
 # (Kafka Streams' buffered.records.per.partition)
@@ -80,7 +85,7 @@ class PartitionGroup:
                 return False     # processed already
         ts = m.timestamp()[1]
         if self._event_time is not None:
-            ts = self._event_time(tp[0], m.key(), m.value(), ts)
+            ts = self._event_time(tp[0], m.key(), m.value(), ts)   # UNORDERED (-1): extraction failed
         buf.append((ts, m))
         self.buffered += 1
         return len(buf) >= self.limit and tp not in self.paused
@@ -130,11 +135,14 @@ class PartitionGroup:
                     best = tp
                     best_ts = buf[0][0]
             buf = buffers[best]
-            m = buf.popleft()[1]
+            ts, m = buf.popleft()
             self.buffered -= 1
             if best in self.paused and len(buf) < self.limit // 2:
                 self.paused.discard(best)
                 resume.append(best)
-            # (the record's own timestamp: the task extracts the event time again, as its rule)
-            task.process(best[0], best[1], m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
+            if self._event_time is None:
+                task.process(best[0], best[1], m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
+            else:   # extracted once: ordered and processed at the same time (a failed one: again, to fail)
+                task.process(best[0], best[1], m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers(),
+                             None if ts == UNORDERED else ts)
         return resume

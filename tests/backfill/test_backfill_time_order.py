@@ -40,3 +40,30 @@ def test_backfill_of_a_backlog_joins_in_time_order(kafka_bootstrap, spark, tmp_p
         assert "timestamp extractor" in rep.compaction.get(t["users"], ""), rep.compaction
     report(f"backlog backfill ({'payload' if extract else 'record'} time): {rep.rows_read} rows, "
            f"{sum(map(len, got['enriched'].values()))} enriched, {len(pairs_of(got['pairs']))} pairs")
+
+
+def test_backfill_with_a_failing_extractor_dead_letters_exactly_the_drivers(kafka_bootstrap, spark, tmp_path,
+                                                                             unique, report):
+    """``tests/integration/test_timestamp_extractor_e2e.py``'s history through the backfill: the
+    join's results equal the model's and the driver's, the stores the driver's byte for byte,
+    and the dead-letter topic holds exactly the records whose extraction failed, as they were."""
+    from tests.integration import test_timestamp_extractor_e2e as tx
+
+    t = {n: f"btx-{n}-{unique}" for n in ("users", "clicks", "out")}
+    kafka.create_topics(kafka_bootstrap, {v: tx.PARTS for v in t.values()})
+    h = tx.history()
+    tx.produce_history(kafka_bootstrap, t, h)
+    app = f"btx-{unique}"
+    topo = tx.topology_for(t)
+    rep = backfill.run(topo, bootstrap_servers=kafka_bootstrap, application_id=app, state_dir=tmp_path,
+                       spark=spark, emit_outputs=True)
+    got = by_key(kafka.read_topic(kafka_bootstrap, t["out"]))
+    inputs = {name: kafka.read_topic(kafka_bootstrap, t[name]) for name in ("users", "clicks")}
+    want, stores, want_dlq = tx.driver_run(t, inputs, app)
+    assert got == want
+    bad = tx.check_dead_letters(kafka.read_topic(kafka_bootstrap, f"{app}-dlq"), h)
+    assert bad == want_dlq and len(bad) == 7
+    sub = topo.subtopology_of_topic()[t["users"]]
+    for part in range(tx.PARTS):
+        assert task_store_bytes([tmp_path / app / f"task-{sub}_{part}"], tx.STORES) == stores[part], part
+    report(f"failing extractor through the backfill: {rep.rows_read} rows, {len(bad)} dead-lettered")

@@ -137,3 +137,29 @@ def test_a_table_with_an_extractor_cannot_reuse_its_source_topic():
     b.table("users", timestamp_extractor=event_time).to_stream().to("out")
     with pytest.raises(TopologyError, match="timestamp extractor"):
         b.build(reuse_source_topics=True)
+
+
+def test_one_topic_read_with_two_different_extractors_is_refused():
+    from processor.errors import TopologyError
+
+    b = StreamsBuilder()
+    b.stream("events").merge(b.stream("events", timestamp_extractor=event_time)).to("out")
+    with pytest.raises(TopologyError, match="different timestamp extractors"):
+        b.build()
+
+
+def test_an_integral_result_is_taken_and_an_extraction_failure_changes_nothing_and_writes_nothing():
+    import numpy as np
+
+    b = StreamsBuilder()
+    b.stream("events", timestamp_extractor=lambda k, v, ts: np.int64(v["t"])).group_by_key().count(name="c") \
+        .to_stream().to("counts")
+    with TopologyTestDriver(b.build()) as d:
+        d.pipe_input("events", "a", {"t": 7}, timestamp=100)
+        d.pipe_input("events", "a", {"x": 1}, timestamp=101)    # no t: dead-lettered, the count unchanged
+        d.pipe_input("events", "a", {"t": 9}, timestamp=102)
+        counts = [(r.key, r.value, r.timestamp) for r in d.read_output("counts")]
+        task = d.tasks[0]
+    assert counts == [("a", 1, 7), ("a", 2, 9)]
+    assert task.failed_in_processing == {}   # failed before any write: no run again in the backfill
+    assert task.dead_lettered == 1
