@@ -65,7 +65,10 @@ class StreamSource(Processor):
         return self.deserialize(key_bytes, value_bytes)
 
     def process_bytes(self, key_bytes, value_bytes, timestamp):
-        key, value = self._read(key_bytes, value_bytes)
+        if self._read_ahead is None:   # (no timestamp extractor read it: the hot path, inline)
+            key, value = self.deserialize(key_bytes, value_bytes)
+        else:
+            key, value = self._read(key_bytes, value_bytes)
         self.records_in += 1
         ctx = self.context
         ctx.source_value = value
@@ -122,7 +125,10 @@ class TableSource(StreamSource):
         self.store = context.get_store(self.store_name)
 
     def process_bytes(self, key_bytes, value_bytes, timestamp):
-        key, value = self._read(key_bytes, value_bytes)
+        if self._read_ahead is None:
+            key, value = self.deserialize(key_bytes, value_bytes)
+        else:
+            key, value = self._read(key_bytes, value_bytes)
         self.records_in += 1
         if key_bytes is None:
             raise DeserializationError("a table record needs a non-null key", step=self.name)

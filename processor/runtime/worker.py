@@ -552,23 +552,22 @@ class Worker(TaskManagement, CommitUnit):
                     continue
                 topic = m.topic()
                 part = m.partition()
-                key = (sub_of[topic], part)
-                task = tasks.get(key)
+                sub = sub_of[topic]
+                task = tasks.get((sub, part))
                 if task is None:  # revoked while in flight: not processed, not committed
                     continue
                 group = None
-                if ordered and key[0] in ordered:
-                    group = groups.get(key)
+                if ordered and sub in ordered:   # (its next offset: after what its buffers hold)
+                    group = groups.get((sub, part))
                     if group is None or group.task is not task:
-                        group = self._new_group(key, task)
-                    pos = group.expected((topic, part))
-                else:
-                    pos = task.positions.get((topic, part))
-                if resumed and (topic, part) in resumed and m.offset() < (pos or 0):
+                        group = self._new_group((sub, part), task)
+                if resumed and (topic, part) in resumed and m.offset() < (
+                        (task.positions.get((topic, part)) if group is None else group.expected((topic, part))) or 0):
                     continue   # just restored: a record below its position is already in its state
                 if topic in guarded:
                     if refetching and (topic, part) in refetching:
                         continue   # fetched before the seek back to a gap
+                    pos = task.positions.get((topic, part)) if group is None else group.expected((topic, part))
                     if (gaps or (pos is not None and m.offset() > pos)) and \
                             self._check_gap(topic, part, pos, m.offset()):
                         refetching = refetching or set()
