@@ -94,15 +94,15 @@ def driver_by_partition(t, inputs, partitions, app, extract, stores=("users",)):
     return want, stored
 
 
-def history():
+def history(users_n: int = USERS, steps: int = 20):
     """(topic, key, value, timestamp) per input topic, each topic in time order."""
     rnd = random.Random(34)
-    users = [(f"u{i:03d}".encode(), {"region": "A"}, 1_000) for i in range(USERS)]
-    users += [(f"u{i:03d}".encode(), {"region": "B"}, 1_000_000) for i in range(USERS)]
-    clicks = [(f"u{i:03d}".encode(), {"n": 2 * i}, 500_000 + i) for i in range(USERS)]
-    clicks += [(f"u{i:03d}".encode(), {"n": 2 * i + 1}, 2_000_000 + i) for i in range(USERS)]
+    users = [(f"u{i:03d}".encode(), {"region": "A"}, 1_000) for i in range(users_n)]
+    users += [(f"u{i:03d}".encode(), {"region": "B"}, 1_000_000) for i in range(users_n)]
+    clicks = [(f"u{i:03d}".encode(), {"n": 2 * i}, 500_000 + i) for i in range(users_n)]
+    clicks += [(f"u{i:03d}".encode(), {"n": 2 * i + 1}, 2_000_000 + i) for i in range(users_n)]
     left, right = [], []
-    for step in range(20):
+    for step in range(steps):
         for i in range(20):
             k = f"s{i:02d}".encode()
             left.append((k, {"n": step * 100 + i}, 10_000 + step * 1_000 + rnd.randrange(0, 50)))
