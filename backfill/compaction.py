@@ -9,6 +9,7 @@ meets exactly what a full replay meets.
 
 from __future__ import annotations
 
+
 def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals: dict | None = None
                     ) -> dict[str, str]:
     """``{external table topic: reason}`` for every table source whose history may be reduced to
@@ -45,9 +46,12 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     drops). A key the reduction leaves absent then needs no tombstone: the topic never held it.
     ``refusals`` receives, for each table source refused, the reader that needs every record."""
     from processor.operators.filter import TableFilter
-    from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
-                                                      ForeignKeyJoinSubscriptionReceiver,
-                                                      ForeignKeyJoinSubscriptionSender)
+    from processor.operators.foreign_key_join import (
+        ForeignKeyJoinResponder,
+        ForeignKeyJoinResponseResolver,
+        ForeignKeyJoinSubscriptionReceiver,
+        ForeignKeyJoinSubscriptionSender,
+    )
     from processor.operators.map_values import TableMapValues
     from processor.operators.sink import PassThrough, Sink, TableToStream
     from processor.operators.source import TableSource
@@ -142,8 +146,14 @@ def _stateful_after_to_stream(topo, to_stream, lookers, op):
     from processor.operators.filter import StreamFilter
     from processor.operators.map_values import StreamMapValues
     from processor.operators.sink import PassThrough, Sink
-    from processor.operators.stream_map import (StreamBranch, StreamFlatMap, StreamFlatMapValues, StreamMap,
-                                                StreamPeek, StreamSelectKey)
+    from processor.operators.stream_map import (
+        StreamBranch,
+        StreamFlatMap,
+        StreamFlatMapValues,
+        StreamMap,
+        StreamPeek,
+        StreamSelectKey,
+    )
 
     stateless = (StreamFilter, StreamMapValues, StreamMap, StreamSelectKey, StreamFlatMap, StreamFlatMapValues,
                  StreamPeek, StreamBranch, PassThrough)
@@ -178,9 +188,12 @@ def transparent_joins(src, lookers) -> set[int]:
     (``in_time_order``; found in review). (Through a filter or a map_values the changes a join
     sees are no longer the source's, and a left join resolves an intermediate left row without
     a foreign key at once: those joins are not transparent.)"""
-    from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
-                                                      ForeignKeyJoinSubscriptionReceiver,
-                                                      ForeignKeyJoinSubscriptionSender)
+    from processor.operators.foreign_key_join import (
+        ForeignKeyJoinResponder,
+        ForeignKeyJoinResponseResolver,
+        ForeignKeyJoinSubscriptionReceiver,
+        ForeignKeyJoinSubscriptionSender,
+    )
 
     out = set()
     for n in list(src.children) + lookers.get(id(src), []):
@@ -223,9 +236,8 @@ def _outputs_need_history(topo, src, lookers, held: set, op, transparent=frozens
     """Why the user sinks downstream of table source ``src`` (up to its ``transparent`` joins)
     need every record of it under ``--emit-outputs`` (None: they do not)."""
     from backfill.outputs import table_sinks
+    from processor.operators.foreign_key_join import ForeignKeyJoinResponder, ForeignKeyJoinSubscriptionSender
     from processor.operators.map_values import TableMapValues
-
-    from processor.operators.foreign_key_join import ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponder
 
     tables = table_sinks(topo)
     for n in downstream(topo, src, lookers, stop=transparent):
@@ -267,7 +279,7 @@ def keep_last_changes(batches, key_serde, value_serde) -> list:
     good_keys: set = set()
     kept = []
     for keys, values, items in batches:
-        for k, v, x in zip(keys, values, items):
+        for k, v, x in zip(keys, values, items, strict=False):
             ent = last.get(k)
             if ent is None and k not in good_keys:
                 if k is None:

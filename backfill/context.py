@@ -17,7 +17,6 @@ import os
 import sys
 from dataclasses import dataclass
 
-
 ITEM_BYTES = 256 << 20
 
 
@@ -51,7 +50,7 @@ class JobContext:
         self.producer_config = producer_config
         # executors log as the driver does (in local mode their stderr is the driver's console)
         self.log_level = logging.getLogger().getEffectiveLevel()
-        from processor.logs import JsonFormatter   # executors log as the driver does (--log-format)
+        from processor.logs import JsonFormatter  # executors log as the driver does (--log-format)
         self.log_json = any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
         self.internal = set(topo.internal_topics())
         # a foreign-key join's internal topics -> "subscription" or "response"
@@ -81,7 +80,7 @@ class JobContext:
         return os.path.join(self.local_root, "progress", f"run-{run:05d}")
 
     @property
-    def files(self) -> "LocalFiles | None":
+    def files(self) -> LocalFiles | None:
         return None if self.local_root is None else LocalFiles(self.local_root)
 
 

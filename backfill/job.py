@@ -69,9 +69,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backfill.compaction import compaction_plan, last_changes  # noqa: F401 (the job's public names)
 from processor.errors import ConfigError
-
-from backfill.compaction import compaction_plan, last_changes   # noqa: F401 (the job's public names)
 
 log = logging.getLogger("processor.backfill")
 
@@ -182,16 +181,16 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
     settings of the session the job creates (``--conf``); ``py_files``: more code for the
     executors (the topology's own module is shipped without it: ``backfill.session``).
     ``compaction=False`` replays every record of every source (``backfill.compaction``)."""
-    from processor.engine.routing import Routing
-    from processor.engine.task import dlq_topic_for
-    from processor.kafka import clients as kafka, internal_topics
-    from processor.kafka.client_config import ClientConfig
-    from processor.kafka.partitioning import determine_partitioners
-
     from backfill import handoff, outputs, runs, session
     from backfill.context import JobContext
     from backfill.snapshot import snapshot_offsets
     from backfill.sst import install_task_databases, new_build_root
+    from processor.engine.routing import Routing
+    from processor.engine.task import dlq_topic_for
+    from processor.kafka import clients as kafka
+    from processor.kafka import internal_topics
+    from processor.kafka.client_config import ClientConfig
+    from processor.kafka.partitioning import determine_partitioners
 
     if processing_guarantee not in PROCESSING_GUARANTEES:
         raise ConfigError(f"processing_guarantee must be one of {', '.join(PROCESSING_GUARANTEES)}, "

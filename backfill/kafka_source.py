@@ -31,9 +31,9 @@ Readers run in the executors and yield Arrow record batches of ``ARROW_SCHEMA``,
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import reduce
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,8 +41,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField,
-                               StructType, TimestampType)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from backfill.range_reader import BATCH_ROWS, iter_range
 from processor.errors import ConfigError
@@ -90,7 +98,7 @@ def split_ranges(ranges: Ranges, max_records: int) -> list[OffsetRange]:
                 continue
             pieces = -(-n // max_records)
             bounds = [start + n * i // pieces for i in range(pieces + 1)]
-            out += [OffsetRange(topic, int(partition), a, b) for a, b in zip(bounds, bounds[1:])]
+            out += [OffsetRange(topic, int(partition), a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
     return out
 
 
@@ -106,7 +114,7 @@ class KafkaHistorySource(DataSource):
     def schema(self):
         return SCHEMA
 
-    def reader(self, schema: StructType) -> "KafkaHistoryReader":
+    def reader(self, schema: StructType) -> KafkaHistoryReader:
         return KafkaHistoryReader(self.options)
 
 

@@ -101,7 +101,7 @@ def _selected_on_the_driver(ctx, blobs: list, emit_outputs: bool, held: dict):
     for blob in blobs:
         with pa.ipc.open_stream(blob) as reader:
             cols = reader.read_all().to_pydict()
-        rows.extend(zip(*(cols[f] for f in OUTPUT_FIELDS)))
+        rows.extend(zip(*(cols[f] for f in OUTPUT_FIELDS), strict=False))
     i = {f: n for n, f in enumerate(OUTPUT_FIELDS)}
     kind, topic, key, value, run, seq, origin = (i[f] for f in ("kind", "topic", "key", "value", "run", "seq",
                                                                  "origin"))

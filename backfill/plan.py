@@ -7,6 +7,7 @@ then write their changelogs and stores) only when nothing that may still run can
 
 from __future__ import annotations
 
+
 def run_order(topo) -> list[int]:
     """Sub-topologies in topological order of the internal topics between them (a cycle, such as a
     foreign-key join's, is broken where it is entered first: runs repeat until nothing is pending)."""

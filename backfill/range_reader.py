@@ -13,7 +13,8 @@ empty fetch rather than OFFSET_OUT_OF_RANGE): history is never silently shorter 
 from __future__ import annotations
 
 import time
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from processor.errors import ConfigError
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import pickle
-from typing import Iterator
+from collections.abc import Iterator
 
 ROW_FIELDS = ["kind", "topic", "partition", "key", "value", "ts", "headers", "origin", "seq", "phase"]
 OUTPUT_FIELDS = ROW_FIELDS + ["run"]

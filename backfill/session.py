@@ -340,8 +340,8 @@ def ship(spark, wanted, work_dir: str | None = None) -> list[str]:
         except Exception as exc:
             why = str(exc)
             if "does not match contents" in why:   # (Spark keeps the first file of a name per session)
-                why = (f"this Spark session already has a different version of it (the code changed since "
-                       f"it was shipped): start a new session to ship the new code")
+                why = ("this Spark session already has a different version of it (the code changed since "
+                       "it was shipped): start a new session to ship the new code")
             raise ConfigError(f"cannot ship {name} ({path}) to the executors: {why}") from exc
         added.append(str(path))
     if added:

@@ -34,8 +34,8 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 import rocksdict
 

@@ -193,10 +193,9 @@ class TaskRun:
                 _dump_profile(prof, f"run{self.spec.run_no}-{self.spec.sub}_{partition}.prof")
 
     def _run_task(self, partition, state, row_items, compact=True, journal=False):
-        from processor.engine.task import Task, max_record_bytes_of
-
         from backfill.handoff import write_task
         from backfill.rows import RowCollector, merge
+        from processor.engine.task import Task, max_record_bytes_of
 
         ctx, spec = self.ctx, self.spec
         task_id = f"{spec.sub}_{partition}"
@@ -211,7 +210,7 @@ class TaskRun:
                     topic_exists=ctx.counts.__contains__,   # the topics at the snapshot
                     global_stores=ctx.global_stores())
         n = 0
-        for kind, topic, part, key, value, ts, headers, origin, seq, phase in merge(
+        for kind, topic, part, key, value, ts, headers, _origin, seq, _phase in merge(
                 streams, task.event_time if task.extracts_time else None):
             if kind == "input":
                 offset = seq
@@ -338,7 +337,7 @@ class TaskRun:
                     unordered.append(name)
             replayed += len(got)
             add_stream_rows(streams, got)
-        for _, run, topic, origin, blob in row_items:
+        for _, _run, topic, _origin, blob in row_items:
             if topic not in spec.reads:
                 continue
             got = pickle.loads(blob)
@@ -357,9 +356,8 @@ class FinalizeTask:
         self.sub = sub
 
     def __call__(self, partition, items):
-        from processor.errors import ProcessorError
-
         from backfill.handoff import write_task
+        from processor.errors import ProcessorError
 
         executor_logging(self.ctx.log_level, getattr(self.ctx, "log_json", False))
         files = self.ctx.files

@@ -29,12 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_broker import broker, produce  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 
 from processor import Emit, StreamsBuilder  # noqa: E402
 from processor.kafka import clients as kafka  # noqa: E402
-
-from bench_broker import broker, produce  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 
 POLICIES = {"on_update": Emit.on_update(), "on_change": Emit.on_change(), "every": Emit.every(1000)}

@@ -51,13 +51,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from confluent_kafka import Producer  # noqa: E402
-
-from processor import StreamsBuilder  # noqa: E402
-from processor.kafka import clients as kafka  # noqa: E402
-
 from backfill_topology import AGG_STORE, ENV, JOIN_STORE, topology  # noqa: E402,F401
 from bench_broker import broker, produce  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
+
+from processor.kafka import clients as kafka  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 
 T0 = 1_700_000_000_000
@@ -272,7 +270,7 @@ def run_command(topics, bootstrap, app, state, master, rows, code_root, emit_out
     import subprocess
 
     env = dict(os.environ)
-    env.update(dict(zip(ENV, topics)))
+    env.update(dict(zip(ENV, topics, strict=False)))
     env["PYTHONPATH"] = os.pathsep.join([str(code_root), str(BENCH_DIR)])
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

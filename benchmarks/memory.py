@@ -24,12 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_broker import add_child_arguments, broker, produce  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 
 from processor import StreamsBuilder  # noqa: E402
 from processor.kafka import clients as kafka  # noqa: E402
-
-from bench_broker import add_child_arguments, broker, produce  # noqa: E402
 
 
 def load(bootstrap, topic, n):

@@ -27,12 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_broker import broker, produce  # noqa: E402
 from confluent_kafka import Consumer, Producer  # noqa: E402
 
 from processor import StreamsBuilder  # noqa: E402
 from processor.kafka import clients as kafka  # noqa: E402
-
-from bench_broker import broker, produce  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 from processor.serde import Serdes  # noqa: E402
 

@@ -15,12 +15,11 @@ import random
 import tempfile
 import time
 
-
 from processor import Emit, StreamsBuilder, TimeWindows
+from processor.engine.task import dlq_topic_for
 from processor.graph import AggregateAttrs
 from processor.kafka import clients as kafka
 from processor.runtime.local_broker import LocalBroker
-from processor.engine.task import dlq_topic_for
 from processor.runtime.worker import Worker
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver

@@ -74,7 +74,7 @@ class RecordError(ProcessorError):
         prefix = (", ".join(parts) + ": ") if parts else ""
         super().__init__(prefix + message)
 
-    def with_provenance(self, topic, partition, offset) -> "RecordError":
+    def with_provenance(self, topic, partition, offset) -> RecordError:
         """The same error, naming the input record (the runtime adds this at its boundary)."""
         if self.topic is not None:
             return self
@@ -104,7 +104,7 @@ class UserFunctionError(ProcessingError):
         super().__init__(message, **where)
         self.function = function
 
-    def with_provenance(self, topic, partition, offset) -> "RecordError":
+    def with_provenance(self, topic, partition, offset) -> RecordError:
         err = super().with_provenance(topic, partition, offset)
         err.function = self.function
         return err

@@ -23,8 +23,9 @@ The classes are frozen: a graph pass that changes a node's attributes (the self-
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from processor.dsl.emit import Emit

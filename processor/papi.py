@@ -48,8 +48,9 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from processor.records import Record
 
@@ -77,7 +78,7 @@ class ReadOnlyStoreError(Exception):
 class Processor:
     """Subclass and override ``process``; ``init`` and ``close`` are optional."""
 
-    def init(self, context: "ProcessorContext") -> None:
+    def init(self, context: ProcessorContext) -> None:
         pass
 
     def process(self, record: Record) -> None:  # pragma: no cover

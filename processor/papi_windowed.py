@@ -33,7 +33,7 @@ Invariants (Kafka Streams' ``RocksDBWindowStore`` / ``RocksDBSessionStore`` over
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from processor.records import Windowed
 from processor.state import papi_window_key as codec

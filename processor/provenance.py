@@ -65,7 +65,7 @@ _MARK = struct.Struct(">qI")
 
 
 def mark_key(input_topic: str, source_topic: str, source_partition: int) -> bytes:
-    return f"hwm\x00{input_topic}\x00{source_topic}\x00{source_partition}".encode("utf-8")
+    return f"hwm\x00{input_topic}\x00{source_topic}\x00{source_partition}".encode()
 
 
 def mark_source(key: bytes) -> str | None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from processor.engine.task import Task, dlq_topic_for
 from processor.errors import ConfigError
 from processor.records import OutputRecord
-from processor.engine.task import Task, dlq_topic_for
 from processor.state import emitted as emitted_codec
 from processor.state import timestamped
 from processor.state.memory import MemoryStores
@@ -188,7 +188,7 @@ class TopologyTestDriver:
             if not self.topology.sink_nodes(topic) and any(
                     not _same_serde(a.attrs.key_serde, b.attrs.key_serde) and key_serde is None or
                     not _same_serde(a.attrs.value_serde, b.attrs.value_serde) and value_serde is None
-                    for a, b in zip(sinks, sinks[1:])):
+                    for a, b in zip(sinks, sinks[1:], strict=False)):
                 raise ConfigError(f"topic {topic!r} is named by topic extractors whose sinks have different serdes "
                                   f"({', '.join(n.name for n in sinks)}): pass key_serde= and value_serde=")
             ks = key_serde or (sinks[0].attrs.key_serde if sinks else None)

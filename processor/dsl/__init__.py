@@ -2,8 +2,13 @@
 
 from processor.dsl.builder import StreamsBuilder
 from processor.dsl.emit import Emit
-from processor.dsl.grouped import (KGroupedStream, KGroupedTable, SessionWindowedKStream, SlidingWindowedKStream,
-                                   TimeWindowedKStream)
+from processor.dsl.grouped import (
+                                   KGroupedStream,
+                                   KGroupedTable,
+                                   SessionWindowedKStream,
+                                   SlidingWindowedKStream,
+                                   TimeWindowedKStream,
+)
 from processor.dsl.kstream import KStream
 from processor.dsl.ktable import KTable
 from processor.dsl.windows import JoinWindows, SessionWindows, SlidingWindows, TimeWindows

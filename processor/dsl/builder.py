@@ -63,7 +63,7 @@ class StreamsBuilder:
             if name in self._stores:
                 raise TopologyError(f"store name {name!r} is used twice")
 
-    def add_state_store(self, store) -> "StreamsBuilder":
+    def add_state_store(self, store) -> StreamsBuilder:
         """A store for the Processor API (``Stores.key_value(...)``), connected to a processor by
         ``KStream.process(P, stores=[name])``."""
         from processor.papi import StoreBuilder

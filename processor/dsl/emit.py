@@ -50,11 +50,11 @@ class Emit:
             raise ValueError(f"Emit.every clock must be 'stream' or 'wall', not {self.clock!r}")
 
     @staticmethod
-    def on_update() -> "Emit":
+    def on_update() -> Emit:
         return Emit("on_update")
 
     @staticmethod
-    def every(interval_ms: int, clock: str = "stream") -> "Emit":
+    def every(interval_ms: int, clock: str = "stream") -> Emit:
         if not isinstance(interval_ms, int) or interval_ms <= 0:
             raise ValueError(f"Emit.every needs a positive integer interval in ms, not {interval_ms!r}")
         if clock not in CLOCKS:
@@ -62,7 +62,7 @@ class Emit:
         return Emit("every", interval_ms, clock)
 
     @staticmethod
-    def on_window_close() -> "Emit":
+    def on_window_close() -> Emit:
         return Emit("on_window_close")
 
     on_change = _factory_or_modifier(

@@ -9,8 +9,8 @@ starts a new sub-topology. Emission is a policy, ``emit=`` (default ``Emit.on_ch
 from __future__ import annotations
 
 from processor.dsl.emit import Emit
-from processor.errors import TopologyError
 from processor.dsl.repartition import repartition_through
+from processor.errors import TopologyError
 from processor.graph import AggregateAttrs, GetterSpec
 from processor.operators.aggregate import StreamAggregate, TableAggregate, WindowedStreamAggregate
 from processor.operators.group_by import StreamGroupBy, TableGroupBy

@@ -19,12 +19,23 @@ from __future__ import annotations
 from dataclasses import replace
 
 from processor.errors import TopologyError
-from processor.graph import (GetterSpec, JoinResultAttrs, JoinSideAttrs, SelfJoin, SinkAttrs, SourceAttrs,
-                             TableAttrs, getter_spec)
+from processor.graph import (
+    GetterSpec,
+    JoinResultAttrs,
+    JoinSideAttrs,
+    SelfJoin,
+    SinkAttrs,
+    SourceAttrs,
+    TableAttrs,
+    getter_spec,
+)
 from processor.operators.base import Processor
-from processor.operators.foreign_key_join import (ForeignKeyJoinResponder, ForeignKeyJoinResponseResolver,
-                                                  ForeignKeyJoinSubscriptionReceiver,
-                                                  ForeignKeyJoinSubscriptionSender)
+from processor.operators.foreign_key_join import (
+    ForeignKeyJoinResponder,
+    ForeignKeyJoinResponseResolver,
+    ForeignKeyJoinSubscriptionReceiver,
+    ForeignKeyJoinSubscriptionSender,
+)
 from processor.operators.sink import PassThrough, Sink
 from processor.operators.source import StreamSource
 from processor.operators.table_join import HOWS, StreamTableJoin, TableJoinSide, TableSelfJoin

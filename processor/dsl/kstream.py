@@ -9,8 +9,14 @@ from processor.operators.filter import StreamFilter
 from processor.operators.global_join import StreamGlobalTableJoin
 from processor.operators.map_values import StreamMapValues
 from processor.operators.sink import PassThrough, Sink
-from processor.operators.stream_map import (StreamBranch, StreamFlatMap, StreamFlatMapValues, StreamMap,
-                                            StreamPeek, StreamSelectKey)
+from processor.operators.stream_map import (
+    StreamBranch,
+    StreamFlatMap,
+    StreamFlatMapValues,
+    StreamMap,
+    StreamPeek,
+    StreamSelectKey,
+)
 from processor.operators.to_table import StreamToTable
 from processor.operators.user_processor import UserProcessor
 from processor.operators.value_getter import StoreValueGetter
@@ -41,30 +47,30 @@ class KStream:
                        self.repartition_required or key_changing)
 
     # -- stateless record-at-a-time operators (processor/operators/stream_map.py) --------------
-    def map(self, mapper, key_serde=None, value_serde=None, name: str | None = None) -> "KStream":
+    def map(self, mapper, key_serde=None, value_serde=None, name: str | None = None) -> KStream:
         """``mapper(key, value) -> (key2, value2)``. Changes the key: a later ``group_by_key``,
         ``join`` or ``to_table`` repartitions first. Serdes default to this stream's key serde and
         JSON."""
         return self._then("KSTREAM-MAP", lambda n: StreamMap(n.name, mapper), name,
                           value_serde=value_serde or Serdes.json(), key_serde=key_serde, key_changing=True)
 
-    def select_key(self, mapper, key_serde=None, name: str | None = None) -> "KStream":
+    def select_key(self, mapper, key_serde=None, name: str | None = None) -> KStream:
         """``mapper(key, value) -> key2``, the value unchanged. Changes the key."""
         return self._then("KSTREAM-KEY-SELECT", lambda n: StreamSelectKey(n.name, mapper), name,
                           value_preserving=True, key_serde=key_serde, key_changing=True)
 
-    def flat_map(self, mapper, key_serde=None, value_serde=None, name: str | None = None) -> "KStream":
+    def flat_map(self, mapper, key_serde=None, value_serde=None, name: str | None = None) -> KStream:
         """``mapper(key, value)`` -> an iterable of ``(key2, value2)``, forwarded in its order.
         Changes the key."""
         return self._then("KSTREAM-FLATMAP", lambda n: StreamFlatMap(n.name, mapper), name,
                           value_serde=value_serde or Serdes.json(), key_serde=key_serde, key_changing=True)
 
-    def flat_map_values(self, mapper, value_serde=None, name: str | None = None) -> "KStream":
+    def flat_map_values(self, mapper, value_serde=None, name: str | None = None) -> KStream:
         """``mapper(value)`` -> an iterable of values, each with the record's key, in its order."""
         return self._then("KSTREAM-FLATMAPVALUES", lambda n: StreamFlatMapValues(n.name, mapper), name,
                           value_serde=value_serde or Serdes.json())
 
-    def peek(self, action, name: str | None = None) -> "KStream":
+    def peek(self, action, name: str | None = None) -> KStream:
         """``action(key, value)`` for each record, which goes on unchanged."""
         return self._then("KSTREAM-PEEK", lambda n: StreamPeek(n.name, action), name, value_preserving=True)
 
@@ -72,7 +78,7 @@ class KStream:
         """``action(key, value)`` for each record; a terminal operation."""
         self._then("KSTREAM-FOREACH", lambda n: StreamPeek(n.name, action), name, value_preserving=True)
 
-    def process(self, processor, stores=(), name: str | None = None) -> "KStream":
+    def process(self, processor, stores=(), name: str | None = None) -> KStream:
         """A user ``processor.Processor`` (a class, or a zero-argument factory: one instance per
         task) over this stream, with the stores ``stores`` (added by ``builder.add_state_store``);
         returns the stream of what it forwards (serdes: this stream's; the key may change, so a
@@ -103,47 +109,47 @@ class KStream:
         b.add_node(node, self._node)
         return KStream(b, node, self.key_serde, self.value_serde, True)
 
-    def split(self, name: str | None = None) -> "BranchedKStream":
+    def split(self, name: str | None = None) -> BranchedKStream:
         """Branches: ``.branch(predicate, name=...)`` (repeatable), then ``.default_branch()``
         or ``.no_default_branch()`` -> ``{branch name: KStream}``; each record goes to the first
         branch whose predicate holds (Kafka Streams' ``BranchedKStream``)."""
         return BranchedKStream(self, name)
 
     def repartition(self, key_serde=None, value_serde=None, partitions: int | None = None,
-                    name: str | None = None) -> "KStream":
+                    name: str | None = None) -> KStream:
         """Through the internal topic ``<application-id>-<name>-repartition`` (``partitions``
         partitions, default: as its writers' source topics), placed by the key (murmur2)."""
         if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
             raise TopologyError(f"repartition(partitions=...) takes a positive number, not {partitions!r}")
         return self._through_repartition(name, key_serde, value_serde, partitions)
 
-    def _through_repartition(self, name, key_serde=None, value_serde=None, partitions=None) -> "KStream":
+    def _through_repartition(self, name, key_serde=None, value_serde=None, partitions=None) -> KStream:
         b = self._builder
         base = b.new_name("KSTREAM-REPARTITION", name)
         ks, vs = key_serde or self.key_serde, value_serde or self.value_serde
         source = repartition_through(b, self._node, repartition_topic(base), ks, vs, partitions)
         return KStream(b, source, ks, vs)
 
-    def _by_key(self, key_serde=None, value_serde=None) -> "KStream":
+    def _by_key(self, key_serde=None, value_serde=None) -> KStream:
         """This stream, or, after a key-changing operator, this stream through a repartition
         topic (written with ``key_serde``/``value_serde`` when given: the serdes of what follows,
         as Kafka Streams' Materialized ones)."""
         return self._through_repartition(None, key_serde, value_serde) if self.repartition_required else self
 
-    def filter(self, predicate, name: str | None = None) -> "KStream":
+    def filter(self, predicate, name: str | None = None) -> KStream:
         return self._then("KSTREAM-FILTER", lambda n: StreamFilter(n.name, predicate), name,
                           value_preserving=True)
 
-    def filter_not(self, predicate, name: str | None = None) -> "KStream":
+    def filter_not(self, predicate, name: str | None = None) -> KStream:
         return self._then("KSTREAM-FILTER", lambda n: StreamFilter(n.name, predicate, negate=True), name,
                           value_preserving=True)
 
-    def map_values(self, mapper, value_serde=None, name: str | None = None) -> "KStream":
+    def map_values(self, mapper, value_serde=None, name: str | None = None) -> KStream:
         """``mapper(value) -> new value``; the result's serde defaults to JSON."""
         return self._then("KSTREAM-MAPVALUES", lambda n: StreamMapValues(n.name, mapper), name,
                           value_serde=value_serde or Serdes.json())
 
-    def merge(self, other: "KStream", name: str | None = None) -> "KStream":
+    def merge(self, other: KStream, name: str | None = None) -> KStream:
         """Records of both streams, each in its own order. Both sources join one sub-topology,
         so their topics must be co-partitioned (equal partition counts)."""
         b = self._builder
@@ -215,7 +221,7 @@ class KStream:
         raise TopologyError(f"join takes a KStream or a KTable, not {type(other).__name__}")
 
     def join(self, other, joiner, windows=None, name: str | None = None, value_serde=None,
-             key_selector=None) -> "KStream":
+             key_selector=None) -> KStream:
         """With a KTable: each record joined with the table's current row for its key
         (``joiner(value, row)``; no row, no output). With a GlobalKTable: with the row of
         ``key_selector(key, value)`` (no repartition: every task holds the whole table). With a
@@ -224,12 +230,12 @@ class KStream:
         return self._join(other, joiner, windows, "inner", name, value_serde, key_selector)
 
     def left_join(self, other, joiner, windows=None, name: str | None = None, value_serde=None,
-                  key_selector=None) -> "KStream":
+                  key_selector=None) -> KStream:
         """As ``join``, and ``joiner(value, None)`` for a record without a match (stream-stream:
         once its window has closed)."""
         return self._join(other, joiner, windows, "left", name, value_serde, key_selector)
 
-    def _join_global(self, table, joiner, key_selector, how, name, value_serde, windows) -> "KStream":
+    def _join_global(self, table, joiner, key_selector, how, name, value_serde, windows) -> KStream:
         if windows is not None:
             raise TopologyError("a join with a GlobalKTable takes no JoinWindows")
         if how == "outer":
@@ -250,7 +256,7 @@ class KStream:
         # the key is unchanged: nothing after it repartitions because of this join
         return KStream(b, node, self.key_serde, value_serde or Serdes.json(), self.repartition_required)
 
-    def outer_join(self, other, joiner, windows=None, name: str | None = None, value_serde=None) -> "KStream":
+    def outer_join(self, other, joiner, windows=None, name: str | None = None, value_serde=None) -> KStream:
         """Stream-stream only: as ``left_join`` for both sides (``joiner(None, right)`` too)."""
         return self._join(other, joiner, windows, "outer", name, value_serde)
 
@@ -292,7 +298,7 @@ class BranchedKStream:
         part = name if name is not None else ("0" if default else str(len(self._branches) + 1))
         return f"{self._name}{part}" if self._name else part
 
-    def branch(self, predicate, name: str | None = None) -> "BranchedKStream":
+    def branch(self, predicate, name: str | None = None) -> BranchedKStream:
         if self._done:
             raise TopologyError("this split() is finished (default_branch/no_default_branch was called)")
         if not callable(predicate):

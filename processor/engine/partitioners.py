@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 _M = 0x5BD1E995
 

@@ -8,7 +8,8 @@ implement these; ``Task`` and the operators see nothing else, so the three run t
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from processor.state.store import KeyValueStore
 

@@ -57,15 +57,22 @@ import logging
 import traceback
 
 from processor import provenance
-from processor.logs import record_fields
-from processor.engine.routing import Routing, misplaced_key
 from processor.engine.fk_join_coalescing import ForeignKeyJoinRecordCoalescer
+from processor.engine.routing import Routing, misplaced_key
 from processor.engine.sink_convergence import SinkConvergence
-from processor.errors import (DeserializationError, OutputError, ProcessingError, ProcessorError, RecordError,
-                              SerializationError, UserFunctionError)
+from processor.errors import (
+    DeserializationError,
+    OutputError,
+    ProcessingError,
+    ProcessorError,
+    RecordError,
+    SerializationError,
+    UserFunctionError,
+)
+from processor.logs import record_fields
 from processor.operators.base import Processor, ProcessorContext
-from processor.state import source_changelog
 from processor.state import outbox as outbox_codec
+from processor.state import source_changelog
 from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
 
 log = logging.getLogger("processor.task")

@@ -132,7 +132,7 @@ class ClientConfig:
             raise ValueError(f"client kind must be one of {KINDS}, not {kind!r}")
         return {**self.common, **getattr(self, kind)}
 
-    def with_kind(self, kind: str, settings: dict | None) -> "ClientConfig":
+    def with_kind(self, kind: str, settings: dict | None) -> ClientConfig:
         """A copy whose ``kind`` layer also holds ``settings`` (later wins)."""
         if not settings:
             return self

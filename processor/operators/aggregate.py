@@ -37,8 +37,7 @@ from processor.operators.base import Processor
 from processor.operators.emission import AggregateEmitter
 from processor.operators.sink import reads_old_values
 from processor.records import Windowed
-from processor.state import timestamped
-from processor.state import window_key
+from processor.state import timestamped, window_key
 from processor.state.store import BOOKKEEPING_STORE
 
 TS = timestamped.TIMESTAMP_SIZE

@@ -8,7 +8,8 @@ offset, headers) and gives access to stores and to the record collector.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from processor import provenance
 from processor.engine.routing import Routing

@@ -89,7 +89,7 @@ class SessionWindowedStreamAggregate(StreamAggregate):
             self._after(advanced)
             return
         new_sk = session_key.encode(kb, start, end)
-        for sk, raw in merged:
+        for sk, _raw in merged:
             if sk != new_sk:   # merged into the new session: removed, its emitted result tombstoned
                 self.store.delete(sk)
                 self.emitter.retract(sk, session_key.decode(sk)[2])

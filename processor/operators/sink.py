@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from processor.errors import OutputError
 from processor import provenance
+from processor.errors import OutputError
 from processor.operators.base import Processor, describe_function
 
 

@@ -287,7 +287,7 @@ class StreamSelfJoin(_StreamJoin):
             if owk != wk:
                 self.counts["joined"] += 1
                 self.forward(key, self._join(value, self.value_serde.deserialize(ovb)), max(timestamp, ots))
-        for owk, ots, ovb in matches:          # pass 2: as the right side, r itself included
+        for _owk, ots, ovb in matches:          # pass 2: as the right side, r itself included
             if ots >= live_after:
                 self.counts["joined"] += 1
                 self.forward(key, self._join(self.value_serde.deserialize(ovb), value), max(timestamp, ots))

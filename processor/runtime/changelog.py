@@ -43,10 +43,10 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from processor import provenance
 from processor.errors import ChangelogMismatch, KafkaIOError
+from processor.kafka import clients as kafka
 from processor.state import commit_record, source_changelog
 from processor.state.change_logging import ChangeLoggingStores
 from processor.state.store import TASK_STORE
-from processor.kafka import clients as kafka
 
 log = logging.getLogger("processor.restore")
 
@@ -437,7 +437,7 @@ def _former_changelogs(t: RestoreTarget, by_store_tp: dict) -> None:
         by_store_tp[tp] = (t, name)
 
 
-def _restore_from_sources(targets: list[RestoreTarget], reader: "_Reader"):
+def _restore_from_sources(targets: list[RestoreTarget], reader: _Reader):
     """Phase 3 of ``restore_steps``: each store whose changelog is its table's source topic
     (``processor/state/source_changelog.py``) gets the topic's records from the local checkpoint's
     position (or a base's) to the committed one, through the table source's own update rule;

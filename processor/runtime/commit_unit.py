@@ -63,7 +63,7 @@ class CommitUnit:
             self._retry_skipped_offsets()
             return
         started = time.monotonic()
-        for task, writer, pos, outbox in units:
+        for _task, writer, _pos, _outbox in units:
             writer.write_pending()
         collector.flush()               # outputs, internal records, changelog records durable
         if self._kill_at_commit is not None and self.records_processed > self._processed_at_last_commit:
@@ -72,11 +72,11 @@ class CommitUnit:
                 log.warning("test hook: SIGKILL after forwarding, before committing")
                 os.kill(os.getpid(), signal.SIGKILL)
         self._processed_at_last_commit = self.records_processed
-        for task, writer, pos, outbox in units:
+        for task, writer, pos, _outbox in units:
             writer.settle_sink_ends(delivered, task.convergence_pending)
             writer.write_commit_record(pos)
         offsets = []
-        for task, writer, pos, outbox in units:
+        for _task, _writer, pos, _outbox in units:
             for (topic, part), off in pos.items():
                 if off > self._group_offsets.get((topic, part), 0):
                     offsets.append(TopicPartition(topic, part, off))

@@ -54,7 +54,7 @@ class WorkerHTTPEndpoint:
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, name="processor-http", daemon=True)
 
-    def start(self) -> "WorkerHTTPEndpoint":
+    def start(self) -> WorkerHTTPEndpoint:
         self._thread.start()
         log.info("HTTP endpoint on port %d: /metrics /healthz /readyz /stores/<store>/<key>", self.port)
         return self

@@ -43,7 +43,7 @@ class LocalBroker:
         self._proc: subprocess.Popen | None = None
         self._log = None
 
-    def start(self, timeout_s: float = 15.0) -> "LocalBroker":
+    def start(self, timeout_s: float = 15.0) -> LocalBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         cmd = [
             str(tansu_binary()), "broker",
@@ -80,7 +80,7 @@ class LocalBroker:
             self._log.close()
         self._log = None
 
-    def __enter__(self) -> "LocalBroker":
+    def __enter__(self) -> LocalBroker:
         return self.start()
 
     def __exit__(self, *exc) -> None:

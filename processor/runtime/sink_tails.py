@@ -60,7 +60,7 @@ def read_tails(bootstrap_servers, consumer_config: dict, application_id: str,
     t0 = time.monotonic()
     out = {key: TaskTail() for key in starts}
     lows: dict[tuple[str, int], int] = {}
-    for key, tps in starts.items():
+    for tps in starts.values():
         for tp, off in tps.items():
             if off < ends.get(tp, 0):
                 lows[tp] = min(lows.get(tp, off), off)

@@ -64,7 +64,7 @@ class StateDirLock:
     def lock_file(self) -> Path:
         return self.path / LOCK_FILE
 
-    def acquire(self) -> "StateDirLock":
+    def acquire(self) -> StateDirLock:
         if self._key is not None:
             return self
         self.path.mkdir(parents=True, exist_ok=True)
@@ -116,7 +116,7 @@ class StateDirLock:
     def held(self) -> bool:
         return self._key is not None
 
-    def __enter__(self) -> "StateDirLock":
+    def __enter__(self) -> StateDirLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -102,14 +102,14 @@ class TaskManagement:
         return targets
 
     def _discard_targets(self, keys, targets) -> None:
-        for key, t in zip(keys, targets):
+        for key, t in zip(keys, targets, strict=False):
             self.tasks.pop(key, None)
             self._writers.pop(key, None)
             t.db.close()
 
     def _build_tasks(self, keys, targets) -> None:
         """Tasks over restored databases; then the table sinks' tails of those that have some."""
-        for (sub, partition), t in zip(keys, targets):
+        for (sub, partition), t in zip(keys, targets, strict=False):
             self.restored_records += t.restored
             task = Task(self.topology, sub, partition, t.stores, self.collector, lambda: int(time.time() * 1000),
                         on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing,
@@ -182,7 +182,7 @@ class TaskManagement:
                 # processing while the others restore), then those restored from scratch
                 targets = self._restore_targets(new)
                 for local in (True, False):
-                    group = [(k, t) for k, t in zip(new, targets) if bool(t.local) is local]
+                    group = [(k, t) for k, t in zip(new, targets, strict=False) if bool(t.local) is local]
                     if group:
                         keys = [k for k, _ in group]
                         ts = [t for _, t in group]

@@ -38,20 +38,21 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaError, TopicPartition
 
 from processor.engine.routing import Routing
+from processor.engine.task import dlq_topic_for
 from processor.errors import ConfigError
 from processor.graph import AggregateAttrs, UserProcessorAttrs
-from processor.kafka import clients as kafka, internal_topics
-from processor.runtime.commit_unit import CommitUnit
+from processor.kafka import clients as kafka
+from processor.kafka import internal_topics
 from processor.kafka.client_config import ClientConfig
 from processor.kafka.partitioning import determine_partitioners
 from processor.runtime.changelog import RestoreInterrupted
-from processor.runtime.state_lock import StateDirLock
-from processor.engine.task import dlq_topic_for
 from processor.runtime.collector import KafkaCollector
-from processor.runtime.partition_group import PartitionGroup
-from processor.runtime.task_manager import TaskManagement
+from processor.runtime.commit_unit import CommitUnit
 from processor.runtime.http_endpoint import WorkerHTTPEndpoint
 from processor.runtime.interactive_queries import StoreQueries, StoreView
+from processor.runtime.partition_group import PartitionGroup
+from processor.runtime.state_lock import StateDirLock
+from processor.runtime.task_manager import TaskManagement
 from processor.runtime.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics, add_counters
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ class Serde:
     def deserialize(self, data: bytes | None) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def for_topic(self, topic: str, is_key: bool, config: dict | None = None) -> "Serde":
+    def for_topic(self, topic: str, is_key: bool, config: dict | None = None) -> Serde:
         """This serde for the keys (``is_key``) or values of ``topic``, with the host's serde
         settings ``config`` (Schema Registry settings). Most serdes do not depend on their topic
         and return themselves (so binding costs nothing per record); a Schema Registry serde

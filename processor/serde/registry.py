@@ -150,7 +150,7 @@ class RegistryAvroSerde(Serde):
         self._ctx = None
 
     # -- binding ----------------------------------------------------------------------------------
-    def for_topic(self, topic: str, is_key: bool, config: dict | None = None) -> "RegistryAvroSerde":
+    def for_topic(self, topic: str, is_key: bool, config: dict | None = None) -> RegistryAvroSerde:
         client_settings, serde_settings = split_settings(config or {})
         conf = {**self.conf, **client_settings}
         auto = self.auto_register

@@ -21,7 +21,7 @@ _MISSING = object()
 class ChangeLoggingStore:
     """A store whose writes are remembered for the changelog (see the module invariant)."""
 
-    def __init__(self, inner, provider: "ChangeLoggingStores"):
+    def __init__(self, inner, provider: ChangeLoggingStores):
         self.name = inner.name
         self.inner = inner
         self.changes: dict[bytes, tuple | None] = {}   # key -> provenance of its last writer

@@ -255,7 +255,7 @@ class RocksDBDatabase:
             self._cf(_CHECKPOINT)
             h = self._db.get_column_family_handle(_CHECKPOINT)
             for (topic, part), off in offsets.items():
-                wb.put(f"{topic}\x00{part}".encode("utf-8"), _OFFSET.pack(off), h)
+                wb.put(f"{topic}\x00{part}".encode(), _OFFSET.pack(off), h)
                 n += 1
         if n:
             try:

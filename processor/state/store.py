@@ -9,7 +9,8 @@ input offsets they belong to.
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol, runtime_checkable
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
 
 
 @runtime_checkable

@@ -22,11 +22,11 @@ import copy
 
 from processor.errors import TopologyError
 from processor.graph import SinkAttrs, SourceAttrs
+from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
 from processor.topology import describe as description
 from processor.topology import marks, naming, partitioning, serdes
 from processor.topology.nodes import LogicalNode, StoreSpec, clone_graph, user_store_sharers
 from processor.topology.passes import OPTIMIZATION_PASSES
-from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
 
 
 def split(topo) -> list[list[LogicalNode]]:
@@ -146,7 +146,7 @@ class Topology:
                 if n.kind == "sink" and n.attrs.carries_table}
 
     # -- application binding ------------------------------------------------------------------
-    def for_application(self, application_id: str, serde_config: dict | None = None) -> "Topology":
+    def for_application(self, application_id: str, serde_config: dict | None = None) -> Topology:
         """A copy whose internal topics are named ``<application_id>-<name>`` and whose serdes are
         bound to their topics (``serdes.bind_serdes``), with the host's serde settings ``serde_config``
         (Schema Registry settings: ``ClientConfig.registry``)."""
@@ -179,7 +179,7 @@ class Topology:
         for serde in self.registry_serdes():
             serde.check_settings()
 
-    def with_partitioning(self, choices: dict) -> "Topology":
+    def with_partitioning(self, choices: dict) -> Topology:
         """A copy that knows which partitioner placed each source topic (``{topic:
         PartitionerChoice}``, decided by a host: ``processor/kafka/partitioning.py``); shown by
         ``describe()``."""

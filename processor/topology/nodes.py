@@ -7,8 +7,8 @@ Invariant: a node's ``attrs`` is one frozen ``processor.graph.NodeAttrs`` class 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from processor.graph import NodeAttrs, ProcessorAttrs, UserProcessorAttrs
 
@@ -17,9 +17,9 @@ from processor.graph import NodeAttrs, ProcessorAttrs, UserProcessorAttrs
 class LogicalNode:
     name: str
     kind: str                                    # source | table-source | processor | sink
-    factory: Callable[["LogicalNode"], object]   # builds the operator for one task
-    parents: list["LogicalNode"] = field(default_factory=list)
-    children: list["LogicalNode"] = field(default_factory=list)
+    factory: Callable[[LogicalNode], object]   # builds the operator for one task
+    parents: list[LogicalNode] = field(default_factory=list)
+    children: list[LogicalNode] = field(default_factory=list)
     source_topic: str | None = None
     sink_topic: str | None = None
     stores: list[str] = field(default_factory=list)
@@ -28,7 +28,7 @@ class LogicalNode:
     attrs: NodeAttrs = field(default_factory=ProcessorAttrs)
     # Tables whose current values this node reads (joins): not an edge records flow along, but
     # it puts both in one sub-topology, so the table's store is in the same task.
-    lookups: list["LogicalNode"] = field(default_factory=list)
+    lookups: list[LogicalNode] = field(default_factory=list)
 
     def __post_init__(self):
         if not isinstance(self.attrs, NodeAttrs):

@@ -7,7 +7,8 @@ the pass that broke it) and computes the same outputs and stores as before it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from processor.graph import JoinSideAttrs
 from processor.topology.nodes import LogicalNode
@@ -28,7 +29,7 @@ def same_input(a: LogicalNode, b: LogicalNode) -> bool:
             and a.attrs.value_serde == b.attrs.value_serde)
 
 
-def _merge_sources(topology: "Topology", keep: LogicalNode, drop: LogicalNode) -> None:
+def _merge_sources(topology: Topology, keep: LogicalNode, drop: LogicalNode) -> None:
     """Give ``drop``'s children to ``keep`` (after its own, so records reach them in the same
     order as before) and remove ``drop``."""
     for c in drop.children:
@@ -38,7 +39,7 @@ def _merge_sources(topology: "Topology", keep: LogicalNode, drop: LogicalNode) -
     topology.remove_node(drop)
 
 
-def rewrite_self_joins(topology: "Topology") -> int:
+def rewrite_self_joins(topology: Topology) -> int:
     """KIP-862: a join whose two sides are the same stream or table keeps one state store.
 
     Join builders mark their first side node with ``attrs.self_join`` (a ``SelfJoin``): ``kind``
@@ -80,7 +81,7 @@ def rewrite_self_joins(topology: "Topology") -> int:
 
 # Optimization passes: (name, function(topology) -> number of rewrites). Each is a separate,
 # named rewrite of the logical graph; a sanity check of the graph runs after each one.
-OPTIMIZATION_PASSES: list[tuple[str, Callable[["Topology"], int]]] = [
+OPTIMIZATION_PASSES: list[tuple[str, Callable[[Topology], int]]] = [
     ("self-join", rewrite_self_joins),
 ]
 

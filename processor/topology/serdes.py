@@ -71,7 +71,7 @@ def bind_serdes(topo, config: dict | None) -> None:
     for n in topo.nodes:   # user processors see their stores with the serdes bound above
         if isinstance(n.attrs, UserProcessorAttrs) and n.attrs.store_specs:
             specs = tuple((name, topo.stores.get(name, spec)) for name, spec in n.attrs.store_specs)
-            if any(a[1] is not b[1] for a, b in zip(specs, n.attrs.store_specs)):
+            if any(a[1] is not b[1] for a, b in zip(specs, n.attrs.store_specs, strict=False)):
                 n.attrs = replace(n.attrs, store_specs=specs)
 
 

@@ -45,7 +45,7 @@ def test_archive_supplies_the_history_below_kafkas_earliest_offset(make, kafka_b
     early = [(f"e{j:02d}".encode(), _js({"a": rnd.randrange(100), "g": "g1"})) for j in range(20)]
     history = early + table_history(rnd, 500, 50)
     placed, offsets = [], {p: 0 for p in range(PARTS)}
-    for k, v in history:
+    for k, _v in history:
         p = INTERNAL.partition(k, PARTS)
         placed.append((p, offsets[p]))
         offsets[p] += 1
@@ -66,7 +66,7 @@ def test_archive_supplies_the_history_below_kafkas_earliest_offset(make, kafka_b
         if off < START + 10:
             k, v = history[i]
             rows.append((k, v if off < START else _decoy(v), topics["a"], p, off,
-                         dt.datetime.fromtimestamp((T0 + i) / 1000, dt.timezone.utc), 0, None))
+                         dt.datetime.fromtimestamp((T0 + i) / 1000, dt.UTC), 0, None))
     archive = str(tmp_path / "archive")
     spark.createDataFrame(rows, SCHEMA).write.parquet(archive)
 

@@ -22,16 +22,24 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 
 import pytest
 from confluent_kafka import OFFSET_INVALID
 
 from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
-from tests.backfill import apps, test_backfill_differential as diff, test_backfill_handoff as handoff
-from tests.backfill.helpers import (backfill_argv, contract_column_families, kill_session, run_cli, start_cli,
-                                    wait_for_line, without_application_id)
+from tests.backfill import apps
+from tests.backfill import test_backfill_differential as diff
+from tests.backfill import test_backfill_handoff as handoff
+from tests.backfill.helpers import (
+    backfill_argv,
+    contract_column_families,
+    kill_session,
+    run_cli,
+    start_cli,
+    wait_for_line,
+    without_application_id,
+)
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration.helpers import committed_offsets
 

@@ -16,8 +16,8 @@ import pytest
 
 import backfill
 from processor import Emit, JoinWindows, SessionWindows, SlidingWindows, Stores, StreamsBuilder, TimeWindows
-from processor.serde import Serdes
 from processor.kafka import clients as kafka
+from processor.serde import Serdes
 from processor.state.rocksdb import RocksDBDatabase
 from processor.testing import TopologyTestDriver
 from tests.integration.helpers import produce

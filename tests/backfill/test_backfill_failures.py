@@ -28,8 +28,15 @@ from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from processor.testing import TopologyTestDriver
 from tests.backfill import apps
-from tests.backfill.helpers import (backfill_argv, contract_column_families, kill_session, run_cli, start_cli,
-                                    wait_for_line, without_application_id)
+from tests.backfill.helpers import (
+    backfill_argv,
+    contract_column_families,
+    kill_session,
+    run_cli,
+    start_cli,
+    wait_for_line,
+    without_application_id,
+)
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration.helpers import committed_offsets, produce
 

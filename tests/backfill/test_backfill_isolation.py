@@ -68,7 +68,7 @@ def test_exactly_once_backfill_stops_below_an_open_transaction(kafka_bootstrap, 
                          state_dir=tmp_path / "x", spark=spark, processing_guarantee="exactly-once")
     finally:
         tx.commit_transaction()
-    for name, (app, rep) in runs.items():
+    for name, (_app, rep) in runs.items():
         report(f"{name}: snapshot {rep.snapshot}, {rep.rows_read} rows read")
     eos_app, eos = runs["exactly_once"]
     # the open transaction starts at offset 6: a read_committed reader's view ends there

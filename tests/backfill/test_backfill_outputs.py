@@ -312,7 +312,7 @@ def test_poison_records_are_dead_lettered_once_as_the_worker_does(kafka_bootstra
     # its provenance as the broker placed it and the step and error the driver reported
     assert len(driver_dlq) == len(POISON)
     expected = []
-    for (at, *_), (k, v, ts, hs) in zip(sorted(POISON, key=lambda x: x[0]), driver_dlq):
+    for (at, *_), (k, v, ts, hs) in zip(sorted(POISON, key=lambda x: x[0]), driver_dlq, strict=False):
         topic, part, offset, pk, pv, pts, phs = placed[at]
         assert (k, v, ts) == (pk, pv, pts)
         own = hs[:len(hs) - len(DLQ_HEADERS)]

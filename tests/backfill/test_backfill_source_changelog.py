@@ -12,8 +12,14 @@ import pytest
 import backfill
 from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
-from tests.backfill.test_backfill_handoff import (PARTS, _driver_stores, _produce_all, _state_stores, history,
-                                                  make_topology)
+from tests.backfill.test_backfill_handoff import (
+    PARTS,
+    _driver_stores,
+    _produce_all,
+    _state_stores,
+    history,
+    make_topology,
+)
 from tests.conftest import TEST_CONSUMER_CONFIG
 
 

@@ -11,8 +11,16 @@ import pytest
 import backfill
 from processor.kafka import clients as kafka
 from tests.integration.helpers import by_key, task_store_bytes
-from tests.integration.test_time_ordered_backlog import (driver_by_partition, enriched_of, history, model_enriched,
-                                                         model_pairs, pairs_of, produce_history, topology_for)
+from tests.integration.test_time_ordered_backlog import (
+    driver_by_partition,
+    enriched_of,
+    history,
+    model_enriched,
+    model_pairs,
+    pairs_of,
+    produce_history,
+    topology_for,
+)
 
 PARTS = 2
 

@@ -2,8 +2,9 @@
 (pure: no broker, no Spark). The reduction is also checked end to end by the differential tests
 (filter_map, fk_joins: every store byte-identical to the driver's full replay)."""
 
+from backfill.compaction import compaction_plan
+from backfill.compaction import last_changes as _last_changes
 from processor import Emit, StreamsBuilder
-from backfill.compaction import compaction_plan, last_changes as _last_changes
 from processor.testing import TopologyTestDriver
 
 
@@ -65,7 +66,7 @@ def test_replaying_the_last_two_changes_leaves_the_stores_of_a_full_replay():
 
     rnd = random.Random(3)
     history = []
-    for i in range(600):
+    for _i in range(600):
         if rnd.random() < 0.7:
             k = f"o{rnd.randrange(40)}"
             v = None if rnd.random() < 0.1 else {"n": rnd.randrange(4), "c": f"c{rnd.randrange(8)}"}

@@ -8,12 +8,12 @@ import time
 import pytest
 from confluent_kafka import Producer
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 
-from backfill.kafka_source import (ARROW_SCHEMA, SCHEMA, read_history, split_ranges)
+from backfill.kafka_source import ARROW_SCHEMA, SCHEMA, read_history, split_ranges
 from backfill.snapshot import snapshot_offsets, to_ranges
 from processor.errors import ConfigError
 from processor.kafka.clients import producer_defaults
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from .helpers import new_topic, produce, records, row_tuples
 

@@ -19,7 +19,7 @@ def table_updates(n: int, keys: int, seed: int = 1, delete_rate: float = 0.1):
     """(key bytes, json value bytes | None) updates with tombstones and repeated values."""
     rnd = random.Random(seed)
     out = []
-    for i in range(n):
+    for _i in range(n):
         k = f"k{rnd.randrange(keys):05d}".encode()
         if rnd.random() < delete_rate:
             out.append((k, None))
@@ -81,7 +81,7 @@ def skewed_events(n: int, keys: int, seed: int = 1, exponent: float = 1.1, amoun
     users = rnd.choices(user_keys, weights=user_w, k=n)
     regs = rnd.choices(regions, weights=region_w, k=n)
     return [(u, json.dumps({"amount": rnd.randrange(amounts), "region": r}, separators=(",", ":")).encode())
-            for u, r in zip(users, regs)]
+            for u, r in zip(users, regs, strict=False)]
 
 
 def by_key(messages) -> dict[bytes, list]:

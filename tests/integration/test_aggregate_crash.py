@@ -23,8 +23,7 @@ from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import (by_key, committed_offsets, driver_outputs_by_key, produce_paced,
-                                       skewed_events)
+from tests.integration.helpers import by_key, committed_offsets, driver_outputs_by_key, produce_paced, skewed_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N = 40_000

@@ -59,7 +59,7 @@ def test_aggregates_per_policy_on_broker_equal_driver(kafka_bootstrap, unique, t
     report(f"input: {N} records, {len(key_counts)} keys (hottest {hottest}), 4 partitions "
            f"{[ends[p] for p in range(4)]}; worker {w.records_processed} records incl. repartition")
     for s, store in zip(apps.POLICY_OUTPUTS, ("max-on-update", "max-on-change", "max-every-1000",
-                                              "count-10s", "sum-by-region")):
+                                              "count-10s", "sum-by-region"), strict=False):
         c = counters[store]
         extra = ", ".join(f"{k} {v}" for k, v in c.items() if k not in ("records_in", "records_emitted") and v)
         report(f"{store:15} {c['records_in']:>7} in -> {emitted[s]:>7} emitted ({extra})")

@@ -4,8 +4,8 @@ stable and agree with what it observed."""
 
 import time
 
-from tests.support.broker_probe import TransactionCapabilities, probe_transactions
 from processor.runtime.local_broker import free_port
+from tests.support.broker_probe import TransactionCapabilities, probe_transactions
 
 
 def _with_prefix(details: dict[str, str], name: str) -> dict[str, str]:

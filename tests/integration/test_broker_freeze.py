@@ -19,8 +19,13 @@ from processor.runtime.local_broker import LocalBroker
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 from tests.integration import apps
-from tests.integration.helpers import (final_table, final_table_values, produce_interleaved, start_worker_process,
-                                       wait_until_tasks_committed)
+from tests.integration.helpers import (
+    final_table,
+    final_table_values,
+    produce_interleaved,
+    start_worker_process,
+    wait_until_tasks_committed,
+)
 from tests.integration.test_outputs_converge import _scenario
 
 N = 20_000
@@ -54,7 +59,7 @@ def test_broker_frozen_for_20_s_workers_resume_outputs_exact(unique, tmp_path, m
 
         def worker_logs():
             return "\n".join(f"--- w{i} (exit code {p.poll()}):\n" + open(lg).read()[-4000:]
-                             for i, (p, lg) in enumerate(zip(procs, logs)))
+                             for i, (p, lg) in enumerate(zip(procs, logs, strict=False)))
 
         deadline = time.monotonic() + 60
         while not all("processor.worker: assigned" in open(lg).read() for lg in logs):

@@ -47,8 +47,8 @@ def test_co_partitioning_mismatch_is_refused(kafka_bootstrap, unique, tmp_path):
         "from processor import StreamsBuilder\n"
         "def topo():\n"
         "    b = StreamsBuilder()\n"
-        "    b.stream('l-%s').merge(b.stream('r-%s')).to('o-%s')\n"
-        "    return b.build()\n" % (unique, unique, unique))
+        f"    b.stream('l-{unique}').merge(b.stream('r-{unique}')).to('o-{unique}')\n"
+        "    return b.build()\n")
     kafka.create_topics(kafka_bootstrap, {f"l-{unique}": 2, f"r-{unique}": 3, f"o-{unique}": 1})
     p = run_cli("run", f"{app}:topo", "--bootstrap-servers", kafka_bootstrap, "--application-id", "x",
                 "--state-dir", str(tmp_path))

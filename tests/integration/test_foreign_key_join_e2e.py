@@ -35,8 +35,13 @@ from processor.state.rocksdb import RocksDBDatabase
 from processor.testing import TopologyTestDriver
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import (final_table, key_partition, produce_interleaved,
-                                       table_emission_violations, wait_until_group_drained)
+from tests.integration.helpers import (
+    final_table,
+    key_partition,
+    produce_interleaved,
+    table_emission_violations,
+    wait_until_group_drained,
+)
 
 PARTS = 4
 N = 30_000

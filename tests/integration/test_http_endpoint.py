@@ -209,7 +209,7 @@ def test_two_workers_answer_their_keys_and_readyz_follows_a_restore(kafka_bootst
             return all(_sum(m, "processor_ready") == 1 for m in ms) and \
                 [_sum(m, "processor_assigned_tasks") for m in ms] == [PARTS, PARTS]
 
-        _wait(split_assignment, 90, "both workers ready with half the tasks each", list(zip(procs, logs)))
+        _wait(split_assignment, 90, "both workers ready with half the tasks each", list(zip(procs, logs, strict=False)))
         updates = _updates(20000, 2000, seed=12)
         produce_with_partitioner(kafka_bootstrap, [(inp, k, v) for k, v in updates], "consistent_random")
         wait_until_tasks_committed(kafka_bootstrap, topo, topics, "read_uncommitted", timeout_s=120)
@@ -264,7 +264,7 @@ def test_two_workers_answer_their_keys_and_readyz_follows_a_restore(kafka_bootst
         again = answers("accounts", sample)
         assert {k: v for k, (v, _) in again.items()} == {k: accounts[k] for k in sample}
     finally:
-        _stop(list(zip(procs, logs)))
+        _stop(list(zip(procs, logs, strict=False)))
     report(f"two workers: {len(accounts)} accounts over {PARTS} partitions and {len(regions)} regions, each answered "
            f"200 by its owner and 404 naming the owner's partition by the other, values equal the from-scratch "
            f"tables (200 keys one by one, all {len(accounts)} by the two workers' scans); a wiped worker's /readyz: 503 "

@@ -6,7 +6,8 @@ import pytest
 
 from processor import StreamsBuilder
 from processor.errors import ConfigError
-from processor.kafka import clients as kafka, internal_topics
+from processor.kafka import clients as kafka
+from processor.kafka import internal_topics
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
@@ -42,7 +43,7 @@ def test_created_with_the_kinds_settings_and_checked_in_one_request(kafka_bootst
     w.check_topics()
     wanted = internal_topics.wanted_topics(w.topology, {orders: parts, customers: parts})
     kinds = {}
-    for t, (n, kind) in wanted.items():
+    for t, (_n, kind) in wanted.items():
         kinds.setdefault(kind, []).append(t)
     assert sorted(kinds) == ["changelog", "foreign-key", "repartition"], kinds
     assert len(kinds["foreign-key"]) == 2 and len(kinds["repartition"]) == 1

@@ -24,8 +24,16 @@ from processor.state.rocksdb import RocksDBDatabase
 from processor.testing import TopologyTestDriver
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import (by_key, driver_output_by_key, final_table, key_partition, produce,
-                                       produce_interleaved, table_updates, wait_until_group_drained)
+from tests.integration.helpers import (
+    by_key,
+    driver_output_by_key,
+    final_table,
+    key_partition,
+    produce,
+    produce_interleaved,
+    table_updates,
+    wait_until_group_drained,
+)
 
 LEFT_PARTS, RIGHT_PARTS = 3, 5
 UNSUB, SUB, SUB_IF = wire.UNSUBSCRIBE, wire.SUBSCRIBE_AND_RESPOND, wire.SUBSCRIBE_RESPOND_IF_PRESENT

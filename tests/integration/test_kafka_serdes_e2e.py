@@ -63,7 +63,7 @@ def test_java_longs_on_the_broker_equal_the_driver(kafka_bootstrap, unique, tmp_
 
     # counts per group key: 1, 2, ..., n as Java longs, n the number of good records in the group
     groups = defaultdict(int)
-    for k, v in records:
+    for _k, v in records:
         if len(v) == 8:
             groups[struct.unpack(">q", v)[0] % 7] += 1
     got = by_key(kafka.read_topic(kafka_bootstrap, t["counts"]))

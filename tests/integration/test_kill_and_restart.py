@@ -31,14 +31,23 @@ import time
 import pytest
 
 from processor.kafka import clients as kafka
-from processor.serde import Serdes
 from processor.runtime.changelog import RestoreTarget, restore_tasks
+from processor.serde import Serdes
 from processor.state.rocksdb import RocksDBDatabase
 from processor.testing import TopologyTestDriver
 from tests.integration import apps
-from tests.integration.helpers import (final_table_values, final_table, latest_task_dirs, produce_interleaved, reliability_scenario,
-                                       start_worker_process, table_emission_violations, task_store_bytes,
-                                       driver_store_bytes, wait_until_tasks_committed)
+from tests.integration.helpers import (
+    driver_store_bytes,
+    final_table,
+    final_table_values,
+    latest_task_dirs,
+    produce_interleaved,
+    reliability_scenario,
+    start_worker_process,
+    table_emission_violations,
+    task_store_bytes,
+    wait_until_tasks_committed,
+)
 
 N = 50_000
 PARTS = 4
@@ -115,7 +124,7 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
                     f"{app}-enriched-subscription-response-topic"]
         def worker_logs():
             return "\n".join(f"--- w{i} (kills so far {kills}, exit code {p.poll()}):\n" + open(lg).read()[-4000:]
-                             for i, (p, lg) in enumerate(zip(procs, logs)))
+                             for i, (p, lg) in enumerate(zip(procs, logs, strict=False)))
 
         def workers_alive():
             if any(p.poll() is not None for p in procs):
@@ -174,7 +183,7 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
             assert live[s] == want[s], (s, len(live[s]), len(want[s]))
     totals = {k.decode(): json.loads(v[8:]) for k, v in live["totals"].items()}
     python_totals = {}
-    for pk, v in final_table(left_msgs).items():
+    for _pk, v in final_table(left_msgs).items():
         o = json.loads(v)
         if o["customer"] is not None:
             t = python_totals.setdefault(o["customer"], {"sum": 0, "orders": 0})

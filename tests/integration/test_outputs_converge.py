@@ -27,8 +27,14 @@ from processor.kafka import clients as kafka
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 from tests.integration import apps
-from tests.integration.helpers import (final_table, final_table_values, produce_interleaved, reliability_scenario,
-                                       start_worker_process, wait_until_tasks_committed)
+from tests.integration.helpers import (
+    final_table,
+    final_table_values,
+    produce_interleaved,
+    reliability_scenario,
+    start_worker_process,
+    wait_until_tasks_committed,
+)
 
 N = 30_000
 PARTS = 4
@@ -80,7 +86,7 @@ def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, 
 
     def worker_logs():
         return "\n".join(f"--- w{i} (kills so far {kills}, exit code {p.poll()}):\n" + open(lg).read()[-4000:]
-                         for i, (p, lg) in enumerate(zip(procs, logs)))
+                         for i, (p, lg) in enumerate(zip(procs, logs, strict=False)))
 
     try:
         deadline = time.monotonic() + 60
@@ -261,7 +267,7 @@ def test_scale_1_3_1_workers_outputs_equal_driver(kafka_bootstrap, unique, tmp_p
         prod = threading.Thread(target=produce_part, args=(N // 3, 2 * N // 3))
         prod.start()
         _wait(lambda: _assignments(logs[1]) >= 1 and _assignments(logs[2]) >= 1 and _assignments(logs[0]) >= 2,
-              90, "scaled-out assignment", list(zip(procs, logs)))
+              90, "scaled-out assignment", list(zip(procs, logs, strict=False)))
         scaled_out = time.monotonic() - t0
         prod.join(120)
         time.sleep(2.0)

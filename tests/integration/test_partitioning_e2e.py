@@ -38,8 +38,13 @@ from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import partitioning_apps as apps
-from tests.integration.helpers import (committed_offsets, final_table, produce_with_partitioner,
-                                       start_worker_process, wait_until_group_drained)
+from tests.integration.helpers import (
+    committed_offsets,
+    final_table,
+    produce_with_partitioner,
+    start_worker_process,
+    wait_until_group_drained,
+)
 
 PARTS = 4
 N = 4_000

@@ -31,16 +31,26 @@ from confluent_kafka import Producer
 
 from processor import provenance
 from processor.kafka import clients as kafka
-from processor.serde import Serdes
 from processor.runtime.worker import Worker
+from processor.serde import Serdes
 from processor.serde import change as change_codec
 from processor.state.store import BOOKKEEPING_STORE
 from processor.testing import TopologyTestDriver
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import (final_table_values, driver_outputs_by_key, driver_store_bytes, final_table, latest_task_dirs,
-                                       produce, produce_interleaved, reliability_scenario, skewed_events,
-                                       task_store_bytes, wait_until_group_drained)
+from tests.integration.helpers import (
+    driver_outputs_by_key,
+    driver_store_bytes,
+    final_table,
+    final_table_values,
+    latest_task_dirs,
+    produce,
+    produce_interleaved,
+    reliability_scenario,
+    skewed_events,
+    task_store_bytes,
+    wait_until_group_drained,
+)
 
 PARTS = 4
 

@@ -11,8 +11,7 @@ from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import (by_key, committed_offsets, driver_output_by_key, produce,
-                                       table_updates)
+from tests.integration.helpers import by_key, committed_offsets, driver_output_by_key, produce, table_updates
 
 
 @pytest.mark.parametrize("lose_state", [False, True], ids=["same-state-dir", "state-dir-lost"])

@@ -17,7 +17,13 @@ import time
 
 from processor.kafka import clients as kafka
 from tests.integration import apps
-from tests.integration.helpers import final_table, key_partition, produce, start_worker_process, wait_until_tasks_committed
+from tests.integration.helpers import (
+    final_table,
+    key_partition,
+    produce,
+    start_worker_process,
+    wait_until_tasks_committed,
+)
 
 PARTS = 4
 SPEC = "tests.integration.apps:restore_topology"

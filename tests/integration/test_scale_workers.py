@@ -30,9 +30,17 @@ from processor.kafka import clients as kafka
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 from tests.integration import apps
-from tests.integration.helpers import (final_table_values, driver_store_bytes, final_table, latest_task_dirs, produce_interleaved,
-                                       reliability_scenario, start_worker_process, task_store_bytes,
-                                       wait_until_group_drained)
+from tests.integration.helpers import (
+    driver_store_bytes,
+    final_table,
+    final_table_values,
+    latest_task_dirs,
+    produce_interleaved,
+    reliability_scenario,
+    start_worker_process,
+    task_store_bytes,
+    wait_until_group_drained,
+)
 
 N = 30_000
 PARTS = 4

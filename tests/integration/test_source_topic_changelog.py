@@ -14,10 +14,10 @@ import pytest
 from confluent_kafka import Producer
 
 from processor.kafka import clients as kafka
+from processor.runtime.worker import Worker
 from processor.state import source_changelog
 from processor.state.rocksdb import RocksDBDatabase
 from processor.state.store import TASK_STORE
-from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
 from tests.integration.helpers import by_key, driver_output_by_key, produce, table_updates, task_store_bytes

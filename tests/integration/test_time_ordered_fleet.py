@@ -11,13 +11,24 @@ copy) is the driver's byte for byte."""
 
 import json
 import signal
-import time
 
 from processor.kafka import clients as kafka
-from tests.integration.helpers import (by_key, latest_task_dirs, produce, start_worker_process, task_store_bytes,
-                                       wait_until_group_drained)
-from tests.integration.test_time_ordered_backlog import (driver_by_partition, history, model_enriched, model_pairs,
-                                                         pairs_of, produce_history, topology_for)
+from tests.integration.helpers import (
+    by_key,
+    latest_task_dirs,
+    start_worker_process,
+    task_store_bytes,
+    wait_until_group_drained,
+)
+from tests.integration.test_time_ordered_backlog import (
+    driver_by_partition,
+    history,
+    model_enriched,
+    model_pairs,
+    pairs_of,
+    produce_history,
+    topology_for,
+)
 
 PARTS = 4
 

@@ -12,8 +12,7 @@ import time
 
 from processor.kafka import clients as kafka
 from tests.integration import apps
-from tests.integration.helpers import (by_key, committed_offsets, driver_output_by_key, produce,
-                                       table_updates)
+from tests.integration.helpers import by_key, committed_offsets, driver_output_by_key, produce, table_updates
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -12,8 +12,8 @@ from collections import defaultdict
 import pytest
 
 from processor import StreamsBuilder
-from processor.errors import ProcessingError
 from processor.engine.task import Task
+from processor.errors import ProcessingError
 from processor.serde import Serdes
 from processor.state.rocksdb import RocksDBDatabase
 
@@ -89,7 +89,7 @@ def test_left_replay_in_another_order_gives_the_same_versions(tmp_path):
     b = StreamsBuilder()
     a, bt, c = b.table("A"), b.table("B"), b.table("C")
     a.outer_join(bt, lambda x, y: x or y).join_on_foreign_key(
-        c, lambda v: v["c"], lambda l, r: {"l": l["n"], "r": r["name"]}, name="j").to_stream().to("out")
+        c, lambda v: v["c"], lambda lv, r: {"l": lv["n"], "r": r["name"]}, name="j").to_stream().to("out")
     topo = b.build().for_application("app")
     subs = topo.subtopology_of_topic()
     sub_t, resp_t = "app-j-subscription-registration-topic", "app-j-subscription-response-topic"

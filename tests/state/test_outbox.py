@@ -3,7 +3,6 @@ the state that emitted them, sent after the commit, resent after a crash and ded
 downstream, so a wall-clock ``Emit.every`` feeding a repartition topic stays exact under replay."""
 
 import json
-
 import struct
 
 import pytest

@@ -3,8 +3,7 @@
 import pytest
 
 from processor.errors import StateError
-from processor.state import MemoryStore, RocksDBDatabase, combined_key
-from processor.state import timestamped
+from processor.state import MemoryStore, RocksDBDatabase, combined_key, timestamped
 
 
 def test_reads_see_pending_writes_and_commit_is_atomic_with_offsets(tmp_path):

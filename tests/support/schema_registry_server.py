@@ -80,7 +80,7 @@ class SchemaRegistryServer:
         self._thread = None
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> "SchemaRegistryServer":
+    def start(self) -> SchemaRegistryServer:
         registry = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -266,8 +266,8 @@ class SchemaRegistryServer:
         except ValueError:
             number = 0
         if number < 1:
-            raise _Error(422, 42202, "The specified version '%s' is not a valid version id. Allowed values are "
-                                     "between [1, 2^31-1] and the string \"latest\"" % text)
+            raise _Error(422, 42202, f"The specified version '{text}' is not a valid version id. Allowed values are "
+                                     "between [1, 2^31-1] and the string \"latest\"")
         for v in live:
             if v["version"] == number:
                 return self._registered(subject, v)

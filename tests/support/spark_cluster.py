@@ -65,7 +65,7 @@ class StandaloneCluster:
         env.pop("PYTHONPATH", None)    # the executors import only what the venv or the job ships
         return env
 
-    def start(self, timeout_s: float = 90.0) -> "StandaloneCluster":
+    def start(self, timeout_s: float = 90.0) -> StandaloneCluster:
         if shutil.which("unshare") is None:
             raise RuntimeError("the standalone-cluster tests need unshare(1) (util-linux)")
         self.log_dir.mkdir(parents=True, exist_ok=True)

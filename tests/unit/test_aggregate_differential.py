@@ -134,7 +134,7 @@ def test_windowed_aggregate_on_window_close_emits_each_closed_window_once_with_i
     last = final(on_change)
     assert {k: v for k, v, _ in closed} == {k: v for k, v in last.items() if k.end + 15 <= stream_time}
     per_key_ts = defaultdict(list)
-    for k, v, ts in on_change:
+    for k, _v, ts in on_change:
         per_key_ts[k].append(ts)
-    for k, v, ts in closed:                                 # carries the last real change's timestamp
+    for k, _v, ts in closed:                                 # carries the last real change's timestamp
         assert ts == per_key_ts[k][-1]

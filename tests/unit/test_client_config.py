@@ -12,8 +12,7 @@ import pytest
 from processor import cli
 from processor.errors import ConfigError
 from processor.kafka import clients as kafka
-from processor.kafka.client_config import (ClientConfig, KafkaCluster, build_client_config,
-                                             parse_properties, redacted)
+from processor.kafka.client_config import ClientConfig, KafkaCluster, build_client_config, parse_properties, redacted
 
 ROOT = Path(__file__).resolve().parents[2]
 

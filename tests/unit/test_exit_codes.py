@@ -4,9 +4,22 @@ cli.main with the error on one stderr line."""
 import pytest
 
 from processor import cli
-from processor.errors import (BrokerUnreachable, ChangelogMismatch, ConfigError, DeserializationError,
-                              KafkaIOError, OutputError, ProcessingError, ProcessorError, RecordError,
-                              SerializationError, StateDirLocked, StateError, TopologyError, UserFunctionError)
+from processor.errors import (
+    BrokerUnreachable,
+    ChangelogMismatch,
+    ConfigError,
+    DeserializationError,
+    KafkaIOError,
+    OutputError,
+    ProcessingError,
+    ProcessorError,
+    RecordError,
+    SerializationError,
+    StateDirLocked,
+    StateError,
+    TopologyError,
+    UserFunctionError,
+)
 from processor.runtime.collector import DeliveryFailed
 
 

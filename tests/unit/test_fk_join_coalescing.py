@@ -8,7 +8,8 @@ never sends more internal records."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from processor import StreamsBuilder, provenance
 from processor.engine.fk_join_coalescing import RESPONSES, SUBSCRIPTIONS, ForeignKeyJoinRecordCoalescer
@@ -214,7 +215,7 @@ def test_coalescing_ends_in_the_same_join_and_stores_and_never_sends_more(ops, h
             runs[coalesce] = (final_table_values(d.read_output("out")), d.raw_store("oc-version-store"),
                               d.raw_store("oc-subscription-store"), d.get_store("oc").items(), d.internal_sent)
     want = from_scratch(left, right, how)
-    for coalesce, (table, versions, subscriptions, result, sent) in runs.items():
+    for coalesce, (table, _versions, _subscriptions, result, _sent) in runs.items():
         assert table == want, coalesce
         assert dict(result) == want, coalesce
     assert runs[True][1:3] == runs[False][1:3]       # version and subscription stores, byte for byte

@@ -6,7 +6,8 @@ difference between the from-scratch join of the two tables before and after that
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from processor import StreamsBuilder, provenance
 from processor.serde import Serdes
@@ -211,7 +212,7 @@ def test_a_stale_response_after_the_left_row_was_deleted_is_dropped():
 def from_scratch(left, right, how):
     """{pk: (value, ts)} of the join of {pk: (value, ts)} and {fk: (value, ts)}."""
     res = {}
-    for pk, (lv, lts) in left.items():
+    for pk, (lv, _lts) in left.items():
         fk = lv.get("c")
         r = right.get(fk) if fk is not None else None
         if r is not None:
@@ -252,13 +253,13 @@ def test_every_step_forwards_exactly_the_change_of_the_from_scratch_join(ops, ho
                 table[key] = (value, ts)
             after = from_scratch(left, right, how)
             if topic == "orders":
-                def out_ts(pk):
+                def out_ts(pk, ts=ts, after=after):
                     lv = left.get(pk)
                     fk = lv[0].get("c") if lv else None
                     r = right.get(fk) if fk is not None else None
                     return ts if r is None or after.get(pk) is None else max(ts, r[1])
             else:
-                def out_ts(pk):
+                def out_ts(pk, ts=ts):
                     return ts
             d.pipe_input(topic, key, value, timestamp=ts)
             assert out(d) == expected_changes(before, after, out_ts)

@@ -8,8 +8,20 @@ import pytest
 
 from processor import Emit, JoinWindows, StreamsBuilder, TimeWindows
 from processor.errors import TopologyError
-from processor.graph import (AggregateAttrs, GetterSpec, JoinResultAttrs, JoinSideAttrs, ProcessorAttrs, SelfJoin,
-                             SinkAttrs, SourceAttrs, TableAttrs, TableSourceAttrs, ToStreamAttrs, getter_spec)
+from processor.graph import (
+    AggregateAttrs,
+    GetterSpec,
+    JoinResultAttrs,
+    JoinSideAttrs,
+    ProcessorAttrs,
+    SelfJoin,
+    SinkAttrs,
+    SourceAttrs,
+    TableAttrs,
+    TableSourceAttrs,
+    ToStreamAttrs,
+    getter_spec,
+)
 from processor.serde import Serdes
 from processor.topology import LogicalNode
 
@@ -31,9 +43,9 @@ def test_every_node_kind_has_its_own_attribute_class():
     orders.group_by(lambda k, v: (v["c"], 1)).count(emit=Emit.every(10), name="per-c")
     clicks = b.stream("clicks")
     clicks.group_by_key().windowed_by(TimeWindows.of(10)).count(name="w")
-    clicks.join(b.stream("views"), lambda l, r: 1, JoinWindows.of(5), name="sj").to("joined")
-    orders.join(customers, lambda l, r: 1, name="pk")
-    orders.join_on_foreign_key(customers, lambda v: v["c"], lambda l, r: 1, name="fk")
+    clicks.join(b.stream("views"), lambda lv, r: 1, JoinWindows.of(5), name="sj").to("joined")
+    orders.join(customers, lambda lv, r: 1, name="pk")
+    orders.join_on_foreign_key(customers, lambda v: v["c"], lambda lv, r: 1, name="fk")
     topo = b.build()
     kinds = _attrs_by_prefix(topo)
     assert kinds["KTABLE-SOURCE"] == {TableSourceAttrs, SourceAttrs}   # user tables, FK internal sources
@@ -83,9 +95,9 @@ def test_a_source_or_sink_with_attributes_of_another_kind_is_refused():
 def test_self_join_rewrite_replaces_attributes_on_the_optimized_copy_only():
     b = StreamsBuilder()
     t = b.table("t")
-    t.join(t, lambda l, r: (l, r))
+    t.join(t, lambda lv, r: (lv, r))
     s = b.stream("s")
-    s.join(s, lambda l, r: 1, JoinWindows.of(3))
+    s.join(s, lambda lv, r: 1, JoinWindows.of(3))
     built = b.build()
     sides = [n for n in built.nodes if isinstance(n.attrs, JoinSideAttrs) and n.attrs.self_join_of]
     assert {n.attrs.self_join_of for n in sides} == {"KTABLE-SOURCE-0000000000", "KSTREAM-SOURCE-0000000004"}
@@ -111,7 +123,7 @@ def test_getter_spec_only_for_tables_that_can_be_looked_up():
     assert getter_spec(f._node).stores is None
     assert getter_spec(st._node) is None and getter_spec(w._node) is None
     with pytest.raises(TopologyError, match="cannot be looked up"):
-        t.join(w, lambda l, r: 1)
+        t.join(w, lambda lv, r: 1)
 
 
 def test_builder_api_names_and_store_names():

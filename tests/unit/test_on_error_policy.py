@@ -103,7 +103,7 @@ def test_a_failed_record_leaves_nothing_behind(history):
             continue
         # exactly the failing records, in order, with their original bytes and timestamps
         assert [(r.key, r.timestamp) for r in dlq] == [(k.encode(), i) for i, _, k, _ in bad]
-        for r, (i, topic, _, v) in zip(dlq, bad):
+        for r, (_i, topic, _, v) in zip(dlq, bad, strict=False):
             h = dict(r.headers)
             assert [n for n, _ in r.headers] == list(DLQ_HEADERS)
             assert h["__streams.errors.topic"] == topic.encode()

@@ -269,7 +269,7 @@ def dedup_model(records, maintain_ms):
     left, right = maintain_ms // 2, maintain_ms - maintain_ms // 2
     windows: dict = {}
     clock, out = -1, []
-    for i, (eid, t) in enumerate(records):
+    for _i, (eid, t) in enumerate(records):
         live_from = max(t - left, clock - maintain_ms + 1)
         dup = any(live_from <= s <= t + right for s in windows.get(eid, ()))
         clock = max(clock, t)

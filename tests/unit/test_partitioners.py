@@ -9,8 +9,18 @@ import zlib
 import pytest
 
 from processor import StreamsBuilder
-from processor.engine.partitioners import (CONSISTENT, FNV1A, INTERNAL, KNOWN, MURMUR2, PARTITIONERS,
-                                           explaining, fnv1a, murmur2, resolve)
+from processor.engine.partitioners import (
+    CONSISTENT,
+    FNV1A,
+    INTERNAL,
+    KNOWN,
+    MURMUR2,
+    PARTITIONERS,
+    explaining,
+    fnv1a,
+    murmur2,
+    resolve,
+)
 from processor.engine.routing import PartitioningError, Routing, decide_partitioners
 from processor.errors import ConfigError, TopologyError
 
@@ -266,7 +276,7 @@ def test_detection_of_consistent_random_with_a_spread_empty_key():
 
 def test_ambiguous_side_is_narrowed_by_its_co_partitioned_side():
     topo = pk_topology()
-    assert [(l, r) for _, l, r in topo.copartition_constraints()] == [(["A"], ["B"]), (["B"], ["A"])]
+    assert [(lt, rt) for _, lt, rt in topo.copartition_constraints()] == [(["A"], ["B"]), (["B"], ["A"])]
     samples = _samples({"A": placed(CONSISTENT, MC_AGREE), "B": placed(CONSISTENT, DISTINCT)})
     choices = decide_partitioners(topo, {"A": 4, "B": 4}, samples)
     assert {t: c.partitioner for t, c in choices.items()} == {"A": CONSISTENT, "B": CONSISTENT}
@@ -315,7 +325,7 @@ def test_internal_repartition_source_forces_murmur2_on_the_co_partitioned_extern
     topo = pk_topology(repartition_left=True, left="A", right="C")
     internal = "KTABLE-SOURCE-0000000000-repartition"
     assert topo.partitioning_relevant_topics() == ["C"]
-    assert [(l, r) for _, l, r in topo.copartition_constraints()] == [([internal], ["C"]), (["C"], [internal])]
+    assert [(lt, rt) for _, lt, rt in topo.copartition_constraints()] == [([internal], ["C"]), (["C"], [internal])]
     # C's keys do not tell murmur2 and consistent apart: the internal side decides murmur2
     choices = decide_partitioners(topo, {"A": 4, "C": 4}, _samples({"C": placed(CONSISTENT, MC_AGREE)}))
     assert sorted(choices) == ["C"]
@@ -359,7 +369,7 @@ def test_a_merge_that_reaches_keyed_state_must_be_co_partitioned():
     merged.group_by_key().count(name="c").to_stream().to("out")
     merged.filter(lambda k, v: True).to("plain")
     topo = b.build()
-    assert [(l, r) for _, l, r in topo.copartition_constraints()] == [(["s1"], ["s2"])]
+    assert [(lt, rt) for _, lt, rt in topo.copartition_constraints()] == [(["s1"], ["s2"])]
     assert topo.partitioning_relevant_topics() == ["s1", "s2"]
     with pytest.raises(PartitioningError) as err:
         decide_partitioners(topo, {"s1": 4, "s2": 4}, _samples({"s1": placed(MURMUR2, DISTINCT),

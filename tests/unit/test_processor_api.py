@@ -184,7 +184,7 @@ def test_stream_time_is_the_tasks_records_a_filter_drops_advance_it_too():
     b.add_state_store(Stores.key_value("n"))
     b.stream("in").filter(lambda k, v: v["keep"]).process(Ticker, stores=["n"]).to("ticks")
     with TopologyTestDriver(b.build()) as d:
-        for i, (x, k) in enumerate(zip(ts, keep)):
+        for i, (x, k) in enumerate(zip(ts, keep, strict=False)):
             d.pipe_input("in", f"k{i % 3}", {"keep": k}, timestamp=x)
         got = [(r.timestamp, r.value) for r in d.read_output("ticks")]
     want = [(at, sum(keep[:n])) for at, n in stream_punctuations(ts, 10)]
@@ -384,7 +384,7 @@ def test_processors_connected_to_one_store_share_it_and_a_sub_topology():
             d.pipe_input(t, k, v, timestamp=i)
         got = [(r.key, r.value) for r in d.read_output("out")]
         first = {}
-        for t, k, v in recs:
+        for _t, k, v in recs:
             first.setdefault(k, v)
         assert got == [(k, {"x2": v["x"] * 2}) for k, v in first.items()]
         assert [d.get_store("seen").get(k) for k in sorted(first)] == [first[k] for k in sorted(first)]

@@ -82,7 +82,7 @@ def test_subscriptions_go_to_the_right_tables_partition_under_its_partitioner(ri
     task = _task(topo, "orders", routing, out)
     fks = [f"cust-{i}" for i in range(40)]
     for i, fk in enumerate(fks):
-        task.process("orders", 1, i, 10 + i, f"o{i}".encode(), ('{"c":"%s","n":%d}' % (fk, i)).encode())
+        task.process("orders", 1, i, 10 + i, f"o{i}".encode(), f'{{"c":"{fk}","n":{i}}}'.encode())
     subs = [(k, p) for t, k, p in out.sent if t == sub_topic]
     assert subs == [(fk.encode(), right.partition(fk.encode(), 5)) for fk in fks]
     # the three families disagree on these keys, so the choice is visible

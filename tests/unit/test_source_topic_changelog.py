@@ -6,14 +6,21 @@ real broker: ``tests/integration/test_source_topic_changelog.py``.)"""
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from processor import StreamsBuilder
 from processor.serde import Serdes
 from processor.state.memory import MemoryStores
 from processor.state.rocksdb import RocksDBDatabase
-from processor.state.source_changelog import (decode_failed, encode_failed, failed_key, failed_offsets,
-                                               failed_records, replay_record)
+from processor.state.source_changelog import (
+    decode_failed,
+    encode_failed,
+    failed_key,
+    failed_offsets,
+    failed_records,
+    replay_record,
+)
 from processor.state.store import TASK_STORE
 from processor.testing import TopologyTestDriver
 

@@ -19,9 +19,9 @@ def tostring_joiner(left, right):
 
 
 class Join:
-    def __init__(self, how, windows, key_serde=Serdes.integer()):
+    def __init__(self, how, windows, key_serde=None):
         b = StreamsBuilder()
-        ks, vs = key_serde, Serdes.string()
+        ks, vs = key_serde if key_serde is not None else Serdes.integer(), Serdes.string()
         left = b.stream("topic1", key_serde=ks, value_serde=vs)
         right = b.stream("topic2", key_serde=ks, value_serde=vs)
         getattr(left, how)(right, tostring_joiner, windows).to("out", key_serde=ks, value_serde=vs)

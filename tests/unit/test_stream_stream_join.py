@@ -21,7 +21,10 @@ def pair(left, right):
     return [left, right]
 
 
-def two_streams(how="join", windows=JoinWindows.of(10), optimize=True):
+TEN_MS = JoinWindows.of(10)
+
+
+def two_streams(how="join", windows=TEN_MS, optimize=True):
     b = StreamsBuilder()
     left, right = b.stream("left"), b.stream("right")
     getattr(left, how)(right, pair, windows).to("out")
@@ -212,7 +215,7 @@ def reference(records, how, w):
         live_from = observed[other] - retention + 1
         matches = sorted((x for x in stored[other] if x[0] == k and max(t - back, live_from) <= x[1] <= t + ahead),
                          key=lambda x: (x[1], x[2]))
-        for xk, xt, xseq, xv in matches:
+        for _xk, xt, xseq, xv in matches:
             pending[:] = [p for p in pending if p[1:3] != (other, xseq)]
             out_.append((k, [v, xv] if topic == "left" else [xv, v], max(t, xt)))
         if not matches and topic in tracked:
@@ -260,7 +263,7 @@ def test_purging_bounds_the_window_stores():
 
 
 # -- the self-join rewrite (KIP-862) ----------------------------------------------------------------
-def self_join(optimize=True, two_sources=False, how="join", windows=JoinWindows.of(10)):
+def self_join(optimize=True, two_sources=False, how="join", windows=TEN_MS):
     b = StreamsBuilder()
     s = b.stream("t")
     getattr(s, how)(b.stream("t") if two_sources else s, pair, windows).to("out")

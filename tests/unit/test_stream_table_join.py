@@ -1,11 +1,11 @@
 """Stream-table joins in the test driver: each stream record meets the table's current row."""
 
+import pytest
+
 from processor import StreamsBuilder
 from processor.errors import TopologyError
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
-
-import pytest
 
 
 def build(how, table_transform=lambda t: t):

@@ -6,14 +6,15 @@ topologies give identical output sequences, the optimized one with one store few
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from processor import StreamsBuilder
 from processor.testing import TopologyTestDriver
 
 
-def pair(l, r):
-    return [l, r]
+def pair(lv, r):
+    return [lv, r]
 
 
 def build(how, optimize=True):
@@ -85,10 +86,10 @@ updates = st.lists(st.tuples(st.sampled_from(["left", "right"]), st.sampled_from
 def from_scratch(left, right, how):
     res = {}
     for k in set(left) | set(right):
-        l, r = left.get(k, (None,))[0], right.get(k, (None,))[0]
-        if (how == "inner" and l is not None and r is not None) or (how == "left" and l is not None) \
-                or (how == "outer" and (l is not None or r is not None)):
-            res[k] = [l, r]
+        lv, r = left.get(k, (None,))[0], right.get(k, (None,))[0]
+        if (how == "inner" and lv is not None and r is not None) or (how == "left" and lv is not None) \
+                or (how == "outer" and (lv is not None or r is not None)):
+            res[k] = [lv, r]
     return res
 
 
@@ -156,7 +157,7 @@ def test_optimized_and_unoptimized_self_joins_forward_identical_sequences(ups, h
     assert outputs[0] == outputs[1]
     # and both are the from-scratch answer: joiner(v, v) per row
     table = {}
-    for k, v, ts in ups:
+    for k, v, _ts in ups:
         table.pop(k, None) if v is None else table.__setitem__(k, v)
     final = {}
     for step in outputs[0]:

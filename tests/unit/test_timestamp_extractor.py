@@ -106,7 +106,7 @@ def test_a_failing_extractor_is_a_bad_record_under_the_policy(policy):
         # each bad record as it was (value bytes, broker timestamp), the reason naming the extractor
         assert [(json.loads(r.value), r.timestamp) for r in dlq] == [(v, 1_001 + i) for i, (v, _) in enumerate(BAD)]
         reasons = [dict(r.headers)["__streams.errors.message"].decode() for r in dlq]
-        for reason, (_, why) in zip(reasons, BAD):
+        for reason, (_, why) in zip(reasons, BAD, strict=False):
             assert "timestamp extractor" in reason and why in reason, reason
         assert metrics["dead_lettered"] == len(BAD)
     else:
