@@ -1,5 +1,5 @@
 """Which table sources the backfill reduces to their last real changes per key, and the
-reduction itself (README "Backfill", "Compaction").
+reduction itself (docs/backfill.md "What it does", step 4).
 
 Invariant: a source is reduced only when every store and output downstream of it provably ends
 the same from each key's last two real changes as from the whole history (``compaction_plan``
@@ -13,7 +13,7 @@ from __future__ import annotations
 def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals: dict | None = None
                     ) -> dict[str, str]:
     """``{external table topic: reason}`` for every table source whose history may be reduced to
-    the last two real changes per key (README "Backfill"): every store and output downstream of it
+    the last two real changes per key (docs/backfill.md "What it does", step 4): every store and output downstream of it
     ends the same from them. That holds when what reads the table's changes is only table
     filters and map_values, a table's sink, or a foreign-key join, and what looks it up is only a
     foreign-key join.

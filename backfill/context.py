@@ -7,7 +7,7 @@ the snapshot) or in Kafka, and everything it leaves travels back as Spark data
 (``backfill.runs``). On a ``local`` master the executors are processes of the driver's machine,
 and ``local_root`` (the build root) is where they keep what passes between runs, their
 rows-read counters and the task databases (``LocalFiles``): measured faster than Spark's cache
-and shuffle on one machine (README "Backfill on a cluster").
+and shuffle on one machine (docs/backfill.md "Backfill on a cluster").
 """
 
 from __future__ import annotations

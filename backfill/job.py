@@ -3,7 +3,7 @@ changelogs, commit records and group offsets a worker on any machine continues f
 ``--state-dir``, the worker's layout on the driver's machine) -> ``processor run`` continues at
 the snapshot.
 
-The stages, each in its own module (DESIGN.md's backfill flow is the map):
+The stages, each in its own module (docs/architecture.md's backfill flow is the map):
 
 ==========================  =====================================================================
 ``backfill.session``        the Spark session, its settings and executors; shipping the topology's code
@@ -53,7 +53,7 @@ Invariants:
   With it, each sink receives the history's result once (``backfill.outputs``). Dead-letter
   records follow the topology's ``on_error`` policy as in the worker, produced once.
 
-Where the stores can differ from a live worker's (README "Backfill"): high-water marks of
+Where the stores can differ from a live worker's (docs/backfill.md "Same stores"): high-water marks of
 internal records whose source is itself an internal topic are not kept (those records never
 existed in Kafka, so none can be replayed); ``Emit.every(clock="wall")`` records wall-clock
 emission times.
@@ -83,7 +83,7 @@ class BackfillReport:
     snapshot: dict                               # (topic, partition) -> (start, end)
     rows_read: int = 0                           # input records read from history
     rows_replayed: int = 0                       # of those, fed to the tasks (after compaction)
-    compaction: dict = field(default_factory=dict)   # source topic -> mode (README "Backfill")
+    compaction: dict = field(default_factory=dict)   # source topic -> mode (docs/backfill.md "What it does", step 4)
     global_records: int = 0                      # global table records read (to the snapshot)
     global_latest: dict = field(default_factory=dict)   # global store -> the latest timestamp applied
     records_processed: int = 0                   # every record a task processed (incl. internal)
@@ -246,7 +246,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
     to_ship = session.code_to_ship(topo, py_files)
     from processor.graph import UserProcessorAttrs
 
-    for n in topo.nodes:   # what a replay cannot reproduce, named (README "DSL")
+    for n in topo.nodes:   # what a replay cannot reproduce, named (docs/dsl.md "Not supported")
         if isinstance(n.attrs, UserProcessorAttrs):
             log.warning("backfill: %s is a user processor: its wall-clock punctuations, if it schedules any, do "
                         "not fire in a backfill (a replay takes none of the history's wall-clock time)", n.name)
@@ -316,7 +316,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
             for name, ts in sorted(report.global_latest.items()):
                 log.warning("backfill: global table %s last changed at timestamp %d: every task joins it as of the "
                             "snapshot, so a record older than that joins the table as it is now, not as it was "
-                            "(a worker started at the snapshot does the same; README \"DSL\")", name, ts)
+                            "(a worker started at the snapshot does the same; docs/dsl.md \"Not supported\")", name, ts)
         # the user sink topics' ends (--emit-outputs): a table sink gets a tombstone only for a
         # key it already holds
         ctx.output_ends = {tp: r for tp, r in everything.items() if tp[0] in user_sinks}

@@ -12,7 +12,7 @@ driver's, so executors on other machines (a standalone, YARN or Kubernetes clust
 
 On a ``local`` master, whose executors are processes of the driver's machine, the same pieces
 pass through files under the driver's build root instead (``context.LocalFiles``): Spark's cache
-and shuffle cost ~1 s more per run there (README "Backfill on a cluster").
+and shuffle cost ~1 s more per run there (docs/backfill.md "Backfill on a cluster").
 
 Invariant: a result is unpersisted only once nothing can read it any more (every reader of its
 rows has run after it, and its stores have been taken by the sub-topology's next run or written).

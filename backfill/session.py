@@ -13,7 +13,7 @@ Invariants:
   package, found by unpickling the job context: exactly what an executor will import) is shipped
   with ``SparkContext.addPyFile``: a module file as it is, a package as a zip of its directory.
   Installed packages (this project included) come with the environment the executors run
-  (a packed virtualenv or an image: README "Backfill on a cluster").
+  (a packed virtualenv or an image: docs/backfill.md "Backfill on a cluster").
 """
 
 from __future__ import annotations

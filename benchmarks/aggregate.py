@@ -10,10 +10,10 @@ record is consumed, re-keyed, produced to the repartition topic, consumed again,
 RocksDB (value + last-emitted column) and, per the emission policy, produced to the output.
 Throughput is input records per second from the first record processed to the last (the group
 join excluded). For scale: Quix Streams was measured at ~30k records/s on a count through a
-repartition on this machine kind (DESIGN.md).
+repartition on this machine kind (docs/architecture.md).
 
 ``--guarantee both`` runs the same input under ``at_least_once`` and then ``exactly_once`` (one
-transaction per commit; on the local Tansu broker read uncommitted, as the README prescribes for
+transaction per commit; on the local Tansu broker read uncommitted, as docs/semantics.md prescribes for
 it) and prints the ratio of the two rates (target: exactly_once costs at most 1.5x).
 """
 
@@ -62,7 +62,7 @@ def run(bootstrap, inp, out, app, emit, guarantee, records, commit_interval_ms) 
     kafka.create_topics(bootstrap, {out: 4})
     consumer_config = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
     if guarantee == "exactly_once":
-        consumer_config["isolation.level"] = "read_uncommitted"   # Tansu 0.6 (README)
+        consumer_config["isolation.level"] = "read_uncommitted"   # Tansu 0.6 (docs/semantics.md "Isolation level")
     with tempfile.TemporaryDirectory() as state:
         w = Worker(topology(inp, out, emit), bootstrap, app, state, processing_guarantee=guarantee,
                    commit_interval_ms=commit_interval_ms, consumer_config=consumer_config)

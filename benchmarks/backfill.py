@@ -29,8 +29,8 @@ Then, on that same history, one after the other:
 Finally the ratio (live seconds / backfill seconds), and the two state directories compared:
 every contract column family (name not starting with ``__``) of every ``task-*`` database,
 keys and value bytes, the foreign-key join's result store and the aggregate's stores without
-their timestamps (a result's timestamp depends on the order the two sides met; README
-"Backfill"), the application id in keys and values written ``<app>`` (internal topic names).
+their timestamps (a result's timestamp depends on the order the two sides met; docs/backfill.md
+"Same stores"), the application id in keys and values written ``<app>`` (internal topic names).
 Differing keys are printed per store, loudly, but do not fail the benchmark; live-only
 high-water marks of records whose source is an internal topic are counted apart (the backfill
 does not keep them, by design: backfill/handoff.py).
@@ -153,7 +153,7 @@ FK_FED_TASKS: set[str] = set()   # task-<sub>_ prefixes of sub-topologies fed by
 
 def fk_fed_tasks(topo) -> set[str]:
     """``task-<sub>_`` of each sub-topology that reads an internal topic written by a
-    sub-topology holding a foreign-key join's result (README "Backfill": what is fed by those
+    sub-topology holding a foreign-key join's result (docs/backfill.md "Same stores": what is fed by those
     results inherits their interleaving-dependent timestamps and causes)."""
     writers = topo.internal_topics()
     fk_subs = {i for i, sub in enumerate(topo.subtopologies) if any(n.name.startswith("KTABLE-FK-JOIN-OUTPUT")
@@ -166,7 +166,7 @@ def fk_fed_tasks(topo) -> set[str]:
 
 
 def documented(store: str, key: bytes, task: str = "") -> bool:
-    """An entry the backfill's may differ in by design (README "Backfill"): the high-water mark
+    """An entry the backfill's may differ in by design (docs/backfill.md "Same stores"): the high-water mark
     of records whose source is an internal topic (those records were rows of a shuffle in the
     backfill, never in Kafka, so no replay of them can come), and the bookkeeping (stream time,
     high-water marks) of a sub-topology fed by a foreign-key join's results."""

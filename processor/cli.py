@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="join the group as a static member (group.instance.id from the worker id kept "
                         "in the state directory): a worker restarted within the session timeout gets "
                         "its partitions back without a rebalance; a stopped one keeps them until the "
-                        "session timeout expires (README \"Static membership\")")
+                        "session timeout expires (docs/operations.md \"Static membership\")")
     r.add_argument("--state-block-cache-mb", type=int, default=None, metavar="MB",
                    help="RocksDB block cache shared by every task's database (default: 128)")
     r.add_argument("--state-write-buffer-mb", type=int, default=None, metavar="MB",
@@ -195,7 +195,7 @@ def add_backfill_arguments(bf: argparse.ArgumentParser) -> None:
                     help="write the history's outputs to the sink topics (default: stores only)")
     bf.add_argument("--no-compaction", action="store_true",
                     help="replay every record of every source, even where a reduction to each key's last "
-                         "changes provably ends the same (README \"Backfill\", step 4): to check one")
+                         "changes provably ends the same (docs/backfill.md \"What it does\", step 4): to check one")
     bf.add_argument("--archive", action="append", default=[], metavar="TOPIC=PATH",
                     help="Parquet archive (Spark kafka schema) of records older than the topic's earliest offset")
     bf.add_argument("--force", action="store_true", help="replace existing state / ignore committed group offsets")

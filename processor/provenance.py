@@ -95,7 +95,7 @@ def decode_mark(data: bytes) -> tuple[int, int]:
 # (input offset -1 and an empty topic: no input record caused it: a punctuation, a flush, or the
 # convergence step). A task that reopens after a crash reads its table sinks from the ends its last
 # commit record names and tells its own records from everyone else's by this header
-# (``processor/runtime/sink_tails.py``, README "What a crash costs").
+# (``processor/runtime/sink_tails.py``, docs/semantics.md "What a crash costs").
 ORIGIN_HEADER = "processor.origin"
 ORIGIN_VERSION = 1
 _ORIGIN_HEAD = struct.Struct(">BHi")

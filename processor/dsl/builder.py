@@ -120,7 +120,7 @@ class StreamsBuilder:
         """``partitioner``: the librdkafka name of the partitioner that wrote the topic
         (``murmur2``/``murmur2_random`` = Java's, ``consistent``/``consistent_random`` =
         confluent-kafka's default, ``fnv1a``/``fnv1a_random``); None: determined from the data
-        at start where a join depends on it (README "Partitioning")."""
+        at start where a join depends on it (docs/semantics.md "Partitioning")."""
         if partitioner is None:
             return None
         try:
@@ -133,7 +133,7 @@ class StreamsBuilder:
                partitioner: str | None = None, repartition: bool = False, timestamp_extractor=None):
         """A stream read from ``topic``. ``repartition=True``: through the internal topic
         ``<app>-<node name>-repartition`` placed by murmur2 first, so co-partitioned joins over
-        it are right whatever partitioner wrote ``topic`` (README "Partitioning").
+        it are right whatever partitioner wrote ``topic`` (docs/semantics.md "Partitioning").
 
         ``timestamp_extractor``: ``fn(key, value, record_timestamp) -> int``, the record's event
         time in milliseconds, its time everywhere (the order a task reads its inputs in,
@@ -179,7 +179,7 @@ class StreamsBuilder:
         ``repartition=True``: the topic's records are first sent through the internal topic
         ``<app>-<node name>-repartition``, placed by our own partitioner (murmur2), and the table is
         read from there, so joins over it are right whatever partitioner (or none) wrote ``topic``
-        (README "Partitioning"). Costs one more topic write and read per record.
+        (docs/semantics.md "Partitioning"). Costs one more topic write and read per record.
 
         ``timestamp_extractor``: as ``stream``'s; the row's timestamp is its event time."""
         from processor.dsl.ktable import KTable
@@ -267,7 +267,7 @@ class StreamsBuilder:
         topic; its store is restored from the source topic up to the task's committed position
         (Kafka Streams' ``reuse.ktable.source.topics``: one produce per input record less). Only
         for topics that keep every key's latest record (compacted, or retained forever): a restore
-        cannot bring back what the broker deleted. README "Reliability"."""
+        cannot bring back what the broker deleted. docs/semantics.md "A source topic as its table's changelog"."""
         if not self._nodes:
             raise TopologyError("the topology is empty: add a stream or table first")
         unconnected = sorted(set(self._user_stores) - set(self._stores))

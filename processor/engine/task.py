@@ -206,7 +206,7 @@ class Task:
             self.context.staged_topics = frozenset(
                 n.sink_topic for n in topology.subtopologies[sub_id]
                 if n.sink_topic and n.attrs.internal and n.sink_topic in deduplicated)
-        # topics whose every key is checked against its partitioner (README "Partitioning")
+        # topics whose every key is checked against its partitioner (docs/semantics.md "Partitioning")
         self._placement_checks = {t: (*c, {}) for t, c in self.routing.checks(self.sources).items()}
         self.store_specs = topology.stores_of(sub_id)
         # the local checkpoint also holds changelog end offsets: keep the input partitions only

@@ -122,7 +122,7 @@ class Worker(TaskManagement, CommitUnit):
         # a consumer-config ``isolation.level`` overrides it for every consumer the worker opens
         # (group, restore, end-of-partition probes). On a broker whose read_committed hides no
         # aborted record and whose last stable offset can stay behind a transaction it never
-        # completes (Tansu: README "Reliability"), read_uncommitted loses nothing and cannot block.
+        # completes (Tansu: docs/semantics.md "Isolation level"), read_uncommitted loses nothing and cannot block.
         self.isolation_level = self._consumer_config.get(
             "isolation.level", "read_committed" if processing_guarantee == "exactly_once" else "read_uncommitted")
         self._producer_config = config.for_kind("producer")
@@ -232,7 +232,7 @@ class Worker(TaskManagement, CommitUnit):
             kafka.create_topics(self.bootstrap_servers, {self.dlq_topic: 1}, replication_factor=rf)
         if created:
             parts = {**parts, **{t: wanted[t][0] for t in created}}
-        # which partitioner placed each source a join depends on (README "Partitioning")
+        # which partitioner placed each source a join depends on (docs/semantics.md "Partitioning")
         choices = determine_partitioners(self.topology, self.bootstrap_servers, parts,
                                          self._consumer_config, self.application_id)
         self.topology = self.topology.with_partitioning(choices)

@@ -7,7 +7,7 @@ snapshot into metric families, plus the ages it computes from two timestamps (th
 last iteration, the last commit) and the process metrics of ``prometheus_client``. Counters
 are monotonic per label set: a task's counters are its closed instances' plus its live one's.
 
-Metric names (README "Metrics"):
+Metric names (docs/operations.md "Metrics, health probes and interactive queries"):
 
 - ``processor_records_processed_total``: input records processed by this worker.
 - ``processor_task_events_total{task, operator, event}``: every counter of every operator of

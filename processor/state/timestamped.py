@@ -5,7 +5,7 @@ Layout::
     {8-byte big-endian signed timestamp (ms)}{value bytes}
 
 ``value bytes`` are exactly the value serde's bytes. The layout itself carries no version byte
-(it is fixed by DESIGN.md); the format version of a whole database is kept in its ``__meta``
+(it is fixed by docs/architecture.md); the format version of a whole database is kept in its ``__meta``
 column family and checked when the database is opened.
 """
 

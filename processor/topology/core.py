@@ -187,7 +187,7 @@ class Topology:
         bound.partitioning = {**self.partitioning, **choices}
         return bound
 
-    # -- partitioning (README "Partitioning") --------------------------------------------------
+    # -- partitioning (docs/semantics.md "Partitioning") --------------------------------------------------
     def roots(self, node: LogicalNode) -> list[str]:
         """``partitioning.roots``: the source topics whose partitioner places ``node``'s keys."""
         return partitioning.roots(self, node)

@@ -1,4 +1,4 @@
-"""Partitioning constraints of a topology (README "Partitioning"): which source topics place
+"""Partitioning constraints of a topology (docs/semantics.md "Partitioning"): which source topics place
 which node's keys, where two sides must be co-partitioned, which sinks route like a source.
 
 Invariant: read-only over the graph, but ``resolve_routes``, which names the topics a

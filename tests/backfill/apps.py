@@ -74,7 +74,7 @@ def poison_for(t: dict):
     """``accounts`` table (pk -> {"bal", "region"}) -> ``rich`` (filter, a table sink) and
     ``bal-by-region`` (repartition + integer sum): replayed record by record; ``profiles`` table
     (pk -> {"bal", "region"}) -> ``vip`` (filter, a table sink) only: compacted by the backfill
-    (README "Backfill"); ``payments`` stream counted per key (``payments-per-account``)."""
+    (docs/backfill.md "What it does", step 4); ``payments`` stream counted per key (``payments-per-account``)."""
     b = StreamsBuilder()
     acc = b.table(t["accounts"], store_name="accounts")
     acc.filter(lambda k, v: v["bal"] > 10).to_stream().to(t["rich"])

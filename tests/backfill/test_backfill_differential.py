@@ -6,7 +6,7 @@ same history (records piped in timestamp order, the order a backfill task merges
 Cases whose stores depend on a task's stream time (windowed aggregates, ``Emit.every`` on the
 stream clock, stream-stream joins) run on one partition, where the driver's single task and
 the backfill's task see the same stream; the others on three. Foreign-key join results (and
-what an aggregate downstream of them keeps) are compared as documented in README "Backfill":
+what an aggregate downstream of them keeps) are compared as documented in docs/backfill.md "Same stores":
 same keys and value bytes, the 8-byte timestamp aside."""
 
 import json

@@ -114,7 +114,7 @@ def history(kafka_bootstrap, spark, tmp_path_factory):
 @pytest.mark.integration
 def test_reference_backfill_equals_the_driver(history, report):
     """The reference is right: its stores equal the test driver's after the same history (the
-    foreign-key join result by keys and value bytes, its timestamp aside: README "Backfill")."""
+    foreign-key join result by keys and value bytes, its timestamp aside: docs/backfill.md "Same stores")."""
     topo, topics = history["topology"], history["topics"]
     with TopologyTestDriver(topo, application_id="drv") as d:
         for i, (name, k, v) in enumerate(history["records"]):

@@ -100,7 +100,7 @@ def test_replaying_the_last_two_changes_leaves_the_stores_of_a_full_replay():
         if name.endswith(("-version-store", "-subscription-store")):
             assert [k for k, _ in compacted[name]] == [k for k, _ in full[name]], name
         elif name.startswith("KTABLE-FK-JOIN"):
-            # the join result: same keys and values; the timestamp may differ (README "Backfill")
+            # the join result: same keys and values; the timestamp may differ (docs/backfill.md "Same stores")
             assert [(k, v[8:]) for k, v in compacted[name]] == [(k, v[8:]) for k, v in full[name]], name
         else:
             assert compacted[name] == full[name], name

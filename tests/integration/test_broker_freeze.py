@@ -51,7 +51,7 @@ def test_broker_frozen_for_20_s_workers_resume_outputs_exact(unique, tmp_path, m
         kafka.create_topics(bootstrap, {orders: PARTS, customers: PARTS, shipments: PARTS,
                                         **{t: PARTS for t in outs.values()}})
         records = _scenario(orders, customers, shipments, N, seed=5)
-        # on Tansu (README "Isolation level") the workers read uncommitted under both guarantees
+        # on Tansu (docs/semantics.md "Isolation level") the workers read uncommitted under both guarantees
         conf = ["isolation.level=read_uncommitted"]
         logs = [tmp_path / f"w{i}.log" for i in range(2)]
         procs = [start_worker_process(bootstrap, SPEC, app, tmp_path / f"w{i}", logs[i], env, guarantee,

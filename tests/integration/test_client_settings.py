@@ -79,7 +79,7 @@ def test_every_worker_client_gets_the_settings(kafka_bootstrap, unique, tmp_path
 
     first = run("at_least_once")
     shutil.rmtree(tmp_path / "state")                 # the second run restores from the changelogs
-    # exactly_once: the transactional producer (read_uncommitted: README "Reliability" for Tansu)
+    # exactly_once: the transactional producer (read_uncommitted: docs/semantics.md "Isolation level" for Tansu)
     second = run("exactly_once", {"isolation.level": "read_uncommitted"})
     assert first.records_processed > 3000 and second.records_processed == 0 and second.restored_records > 0
 

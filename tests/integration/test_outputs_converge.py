@@ -5,7 +5,7 @@ Two worker PROCESSES run ``apps.convergence_topology`` (an FK join, a PK table-t
 result, and an aggregation fed by that join: three table sinks) while 30,000 interleaved
 records arrive; four times, at random moments, one worker is SIGKILLed and restarted at once,
 once after its state directory was wiped. Then every output topic, read as a table (last value
-per key, tombstones removing keys, with the isolation level the README prescribes for the
+per key, tombstones removing keys, with the isolation level docs/semantics.md prescribes for the
 broker), must equal the table the broker-free driver computes for the same input. Inputs are
 produced with confluent-kafka's default partitioner (CRC32) for one seed and murmur2 for the
 other, each declared on the sources (the topics are empty when the workers start). The
@@ -73,7 +73,7 @@ def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, 
     records = _scenario(orders, customers, shipments, N, seed)
     rnd = random.Random(seed)
     caps = broker_capabilities
-    # README "Isolation level": read_committed only where the broker completes and hides transactions
+    # docs/semantics.md "Isolation level": read_committed only where the broker completes and hides transactions
     txn_reliable = caps.transactions_complete_after_fencing and caps.read_committed_hides_aborted
     iso = "read_committed" if guarantee == "exactly_once" and txn_reliable else "read_uncommitted"
     worker_conf = [f"isolation.level={iso}"]

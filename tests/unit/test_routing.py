@@ -1,4 +1,4 @@
-"""Routing by each source's partitioner (README "Partitioning"): the Task's check of every
+"""Routing by each source's partitioner (docs/semantics.md "Partitioning"): the Task's check of every
 consumed key of a checked topic, the foreign-key subscription sink's partition choice, and a
 table read through ``repartition=True`` (differential against the same topology without it)."""
 
