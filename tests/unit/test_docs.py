@@ -1,7 +1,9 @@
 """The README stays a short guide whose first two commands are the documented ones (CI runs the
-second: ``.ci/run`` greps it), and no relative link of the README or of ``docs/`` points at a
-missing file or heading."""
+second: ``.ci/run`` greps it), its example runs and prints what it says, and no relative link of
+the README or of ``docs/`` points at a missing file or heading."""
 
+import contextlib
+import io
 import re
 import unicodedata
 from pathlib import Path
@@ -70,3 +72,15 @@ def test_every_relative_link_points_at_an_existing_file_and_heading():
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+def test_the_readme_example_prints_what_it_says():
+    """The README's Python example runs as it is, and its last print gives the output its
+    closing comment shows."""
+    block = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)[0]
+    comment = [line.strip()[1:].strip() for line in block.splitlines()[-2:]]
+    assert all(line.startswith(("[", "OutputRecord")) for line in comment), comment
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block, str(README), "exec"), {})
+    assert out.getvalue().splitlines()[-1] == " ".join(comment)
