@@ -1,6 +1,6 @@
 """The README stays a short guide whose first two commands are the documented ones (CI runs the
 second: ``.ci/run`` greps it), its example runs and prints what it says, and no relative link of
-the README or of ``docs/`` points at a missing file or heading."""
+the README or of ``docs/`` points at a missing file or heading, nor does a file path they name."""
 
 import contextlib
 import io
@@ -84,3 +84,11 @@ def test_the_readme_example_prints_what_it_says():
     with contextlib.redirect_stdout(out):
         exec(compile(block, str(README), "exec"), {})
     assert out.getvalue().splitlines()[-1] == " ".join(comment)
+
+
+def test_every_repository_file_the_docs_name_exists():
+    """A module or test renamed or split must take its mentions in the README and docs/ along."""
+    named = re.compile(r"`((?:processor|backfill|benchmarks|tests|schemas)/[\w/.-]*\.(?:py|md|avsc))`")
+    missing = [f"{page.relative_to(ROOT)}: {path}"
+               for page in _pages() for path in named.findall(page.read_text()) if not (ROOT / path).exists()]
+    assert not missing, "\n".join(missing)
