@@ -119,7 +119,11 @@ class _Aggregate(Processor):
         self.emitter.updated(kb, new_bytes, record_ts, value_ts)
 
     def _call(self, fn, *args):
-        return self.call_user(fn, *args)
+        """``fn(*args)``, a user function (errors translated by ``user_error``)."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise self.user_error(fn, exc) from exc
 
     def punctuate_stream(self, stream_time: int) -> None:
         self.emitter.punctuate(stream_time)

@@ -24,6 +24,20 @@ def describe_function(fn: Callable) -> str:
     return name
 
 
+def user_function_error(step: str, fn: Callable, exc: BaseException) -> ProcessorError:
+    """The error for ``exc``, raised by user function ``fn`` in step ``step``: a
+    ``UserFunctionError`` naming the step and the function (its file:line), or ``exc`` itself
+    when it is already one of ours. The caller raises it ``from exc``.
+
+    The one place a user function's failure is translated. Operators call user functions
+    directly inside their own ``try`` (free in CPython 3.11+ until something raises) and build
+    the error here; a wrapper closure around each function would add a Python call per record."""
+    if isinstance(exc, ProcessorError):
+        return exc
+    name = describe_function(fn)
+    return UserFunctionError(f"user function {name} raised {type(exc).__name__}: {exc}", step=step, function=name)
+
+
 def _every_topic_exists(topic: str) -> bool:
     return True
 
@@ -160,19 +174,6 @@ class Processor:
         return SerializationError(f"{what} {shown} does not serialize with {serde!r}: "
                                   f"{type(exc).__name__}: {exc}", step=self.name)
 
-    def call_user(self, fn: Callable, *args):
-        """``fn(*args)``, a user function: what it raises becomes a ``UserFunctionError`` naming
-        this step and the function."""
-        try:
-            return fn(*args)
-        except Exception as exc:
-            raise self.user_error(fn, exc) from exc
-
     def user_error(self, fn: Callable, exc: BaseException) -> ProcessorError:
-        """Translate an exception raised by a user function into a UserFunctionError naming the
-        step and the function (the caller raises it ``from exc``)."""
-        if isinstance(exc, ProcessorError):
-            return exc
-        name = describe_function(fn)
-        return UserFunctionError(f"user function {name} raised {type(exc).__name__}: {exc}",
-                                 step=self.name, function=name)
+        """``user_function_error`` for this step (the caller raises it ``from exc``)."""
+        return user_function_error(self.name, fn, exc)

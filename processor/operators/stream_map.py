@@ -53,7 +53,10 @@ class StreamMap(Processor):
         self.mapper = mapper
 
     def process(self, key, value, timestamp):
-        out = self.call_user(self.mapper, key, value)
+        try:
+            out = self.mapper(key, value)
+        except Exception as exc:
+            raise self.user_error(self.mapper, exc) from exc
         k, v = _pair(self.mapper, out, self.name)
         self.forward(k, v, timestamp)
 
@@ -68,7 +71,10 @@ class StreamSelectKey(Processor):
         self.mapper = mapper
 
     def process(self, key, value, timestamp):
-        k = self.call_user(self.mapper, key, value)
+        try:
+            k = self.mapper(key, value)
+        except Exception as exc:
+            raise self.user_error(self.mapper, exc) from exc
         self.forward(k, value, timestamp)
 
 
@@ -82,7 +88,10 @@ class StreamFlatMap(Processor):
         self.mapper = mapper
 
     def process(self, key, value, timestamp):
-        out = self.call_user(self.mapper, key, value)
+        try:
+            out = self.mapper(key, value)
+        except Exception as exc:
+            raise self.user_error(self.mapper, exc) from exc
         items = _items(self, self.mapper, out, "an iterable of (key, value) pairs")
         pairs = [_pair(self.mapper, x, self.name) for x in items]
         for k, v in pairs:
@@ -99,7 +108,10 @@ class StreamFlatMapValues(Processor):
         self.mapper = mapper
 
     def process(self, key, value, timestamp):
-        out = self.call_user(self.mapper, value)
+        try:
+            out = self.mapper(value)
+        except Exception as exc:
+            raise self.user_error(self.mapper, exc) from exc
         for v in _items(self, self.mapper, out, "an iterable of values"):
             self.forward(key, v, timestamp)
 
@@ -115,7 +127,10 @@ class StreamPeek(Processor):
         self.action = action
 
     def process(self, key, value, timestamp):
-        self.call_user(self.action, key, value)
+        try:
+            self.action(key, value)
+        except Exception as exc:
+            raise self.user_error(self.action, exc) from exc
         self.forward(key, value, timestamp)
 
 
@@ -134,7 +149,11 @@ class StreamBranch(Processor):
 
     def process(self, key, value, timestamp):
         for i, p in enumerate(self.predicates):
-            if self.call_user(p, key, value):
+            try:
+                chosen = p(key, value)
+            except Exception as exc:
+                raise self.user_error(p, exc) from exc
+            if chosen:
                 self.children[i].process(key, value, timestamp)
                 return
         if self.has_default:

@@ -159,7 +159,10 @@ class UserProcessor(Processor):
         ctx = self.context
         self._ts = timestamp
         rec = Record(key, value, timestamp, tuple(ctx.headers or ()), ctx.topic, ctx.partition, ctx.offset)
-        self.call_user(self.user.process, rec)
+        try:
+            self.user.process(rec)
+        except Exception as exc:
+            raise self.user_error(self.user.process, exc) from exc
 
     def punctuate_task_time(self, stream_time: int) -> None:
         if self._stream_schedules:
