@@ -32,6 +32,7 @@ both columns.
 from __future__ import annotations
 
 import struct
+from typing import Any, cast
 
 from processor.operators.base import Processor
 from processor.operators.emission import AggregateEmitter
@@ -54,8 +55,8 @@ class _Aggregate(Processor):
         self.value_serde = value_serde
         self.emit = emit
         self.records_in = 0
-        self.store = None
-        self.emitter = None
+        self.store: Any = None                  # the aggregate's store (set by init)
+        self.emitter = cast(AggregateEmitter, None)   # set by init
         self.punctuates_stream = emit.mode == "every" and emit.clock == "stream"
         self.punctuates_wall = emit.mode == "every" and emit.clock == "wall"
         self.observed_time = -1

@@ -9,7 +9,7 @@ offset, headers) and gives access to stores and to the record collector.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from processor import provenance
 from processor.engine.routing import Routing
@@ -127,7 +127,8 @@ class Processor:
     def __init__(self, name: str):
         self.name = name
         self.children: list[Processor] = []
-        self.context: ProcessorContext | None = None
+        # set by init(), before any record: an operator never runs without its context
+        self.context: ProcessorContext = cast(ProcessorContext, None)
 
     def init(self, context: ProcessorContext) -> None:
         self.context = context

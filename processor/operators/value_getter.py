@@ -57,12 +57,8 @@ class StoreValueGetter:
         return self.value_serde.deserialize(vb), ts
 
 
-class EmittedValueGetter:
-    """An aggregate as last forwarded: its last-emitted column."""
-
-    def __init__(self, emitted_store, value_serde):
-        self.store = emitted_store
-        self.value_serde = value_serde
+class EmittedValueGetter(StoreValueGetter):
+    """An aggregate as last forwarded: its last-emitted column (``store``: the ``.emitted`` one)."""
 
     def get(self, key, kb):
         raw = self.store.get(kb)
