@@ -23,10 +23,10 @@ change carries max(record, previous aggregate) timestamps, as in Kafka Streams.
 
 Windowed aggregation (``TimeWindowedKStream``): a record at ``ts`` updates every window
 ``[start, start + size)`` that contains it (starts are multiples of the advance, never negative).
-A window is closed once stream time reaches ``end + grace``; a record for a closed window is not applied to it and, when all of its
-windows are closed, counted in ``late_records_dropped``. Closed windows are emitted (under
-``Emit.on_window_close``; a deferred ``Emit.every`` emission goes out first) and then purged from
-both columns.
+A window is closed once stream time reaches ``end + grace``; a record for a closed window is not
+applied to it and, when all of its windows are closed, counted in ``late_records_dropped``.
+Closed windows are emitted (under ``Emit.on_window_close``; a deferred ``Emit.every`` emission
+goes out first) and then purged from both columns.
 """
 
 from __future__ import annotations

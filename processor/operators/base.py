@@ -178,3 +178,13 @@ class Processor:
     def user_error(self, fn: Callable, exc: BaseException) -> ProcessorError:
         """``user_function_error`` for this step (the caller raises it ``from exc``)."""
         return user_function_error(self.name, fn, exc)
+
+
+class MapperOperator(Processor):
+    """An operator applying one user function, ``mapper``, to each record (map, select_key,
+    flat_map, flat_map_values, map_values on a stream); it calls it inside its own ``try`` and
+    translates a failure with ``user_error``."""
+
+    def __init__(self, name: str, mapper: Callable):
+        super().__init__(name)
+        self.mapper = mapper

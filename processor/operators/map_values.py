@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from processor.operators.base import Processor, user_function_error
+from processor.operators.base import MapperOperator, Processor, user_function_error
 from processor.operators.value_getter import Row, ValueGetter
 from processor.records import Change
 
@@ -40,12 +40,8 @@ class TableMapValuesRule:
             raise user_function_error(self.step, self.mapper, exc) from exc
 
 
-class StreamMapValues(Processor):
+class StreamMapValues(MapperOperator):
     kind = "map-values"
-
-    def __init__(self, name, mapper):
-        super().__init__(name)
-        self.mapper = mapper
 
     def process(self, key, value, timestamp):
         try:

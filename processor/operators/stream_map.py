@@ -14,7 +14,7 @@ so a bad element never leaves half of a record's outputs behind.
 from __future__ import annotations
 
 from processor.errors import UserFunctionError
-from processor.operators.base import Processor, describe_function
+from processor.operators.base import MapperOperator, Processor, describe_function
 
 
 def _not_a(what: str, fn, got, step: str) -> UserFunctionError:
@@ -43,14 +43,10 @@ def _items(node, fn, out, what: str) -> list:
         raise node.user_error(fn, exc) from exc
 
 
-class StreamMap(Processor):
+class StreamMap(MapperOperator):
     """``mapper(key, value) -> (key2, value2)``."""
 
     kind = "map"
-
-    def __init__(self, name, mapper):
-        super().__init__(name)
-        self.mapper = mapper
 
     def process(self, key, value, timestamp):
         try:
@@ -61,14 +57,10 @@ class StreamMap(Processor):
         self.forward(k, v, timestamp)
 
 
-class StreamSelectKey(Processor):
+class StreamSelectKey(MapperOperator):
     """``mapper(key, value) -> key2``; the value is forwarded as it came."""
 
     kind = "select-key"
-
-    def __init__(self, name, mapper):
-        super().__init__(name)
-        self.mapper = mapper
 
     def process(self, key, value, timestamp):
         try:
@@ -78,14 +70,10 @@ class StreamSelectKey(Processor):
         self.forward(k, value, timestamp)
 
 
-class StreamFlatMap(Processor):
+class StreamFlatMap(MapperOperator):
     """``mapper(key, value)`` -> an iterable of ``(key2, value2)``."""
 
     kind = "flat-map"
-
-    def __init__(self, name, mapper):
-        super().__init__(name)
-        self.mapper = mapper
 
     def process(self, key, value, timestamp):
         try:
@@ -98,14 +86,10 @@ class StreamFlatMap(Processor):
             self.forward(k, v, timestamp)
 
 
-class StreamFlatMapValues(Processor):
+class StreamFlatMapValues(MapperOperator):
     """``mapper(value)`` -> an iterable of values, each forwarded with the input's key."""
 
     kind = "flat-map-values"
-
-    def __init__(self, name, mapper):
-        super().__init__(name)
-        self.mapper = mapper
 
     def process(self, key, value, timestamp):
         try:
