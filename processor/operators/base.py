@@ -67,7 +67,7 @@ class ProcessorContext:
         self.partition: int | None = None
         self.offset: int | None = None
         self.in_record = False
-        self.headers = None
+        self.headers: list[tuple[str, bytes]] | None = None
         self.sequence = 0            # internal records caused so far by the record in hand
         self.outbox: list = []       # internal records waiting for the next commit
         self.staged_topics: frozenset = frozenset()   # internal topics always sent through the outbox
@@ -160,9 +160,10 @@ class Processor:
     def close(self) -> None:
         pass
 
-    def serialize(self, serde, value, what: str) -> bytes | None:
-        """``serde.serialize(value)``; a failure is a SerializationError naming this step (it
-        follows the on_error policy: a user's value that its serde cannot write)."""
+    def serialize(self, serde, value, what: str) -> bytes:
+        """``serde.serialize(value)`` (of a value that is not None); a failure is a
+        SerializationError naming this step (it follows the on_error policy: a user's value that
+        its serde cannot write)."""
         try:
             return serde.serialize(value)
         except Exception as exc:

@@ -91,6 +91,7 @@ class Sink(Processor):
 
     def process(self, key, value, timestamp):
         ctx = self.context
+        extra: Any
         partition, extra = None, ()
         if type(value) is Routed:
             value, partition, extra = value
