@@ -29,7 +29,6 @@ from processor.graph import (
     TableAttrs,
     getter_spec,
 )
-from processor.operators.base import Processor
 from processor.operators.foreign_key_join import (
     ForeignKeyJoinResponder,
     ForeignKeyJoinResponseResolver,
@@ -38,8 +37,8 @@ from processor.operators.foreign_key_join import (
 )
 from processor.operators.sink import PassThrough, Sink
 from processor.operators.source import StreamSource
-from processor.operators.table_join import HOWS, StreamTableJoin, TableJoinSide, TableSelfJoin
-from processor.operators.value_getter import SelfJoinValueGetter, StoreValueGetter, table_getter
+from processor.operators.table_join import HOWS, SelfJoinValueGetter, StreamTableJoin, TableJoinSide, TableSelfJoin
+from processor.operators.value_getter import StoreValueGetter, table_getter
 from processor.serde import Serdes
 from processor.topology import LogicalNode, StoreSpec
 
@@ -113,8 +112,7 @@ def _rewrite_table_self_join(joiner, vs):
         this.stores = []   # it owns none; describe() shows the table's, which it reads
         this.attrs = replace(this.attrs, self_join=None, self_join_of=table.name)
         merge.attrs = replace(merge.attrs, getter=GetterSpec(
-            lambda n, ctx: SelfJoinValueGetter(table_getter(n.parents[0].parents[0], ctx), joiner,
-                                               Processor(n.name))))
+            lambda n, ctx: SelfJoinValueGetter(table_getter(n.parents[0].parents[0], ctx), joiner, n.name)))
     return rewrite
 
 

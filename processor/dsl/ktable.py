@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from processor.graph import GetterSpec, TableAttrs, ToStreamAttrs
-from processor.operators.base import Processor
-from processor.operators.filter import TableFilter
-from processor.operators.map_values import TableMapValues
+from processor.operators.filter import FilterValueGetter, TableFilter, TableFilterRule
+from processor.operators.map_values import MapValuesGetter, TableMapValues, TableMapValuesRule
 from processor.operators.sink import TableToStream
-from processor.operators.value_getter import FilterValueGetter, MapValuesGetter, table_getter
+from processor.operators.value_getter import table_getter
 from processor.serde import Serdes
 from processor.topology import LogicalNode
 
@@ -18,8 +17,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def _filter_getter(predicate, negate):
-    return GetterSpec(lambda n, ctx: FilterValueGetter(table_getter(n.parents[0], ctx), predicate, negate,
-                                                       Processor(n.name)))
+    """The filtered table's getter: its parent's rows through the filter's rule."""
+    return GetterSpec(lambda n, ctx: FilterValueGetter(table_getter(n.parents[0], ctx),
+                                                       TableFilterRule(predicate, negate, n.name)))
+
+
+def _map_values_getter(mapper):
+    """The mapped table's getter: its parent's rows through the operator's rule."""
+    return GetterSpec(lambda n, ctx: MapValuesGetter(table_getter(n.parents[0], ctx),
+                                                     TableMapValuesRule(mapper, n.name)))
 
 
 class KTable:
@@ -53,9 +59,7 @@ class KTable:
         mapped value does not change are not forwarded."""
         vs = value_serde or Serdes.json()
         return self._then("KTABLE-MAPVALUES", lambda n: TableMapValues(n.name, mapper, vs), name,
-                          value_serde=vs,
-                          getter=GetterSpec(lambda n, ctx: MapValuesGetter(table_getter(n.parents[0], ctx),
-                                                                           mapper, Processor(n.name))))
+                          value_serde=vs, getter=_map_values_getter(mapper))
 
     def group_by(self, selector, key_serde=None, value_serde=None):
         """``selector(key, value) -> (group_key, group_value)`` (group_key None: the row is in no

@@ -23,15 +23,16 @@ change carries max(record, previous aggregate) timestamps, as in Kafka Streams.
 
 Windowed aggregation (``TimeWindowedKStream``): a record at ``ts`` updates every window
 ``[start, start + size)`` that contains it (starts are multiples of the advance, never negative).
-A window is closed once stream time reaches ``end + grace``; a record for a closed window is not applied to it and, when all of its
-windows are closed, counted in ``late_records_dropped``. Closed windows are emitted (under
-``Emit.on_window_close``; a deferred ``Emit.every`` emission goes out first) and then purged from
-both columns.
+A window is closed once stream time reaches ``end + grace``; a record for a closed window is not
+applied to it and, when all of its windows are closed, counted in ``late_records_dropped``.
+Closed windows are emitted (under ``Emit.on_window_close``; a deferred ``Emit.every`` emission
+goes out first) and then purged from both columns.
 """
 
 from __future__ import annotations
 
 import struct
+from typing import Any, cast
 
 from processor.operators.base import Processor
 from processor.operators.emission import AggregateEmitter
@@ -54,8 +55,8 @@ class _Aggregate(Processor):
         self.value_serde = value_serde
         self.emit = emit
         self.records_in = 0
-        self.store = None
-        self.emitter = None
+        self.store: Any = None                  # the aggregate's store (set by init)
+        self.emitter = cast(AggregateEmitter, None)   # set by init
         self.punctuates_stream = emit.mode == "every" and emit.clock == "stream"
         self.punctuates_wall = emit.mode == "every" and emit.clock == "wall"
         self.observed_time = -1
@@ -119,7 +120,11 @@ class _Aggregate(Processor):
         self.emitter.updated(kb, new_bytes, record_ts, value_ts)
 
     def _call(self, fn, *args):
-        return self.call_user(fn, *args)
+        """``fn(*args)``, a user function (errors translated by ``user_error``)."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise self.user_error(fn, exc) from exc
 
     def punctuate_stream(self, stream_time: int) -> None:
         self.emitter.punctuate(stream_time)

@@ -9,7 +9,7 @@ offset, headers) and gives access to stores and to the record collector.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from processor import provenance
 from processor.engine.routing import Routing
@@ -22,6 +22,20 @@ def describe_function(fn: Callable) -> str:
     if code is not None:
         return f"{name} ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})"
     return name
+
+
+def user_function_error(step: str, fn: Callable, exc: BaseException) -> ProcessorError:
+    """The error for ``exc``, raised by user function ``fn`` in step ``step``: a
+    ``UserFunctionError`` naming the step and the function (its file:line), or ``exc`` itself
+    when it is already one of ours. The caller raises it ``from exc``.
+
+    The one place a user function's failure is translated. Operators call user functions
+    directly inside their own ``try`` (free in CPython 3.11+ until something raises) and build
+    the error here; a wrapper closure around each function would add a Python call per record."""
+    if isinstance(exc, ProcessorError):
+        return exc
+    name = describe_function(fn)
+    return UserFunctionError(f"user function {name} raised {type(exc).__name__}: {exc}", step=step, function=name)
 
 
 def _every_topic_exists(topic: str) -> bool:
@@ -53,7 +67,7 @@ class ProcessorContext:
         self.partition: int | None = None
         self.offset: int | None = None
         self.in_record = False
-        self.headers = None
+        self.headers: list[tuple[str, bytes]] | None = None
         self.sequence = 0            # internal records caused so far by the record in hand
         self.outbox: list = []       # internal records waiting for the next commit
         self.staged_topics: frozenset = frozenset()   # internal topics always sent through the outbox
@@ -113,7 +127,8 @@ class Processor:
     def __init__(self, name: str):
         self.name = name
         self.children: list[Processor] = []
-        self.context: ProcessorContext | None = None
+        # set by init(), before any record: an operator never runs without its context
+        self.context: ProcessorContext = cast(ProcessorContext, None)
 
     def init(self, context: ProcessorContext) -> None:
         self.context = context
@@ -145,9 +160,10 @@ class Processor:
     def close(self) -> None:
         pass
 
-    def serialize(self, serde, value, what: str) -> bytes | None:
-        """``serde.serialize(value)``; a failure is a SerializationError naming this step (it
-        follows the on_error policy: a user's value that its serde cannot write)."""
+    def serialize(self, serde, value, what: str) -> bytes:
+        """``serde.serialize(value)`` (of a value that is not None); a failure is a
+        SerializationError naming this step (it follows the on_error policy: a user's value that
+        its serde cannot write)."""
         try:
             return serde.serialize(value)
         except Exception as exc:
@@ -160,19 +176,16 @@ class Processor:
         return SerializationError(f"{what} {shown} does not serialize with {serde!r}: "
                                   f"{type(exc).__name__}: {exc}", step=self.name)
 
-    def call_user(self, fn: Callable, *args):
-        """``fn(*args)``, a user function: what it raises becomes a ``UserFunctionError`` naming
-        this step and the function."""
-        try:
-            return fn(*args)
-        except Exception as exc:
-            raise self.user_error(fn, exc) from exc
-
     def user_error(self, fn: Callable, exc: BaseException) -> ProcessorError:
-        """Translate an exception raised by a user function into a UserFunctionError naming the
-        step and the function (the caller raises it ``from exc``)."""
-        if isinstance(exc, ProcessorError):
-            return exc
-        name = describe_function(fn)
-        return UserFunctionError(f"user function {name} raised {type(exc).__name__}: {exc}",
-                                 step=self.name, function=name)
+        """``user_function_error`` for this step (the caller raises it ``from exc``)."""
+        return user_function_error(self.name, fn, exc)
+
+
+class MapperOperator(Processor):
+    """An operator applying one user function, ``mapper``, to each record (map, select_key,
+    flat_map, flat_map_values, map_values on a stream); it calls it inside its own ``try`` and
+    translates a failure with ``user_error``."""
+
+    def __init__(self, name: str, mapper: Callable):
+        super().__init__(name)
+        self.mapper = mapper

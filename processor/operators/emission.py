@@ -196,6 +196,7 @@ class AggregateEmitter:
                 kb, cur_bytes, ts, em_entry = e[0], None, None, emitted_codec.decode(e[1])
                 e = next(em, None)
             else:
+                assert c is not None and e is not None   # the same key in both columns
                 kb, cur_bytes, ts = c[0], c[1][TS:], timestamped.timestamp_of(c[1])
                 em_entry = emitted_codec.decode(e[1])
                 c = next(cur, None)
@@ -204,7 +205,10 @@ class AggregateEmitter:
             if cur_bytes == em_bytes:
                 continue
             deadline = 0 if em_entry is None else em_entry.emitted_at + self.interval
-            self._pending[kb] = (deadline, em_entry.timestamp if ts is None else ts)
+            if ts is None:
+                assert em_entry is not None   # a key only the emitted column has
+                ts = em_entry.timestamp
+            self._pending[kb] = (deadline, ts)
             heapq.heappush(self._heap, (deadline, kb))
 
     def metrics(self) -> dict[str, int]:

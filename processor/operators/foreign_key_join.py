@@ -92,10 +92,9 @@ def fk_extractor_arity(fn) -> int:
     return 2 if len(params) >= 2 else 1
 
 
-class ForeignKeyJoinSubscriptionSender(Processor):
-    """Left side: a left change -> subscriptions, or a result resolved locally."""
-
-    kind = "fk-join-subscription-sender"
+class _LeftSide(Processor):
+    """An operator of the left (primary-key) side: it extracts foreign keys, applies the joiner,
+    and keeps the version store and the result table (``open_stores``)."""
 
     def __init__(self, name, fk_extractor, left_key_serde, right_key_serde, joiner, how,
                  version_store, result_store, result_serde):
@@ -109,18 +108,34 @@ class ForeignKeyJoinSubscriptionSender(Processor):
         self.version_store_name = version_store
         self.result_store_name = result_store
         self.result_serde = result_serde
+        self.unchanged_skipped = 0
+
+    def open_stores(self, context, result_readers) -> None:
+        """The version store and the result table (old values decoded only if one of
+        ``result_readers`` reads them)."""
+        self.versions = context.get_store(self.version_store_name)
+        self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde, self,
+                                         send_old=reads_old_values(result_readers))
+
+
+class ForeignKeyJoinSubscriptionSender(_LeftSide):
+    """Left side: a left change -> subscriptions, or a result resolved locally."""
+
+    kind = "fk-join-subscription-sender"
+
+    def __init__(self, name, fk_extractor, left_key_serde, right_key_serde, joiner, how,
+                 version_store, result_store, result_serde):
+        super().__init__(name, fk_extractor, left_key_serde, right_key_serde, joiner, how,
+                         version_store, result_store, result_serde)
         self.subscriptions_sent = 0
         self.unsubscriptions_sent = 0
         self.resolved_locally = 0
-        self.unchanged_skipped = 0
 
     def init(self, context):
         super().init(context)
         self.sinks = [c for c in self.children if isinstance(c, Sink)]
         self.results = [c for c in self.children if not isinstance(c, Sink)]
-        self.versions = context.get_store(self.version_store_name)
-        self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde, self,
-                                         send_old=reads_old_values(self.results))
+        self.open_stores(context, self.results)
 
     def _to_results(self, key, change, timestamp):
         for c in self.results:
@@ -259,34 +274,23 @@ class ForeignKeyJoinResponder(_RespondingOperator):
         return {"responses_sent": self.responses_sent}
 
 
-class ForeignKeyJoinResponseResolver(Processor):
+class ForeignKeyJoinResponseResolver(_LeftSide):
     """Left side: a response -> the result for the left row it answers, if still current."""
 
     kind = "fk-join-response-resolver"
 
     def __init__(self, name, left_node, fk_extractor, left_key_serde, right_key_serde, right_value_serde,
                  joiner, how, version_store, result_store, result_serde):
-        super().__init__(name)
+        super().__init__(name, fk_extractor, left_key_serde, right_key_serde, joiner, how,
+                         version_store, result_store, result_serde)
         self.left_node = left_node
-        self.fk_extractor = fk_extractor
-        self.fk_arity = fk_extractor_arity(fk_extractor)
-        self.left_key_serde = left_key_serde
-        self.right_key_serde = right_key_serde
         self.right_value_serde = right_value_serde
-        self.joiner = joiner
-        self.how = how
-        self.version_store_name = version_store
-        self.result_store_name = result_store
-        self.result_serde = result_serde
         self.stale_responses_dropped = 0
-        self.unchanged_skipped = 0
 
     def init(self, context):
         super().init(context)
         self.left = table_getter(self.left_node, context)
-        self.versions = context.get_store(self.version_store_name)
-        self.result = MaterializedResult(context.get_store(self.result_store_name), self.result_serde, self,
-                                         send_old=reads_old_values(self.children))
+        self.open_stores(context, self.children)
 
     def process(self, pk, data, timestamp):
         if pk is None:

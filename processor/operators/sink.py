@@ -91,6 +91,7 @@ class Sink(Processor):
 
     def process(self, key, value, timestamp):
         ctx = self.context
+        extra: Any
         partition, extra = None, ()
         if type(value) is Routed:
             value, partition, extra = value
@@ -137,7 +138,10 @@ class Sink(Processor):
             ctx.send(topic, kb, vb, timestamp, headers)
 
     def _extracted(self, key, value) -> str:
-        topic = self.call_user(self.extractor, key, value)
+        try:
+            topic = self.extractor(key, value)
+        except Exception as exc:
+            raise self.user_error(self.extractor, exc) from exc
         if not isinstance(topic, str) or not topic:
             raise OutputError(f"the topic extractor {describe_function(self.extractor)} named no topic: it "
                               f"returned {topic!r}", step=self.name)

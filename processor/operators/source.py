@@ -91,7 +91,7 @@ def extract_event_time(fn, key, value, timestamp: int, step: str) -> int:
         raise UserFunctionError(f"timestamp extractor {name} raised {type(exc).__name__}: {exc}",
                                 step=step, function=name) from exc
     if type(ts) is not int or ts < 0:
-        if isinstance(ts, numbers.Integral) and not isinstance(ts, bool) and ts >= 0:
+        if isinstance(ts, numbers.Integral) and not isinstance(ts, bool) and int(ts) >= 0:
             return int(ts)   # numpy's integers, an int subclass
         name = describe_function(fn)
         raise UserFunctionError(f"timestamp extractor {name} returned {ts!r}: an event time must be a "

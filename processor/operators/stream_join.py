@@ -57,6 +57,7 @@ it before ``r``: ``joiner(r, x)``; pass 2 the same range, live range after ``r``
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from processor.errors import SerializationError
 from processor.operators.base import Processor
@@ -202,7 +203,7 @@ class StreamJoinSide(_StreamJoin):
         this, other, outer = self.store_names
         self.this = context.get_store(this)
         self.other = context.get_store(other)
-        self.outer = None if outer is None else context.get_store(outer)
+        self.outer: Any = None if outer is None else context.get_store(outer)
 
     def process(self, key, value, timestamp):
         stream_time = self._admit(key, value, timestamp)

@@ -14,7 +14,7 @@ so a bad element never leaves half of a record's outputs behind.
 from __future__ import annotations
 
 from processor.errors import UserFunctionError
-from processor.operators.base import Processor, describe_function
+from processor.operators.base import MapperOperator, Processor, describe_function
 
 
 def _not_a(what: str, fn, got, step: str) -> UserFunctionError:
@@ -43,63 +43,59 @@ def _items(node, fn, out, what: str) -> list:
         raise node.user_error(fn, exc) from exc
 
 
-class StreamMap(Processor):
+class StreamMap(MapperOperator):
     """``mapper(key, value) -> (key2, value2)``."""
 
     kind = "map"
 
-    def __init__(self, name, mapper):
-        super().__init__(name)
-        self.mapper = mapper
-
     def process(self, key, value, timestamp):
-        out = self.call_user(self.mapper, key, value)
+        try:
+            out = self.mapper(key, value)
+        except Exception as exc:
+            raise self.user_error(self.mapper, exc) from exc
         k, v = _pair(self.mapper, out, self.name)
         self.forward(k, v, timestamp)
 
 
-class StreamSelectKey(Processor):
+class StreamSelectKey(MapperOperator):
     """``mapper(key, value) -> key2``; the value is forwarded as it came."""
 
     kind = "select-key"
 
-    def __init__(self, name, mapper):
-        super().__init__(name)
-        self.mapper = mapper
-
     def process(self, key, value, timestamp):
-        k = self.call_user(self.mapper, key, value)
+        try:
+            k = self.mapper(key, value)
+        except Exception as exc:
+            raise self.user_error(self.mapper, exc) from exc
         self.forward(k, value, timestamp)
 
 
-class StreamFlatMap(Processor):
+class StreamFlatMap(MapperOperator):
     """``mapper(key, value)`` -> an iterable of ``(key2, value2)``."""
 
     kind = "flat-map"
 
-    def __init__(self, name, mapper):
-        super().__init__(name)
-        self.mapper = mapper
-
     def process(self, key, value, timestamp):
-        out = self.call_user(self.mapper, key, value)
+        try:
+            out = self.mapper(key, value)
+        except Exception as exc:
+            raise self.user_error(self.mapper, exc) from exc
         items = _items(self, self.mapper, out, "an iterable of (key, value) pairs")
         pairs = [_pair(self.mapper, x, self.name) for x in items]
         for k, v in pairs:
             self.forward(k, v, timestamp)
 
 
-class StreamFlatMapValues(Processor):
+class StreamFlatMapValues(MapperOperator):
     """``mapper(value)`` -> an iterable of values, each forwarded with the input's key."""
 
     kind = "flat-map-values"
 
-    def __init__(self, name, mapper):
-        super().__init__(name)
-        self.mapper = mapper
-
     def process(self, key, value, timestamp):
-        out = self.call_user(self.mapper, value)
+        try:
+            out = self.mapper(value)
+        except Exception as exc:
+            raise self.user_error(self.mapper, exc) from exc
         for v in _items(self, self.mapper, out, "an iterable of values"):
             self.forward(key, v, timestamp)
 
@@ -115,7 +111,10 @@ class StreamPeek(Processor):
         self.action = action
 
     def process(self, key, value, timestamp):
-        self.call_user(self.action, key, value)
+        try:
+            self.action(key, value)
+        except Exception as exc:
+            raise self.user_error(self.action, exc) from exc
         self.forward(key, value, timestamp)
 
 
@@ -134,7 +133,11 @@ class StreamBranch(Processor):
 
     def process(self, key, value, timestamp):
         for i, p in enumerate(self.predicates):
-            if self.call_user(p, key, value):
+            try:
+                chosen = p(key, value)
+            except Exception as exc:
+                raise self.user_error(p, exc) from exc
+            if chosen:
                 self.children[i].process(key, value, timestamp)
                 return
         if self.has_default:

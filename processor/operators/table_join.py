@@ -21,15 +21,25 @@ record's (Kafka Streams' rule).
 
 from __future__ import annotations
 
-from processor.operators.base import Processor
-from processor.operators.value_getter import table_getter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from processor.operators.base import Processor, user_function_error
+from processor.operators.value_getter import Row, ValueGetter, table_getter
 from processor.records import Change
 from processor.state import timestamped
 
 HOWS = ("inner", "left", "outer")
 
 
-def join_values(how, joiner, left, right, step):
+class Named(Protocol):
+    name: str   # a step's name (an operator, or a value getter standing for its operator)
+
+
+def join_values(how: str, joiner: Callable[[Any, Any], Any], left: Any, right: Any, step: Named) -> Any:
+    """A primary-key join's result row for ``left`` and ``right`` (None: no row): the one rule,
+    applied by both sides of the join, the self-join and the self-join's value getter. ``step``
+    names the join in an error (read only then: the operators pass themselves)."""
     if left is None and right is None:
         return None
     if how == "inner" and (left is None or right is None):
@@ -39,7 +49,7 @@ def join_values(how, joiner, left, right, step):
     try:
         return joiner(left, right)
     except Exception as exc:
-        raise step.user_error(joiner, exc) from exc
+        raise user_function_error(step.name, joiner, exc) from exc
 
 
 class MaterializedResult:
@@ -197,3 +207,20 @@ class StreamTableJoin(Processor):
 
     def metrics(self):
         return {"no_match": self.no_match, "skipped_null_key": self.skipped_null_key}
+
+
+class SelfJoinValueGetter:
+    """The result of a table joined with itself on its primary key: ``joiner(v, v)``."""
+
+    def __init__(self, parent: ValueGetter, joiner: Callable[[Any, Any], Any], step: str):
+        self.parent = parent
+        self.joiner = joiner
+        self.name = step   # the join's name, for error translation
+
+    def get(self, key: Any, kb: bytes) -> Row | None:
+        row = self.parent.get(key, kb)
+        if row is None:
+            return None
+        v = row[0]
+        out = join_values("inner", self.joiner, v, v, self)   # the join operator's own rule
+        return None if out is None else (out, row[1])

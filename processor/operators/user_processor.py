@@ -16,6 +16,7 @@ that raises is a ``UserFunctionError`` naming the step and the function.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from processor import papi
 from processor.errors import ProcessingError, TopologyError
@@ -52,7 +53,7 @@ class UserProcessor(Processor):
         self.store_specs = stores          # {name: StoreSpec} this processor may use
         # DSL tables' stores it may only read: {store name: the node that writes it}
         self.read_only = read_only or {}
-        self.user = None
+        self.user: Any = None    # the user's processor (made by init)
         self._stream_schedules: list[_Schedule] = []
         self._wall_schedules: list[_Schedule] = []
         self._stores: dict = {}
@@ -140,11 +141,11 @@ class UserProcessor(Processor):
             self._stream_schedules.append(s)
         elif punctuation_type == "wall":
             # the first after one interval; made again after a rebuild, from where it was
-            key = (self.name, len(self._wall_schedules))
+            wall_key = (self.name, len(self._wall_schedules))
             kept = self.context.wall_schedules
-            first = kept.setdefault(key, self.context.wall_clock() + interval_ms)
+            first = kept.setdefault(wall_key, self.context.wall_clock() + interval_ms)
             s = _Schedule(interval_ms, callback, -1 if first is None else first,
-                          lambda: kept.__setitem__(key, None))
+                          lambda: kept.__setitem__(wall_key, None))
             s.handle.cancelled = first is None
             self._wall_schedules.append(s)
         else:
@@ -159,7 +160,10 @@ class UserProcessor(Processor):
         ctx = self.context
         self._ts = timestamp
         rec = Record(key, value, timestamp, tuple(ctx.headers or ()), ctx.topic, ctx.partition, ctx.offset)
-        self.call_user(self.user.process, rec)
+        try:
+            self.user.process(rec)
+        except Exception as exc:
+            raise self.user_error(self.user.process, exc) from exc
 
     def punctuate_task_time(self, stream_time: int) -> None:
         if self._stream_schedules:

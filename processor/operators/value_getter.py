@@ -2,8 +2,10 @@
 
 Joins look up the other side's current value. A table read from a topic, an aggregate and a
 join result are materialized, so their getter reads a store; a filtered or mapped table is not,
-so its getter asks its parent's getter and applies the same predicate or mapper (as Kafka
-Streams' value getters do). No table is materialized twice just to be joined.
+so its getter asks its parent's getter and applies the operator's own rule, the same function
+the operator applies (as Kafka Streams' value getters do): those getters live beside their
+operator (``FilterValueGetter`` in filter.py, ``MapValuesGetter`` in map_values.py,
+``SelfJoinValueGetter`` in table_join.py). No table is materialized twice just to be joined.
 
 Invariant: ``get(key, key_bytes)`` returns ``(value, timestamp)`` of the key's row exactly as
 the table's last forwarded change left it, or ``None`` when the table has no row for the key.
@@ -17,10 +19,19 @@ operator initialises (``table_getter``).
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from processor.errors import TopologyError
 from processor.graph import getter_spec
 from processor.state import emitted as emitted_codec
 from processor.state import timestamped
+
+Row = tuple[Any, int]   # (value, timestamp) of a table's row
+
+
+class ValueGetter(Protocol):
+    def get(self, key: Any, kb: bytes) -> Row | None: ...
+
 
 
 def table_getter(node, context):
@@ -46,12 +57,8 @@ class StoreValueGetter:
         return self.value_serde.deserialize(vb), ts
 
 
-class EmittedValueGetter:
-    """An aggregate as last forwarded: its last-emitted column."""
-
-    def __init__(self, emitted_store, value_serde):
-        self.store = emitted_store
-        self.value_serde = value_serde
+class EmittedValueGetter(StoreValueGetter):
+    """An aggregate as last forwarded: its last-emitted column (``store``: the ``.emitted`` one)."""
 
     def get(self, key, kb):
         raw = self.store.get(kb)
@@ -59,59 +66,6 @@ class EmittedValueGetter:
             return None
         e = emitted_codec.decode(raw)
         return None if e.value is None else (self.value_serde.deserialize(e.value), e.timestamp)
-
-
-class FilterValueGetter:
-    def __init__(self, parent, predicate, negate, step):
-        self.parent = parent
-        self.predicate = predicate
-        self.negate = negate
-        self.step = step   # the filter operator, for error translation
-
-    def get(self, key, kb):
-        row = self.parent.get(key, kb)
-        if row is None:
-            return None
-        try:
-            ok = bool(self.predicate(key, row[0])) is not self.negate
-        except Exception as exc:
-            raise self.step.user_error(self.predicate, exc) from exc
-        return row if ok else None
-
-
-class MapValuesGetter:
-    def __init__(self, parent, mapper, step):
-        self.parent = parent
-        self.mapper = mapper
-        self.step = step
-
-    def get(self, key, kb):
-        row = self.parent.get(key, kb)
-        if row is None:
-            return None
-        try:
-            return self.mapper(row[0]), row[1]
-        except Exception as exc:
-            raise self.step.user_error(self.mapper, exc) from exc
-
-
-class SelfJoinValueGetter:
-    """The result of a table joined with itself on its primary key: ``joiner(v, v)``."""
-
-    def __init__(self, parent, joiner, step):
-        self.parent = parent
-        self.joiner = joiner
-        self.step = step
-
-    def get(self, key, kb):
-        row = self.parent.get(key, kb)
-        if row is None:
-            return None
-        try:
-            out = self.joiner(row[0], row[0])
-        except Exception as exc:
-            raise self.step.user_error(self.joiner, exc) from exc
-        return None if out is None else (out, row[1])
 
 
 def getter_stores(node) -> list[str]:

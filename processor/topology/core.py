@@ -19,6 +19,7 @@ task, so every task (worker, test driver, backfill) runs its own copy of the sam
 from __future__ import annotations
 
 import copy
+from typing import Any, cast
 
 from processor.errors import TopologyError
 from processor.graph import SinkAttrs, SourceAttrs
@@ -137,13 +138,13 @@ class Topology:
     def deduplicated_topics(self) -> frozenset:
         """Internal topics whose readers drop replayed records by provenance (repartition)."""
         return frozenset(n.source_topic for n in self.nodes
-                         if n.source_topic and n.attrs.internal and n.attrs.dedup)
+                         if n.source_topic and cast(SourceAttrs, n.attrs).internal and cast(SourceAttrs, n.attrs).dedup)
 
     def table_sinks(self, sub: int) -> dict:
         """``{topic: (sink node, table node)}``: the sinks of sub-topology ``sub`` that carry a
         table (``SinkAttrs.carries_table``)."""
         return {n.sink_topic: (n, n.parents[0].parents[0]) for n in self.subtopologies[sub]
-                if n.kind == "sink" and n.attrs.carries_table}
+                if n.kind == "sink" and cast(SinkAttrs, n.attrs).carries_table}
 
     # -- application binding ------------------------------------------------------------------
     def for_application(self, application_id: str, serde_config: dict | None = None) -> Topology:
@@ -240,8 +241,8 @@ class Topology:
             if s.source_topic is None:
                 continue
             owner = self.node(s.owner)
-            if owner.kind == "table-source" and not owner.attrs.internal:
-                out[s.name] = owner.source_topic
+            if owner.kind == "table-source" and not cast(SourceAttrs, owner.attrs).internal:
+                out[s.name] = cast(str, owner.source_topic)   # a table source reads a topic
         return out
 
     def reused_source_topics(self) -> set[str]:
@@ -263,7 +264,7 @@ class Topology:
         out: dict[str, list[int]] = {}
         for i, sub in enumerate(self.subtopologies):
             for n in sub:
-                if n.sink_topic and n.attrs.internal:
+                if n.sink_topic and cast(SinkAttrs, n.attrs).internal:
                     out.setdefault(n.sink_topic, []).append(i)
         return out
 
@@ -276,15 +277,15 @@ class Topology:
         writers = self.internal_topics()
         readers = self.subtopology_of_topic()
         reader_sized = {n.sink_topic for n in self.nodes
-                        if n.sink_topic and n.attrs.partitions_from == "reader"}
+                        if n.sink_topic and cast(SinkAttrs, n.attrs).partitions_from == "reader"}
         counts: dict[str, int] = {}
         while len(counts) < len(writers):
             progress = False
             for topic, subs in writers.items():
                 if topic in counts:
                     continue
-                declared = [n.attrs.partitions for n in self.nodes
-                            if n.sink_topic == topic and n.attrs.partitions is not None]
+                declared = [p for n in self.nodes if n.sink_topic == topic
+                            for p in (cast(SinkAttrs, n.attrs).partitions,) if p is not None]
                 if declared:   # repartition(partitions=n)
                     counts[topic] = declared[0]
                     progress = True
@@ -295,7 +296,7 @@ class Topology:
                     sources = [t for i in subs for t in self.source_topics(i)]
                 known = [counts.get(t, partitions.get(t)) if t in writers else partitions.get(t) for t in sources]
                 if all(k is not None for k in known) and known:
-                    counts[topic] = max(known)
+                    counts[topic] = max(cast(list[int], known))
                     progress = True
             if not progress:
                 missing = sorted(set(writers) - set(counts))
@@ -311,14 +312,14 @@ class Topology:
     def sink_topics(self, internal: bool | None = None) -> list[str]:
         """Sink topics; ``internal=False``: only user topics, ``True``: only internal ones."""
         return sorted({n.sink_topic for n in self.nodes if n.sink_topic
-                       and (internal is None or n.attrs.internal == internal)})
+                       and (internal is None or cast(SinkAttrs, n.attrs).internal == internal)})
 
     def global_topics(self) -> list[str]:
         """The topics of the global tables (read whole by every host, not by the group)."""
         return [g.topic for g in self.global_stores.values()]
 
     def external_source_topics(self) -> list[str]:
-        return [n.source_topic for n in self.nodes if n.source_topic and not n.attrs.internal]
+        return [n.source_topic for n in self.nodes if n.source_topic and not cast(SourceAttrs, n.attrs).internal]
 
     def subtopology_of_topic(self) -> dict[str, int]:
         return {n.source_topic: i for i, s in enumerate(self.subtopologies) for n in s if n.source_topic}
@@ -357,10 +358,10 @@ class Topology:
         return [n for n in self.nodes if n.sink_topic == topic]
 
     # -- physical -----------------------------------------------------------------------------
-    def instantiate(self, sub_id: int, context) -> dict[str, object]:
+    def instantiate(self, sub_id: int, context) -> dict[str, Any]:
         """Fresh operators for one task of sub-topology ``sub_id``, wired and initialised."""
         nodes = self.subtopologies[sub_id]
-        ops = {n.name: n.factory(n) for n in nodes}
+        ops: dict[str, Any] = {n.name: n.factory(n) for n in nodes}
         for n in nodes:
             ops[n.name].children = [ops[c.name] for c in n.children]
         for n in nodes:

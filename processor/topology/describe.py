@@ -6,7 +6,9 @@ Invariant: describes, never changes; every store and internal topic a host creat
 
 from __future__ import annotations
 
-from processor.graph import AggregateAttrs, JoinSideAttrs, UserProcessorAttrs
+from typing import cast
+
+from processor.graph import AggregateAttrs, JoinSideAttrs, SourceAttrs, UserProcessorAttrs
 from processor.topology.nodes import LogicalNode
 
 
@@ -14,12 +16,13 @@ def _describe_partitioner(topo, n: LogicalNode, relevant: set[str]) -> str | Non
     choice = topo.partitioning.get(n.source_topic)
     if choice is not None:
         return str(choice)
-    if n.attrs.partitioning == "explicit":
+    attrs = cast(SourceAttrs, n.attrs)   # n is a source
+    if attrs.partitioning == "explicit":
         return "explicit partitions (foreign-key join internal topic)"
-    if n.attrs.internal:
+    if attrs.internal:
         return "murmur2 (internal topic)"
-    if n.attrs.partitioner:
-        return f"{n.attrs.partitioner} (declared; checked as consumed)"
+    if attrs.partitioner:
+        return f"{attrs.partitioner} (declared; checked as consumed)"
     if n.source_topic in relevant:
         return "determined from the data at start, then checked as consumed"
     return None

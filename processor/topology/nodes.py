@@ -46,7 +46,8 @@ class StoreSpec:
     source_topic: str | None     # the topic a table source reads (its store mirrors it), or None
     key_serde: object = None
     value_serde: object = None
-    kind: str = "kv"             # kv | aggregate | emitted (last-emitted column) | windowed-aggregate / session-aggregate (DSL) |
+    kind: str = "kv"             # kv | aggregate | emitted (last-emitted column) |
+    #                              windowed-aggregate / session-aggregate (DSL) |
     #                              window / session (Processor API: processor/papi_windowed.py) |
     #                              version / subscription (FK join) | join-window / join-outer
 

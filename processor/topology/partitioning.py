@@ -8,9 +8,10 @@ Invariant: read-only over the graph, but ``resolve_routes``, which names the top
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import cast
 
 from processor.errors import TopologyError
-from processor.graph import JoinResultAttrs, JoinSideAttrs
+from processor.graph import JoinResultAttrs, JoinSideAttrs, SourceAttrs
 from processor.topology.nodes import LogicalNode, user_store_sharers
 
 
@@ -25,7 +26,7 @@ def roots(topo, node: LogicalNode) -> list[str]:
             continue
         seen.add(id(n))
         if n.source_topic:
-            if n.attrs.partitioning != "explicit" and n.source_topic not in out:
+            if cast(SourceAttrs, n.attrs).partitioning != "explicit" and n.source_topic not in out:
                 out.append(n.source_topic)
             continue
         stack.extend(n.parents)

@@ -8,9 +8,9 @@ the pass that broke it) and computes the same outputs and stores as before it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from processor.graph import JoinSideAttrs
+from processor.graph import JoinSideAttrs, SourceAttrs
 from processor.topology.nodes import LogicalNode
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -24,9 +24,10 @@ def same_input(a: LogicalNode, b: LogicalNode) -> bool:
     same order, so they are the same stream."""
     if a is b:
         return True
-    return (a.kind == b.kind == "source" and a.source_topic == b.source_topic
-            and a.attrs.key_serde == b.attrs.key_serde
-            and a.attrs.value_serde == b.attrs.value_serde)
+    if not (a.kind == b.kind == "source" and a.source_topic == b.source_topic):
+        return False
+    sa, sb = cast(SourceAttrs, a.attrs), cast(SourceAttrs, b.attrs)
+    return sa.key_serde == sb.key_serde and sa.value_serde == sb.value_serde
 
 
 def _merge_sources(topology: Topology, keep: LogicalNode, drop: LogicalNode) -> None:
