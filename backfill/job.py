@@ -6,7 +6,8 @@ the snapshot.
 The stages, each in its own module (DESIGN.md's backfill flow is the map):
 
 ==========================  =====================================================================
-``backfill.session``        the Spark session, its settings and executors; shipping the topology's code
+``backfill.session``        the Spark session, its settings and executors
+``backfill.code_shipping``  the topology's code, shipped to the executors
 ``backfill.snapshot``       1. the end offset of every partition involved
 ``backfill.range_reader``   2. history below it, read by each task from Kafka (``kafka_source``: the
                             same ranges as a Spark data source), archives below Kafka's retention
@@ -179,9 +180,9 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
     an open transaction under ``read_committed``) and no record the worker would not see (an
     aborted one, on a broker that hides them) gets into the stores. ``spark_conf``: Spark
     settings of the session the job creates (``--conf``); ``py_files``: more code for the
-    executors (the topology's own module is shipped without it: ``backfill.session``).
+    executors (the topology's own module is shipped without it: ``backfill.code_shipping``).
     ``compaction=False`` replays every record of every source (``backfill.compaction``)."""
-    from backfill import handoff, outputs, runs, session
+    from backfill import code_shipping, handoff, outputs, runs, session
     from backfill.context import JobContext
     from backfill.snapshot import snapshot_offsets
     from backfill.sst import install_task_databases, new_build_root
@@ -243,7 +244,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         for stale in state_dir.glob(f"{application_id}.backfill-tmp-*"):   # a killed run's leftovers
             shutil.rmtree(stale, ignore_errors=True)
 
-    to_ship = session.code_to_ship(topo, py_files)
+    to_ship = code_shipping.code_to_ship(topo, py_files)
     from processor.graph import UserProcessorAttrs
 
     for n in topo.nodes:   # what a replay cannot reproduce, named (README "DSL")
@@ -269,7 +270,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         executors = session.wait_for_executors(spark, executor_timeout_s)
         if executors:
             log.info("backfill: %d executor(s) on %s", executors, spark.sparkContext.master)
-        session.ship(spark, to_ship, str(build_root / "py-files"))
+        code_shipping.ship(spark, to_ship, str(build_root / "py-files"))
         # the executors' Python workers start and import the engine while the driver takes the snapshot
         warm_up = session.WarmUp(spark)
         # 1. topics as the worker creates them; the snapshot; each source's partitioner
