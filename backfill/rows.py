@@ -39,7 +39,7 @@ class RowCollector:
         self.origin = task_id
         self.run_no = run_no
         self.internal: dict[tuple[str, int], list] = {}   # (topic, partition) -> rows, in send order
-        self.outputs = {k: [] for k in OUTPUT_FIELDS}     # columns of the output rows
+        self.outputs: dict[str, list] = {k: [] for k in OUTPUT_FIELDS}   # columns of the output rows
         self.seq = 0
         self.phase = 0
         self.internal_counts: dict[str, int] = {}

@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from backfill.context import RunSpec, raise_task_errors
 from backfill.items import ResultItem, as_input, is_piece
 from backfill.plan import defers_emissions, receivers, run_order
 from backfill.progress import StageProgress
+
+if TYPE_CHECKING:
+    from pyspark import RDD
 
 log = logging.getLogger("processor.backfill")
 
@@ -62,7 +66,7 @@ class Runs:
         self.sc = spark.sparkContext
         self.ctx = ctx
         self.level = StorageLevel.MEMORY_AND_DISK
-        self.results: dict[int, object] = {}     # run -> its persisted result RDD
+        self.results: dict[int, RDD] = {}        # run -> its persisted result RDD
         self.state_of: dict[int, int] = {}       # sub-topology -> run whose result holds its stores
         self.with_final_items: set[int] = set()  # runs whose results hold "output" or "db" items
         self.final_results: list = []            # those items, kept apart from released results
@@ -71,7 +75,7 @@ class Runs:
         self.built = 0                           # databases the tasks built (a local master)
         self.files = ctx.files                   # a local master's build root (context.LocalFiles)
 
-    def inputs(self, sub: int, pending: list, reads) -> object:
+    def inputs(self, sub: int, pending: list, reads) -> RDD:
         """Task ``i`` of ``sub`` at partition ``i``: its stores and the pending runs' rows to it
         (on a local master the task reads them from the build root itself)."""
         n = self.ctx.tasks_of(sub)

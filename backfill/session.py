@@ -99,9 +99,10 @@ def spark_session(master: str | None, conf: dict | None = None):
 
         SparkContext._ensure_initialized()
         submitted = SparkConf()
-    if submitted is None and (conf or {}).get("spark.pyspark.python"):
+    python = (conf or {}).get("spark.pyspark.python")
+    if submitted is None and python:
         # (pyspark takes the executors' Python from this variable; spark-submit sets it from the setting)
-        os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
+        os.environ["PYSPARK_PYTHON"] = python
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
     if master or submitted is None:

@@ -124,7 +124,7 @@ def join_pieces(values: list) -> list:
 def in_pieces(items: list[ResultItem], limit: int) -> list[ResultItem]:
     """A run's result items with every big bytes payload (a task's stores, a database, a rows
     list) cut into pieces."""
-    out = []
+    out: list[ResultItem] = []
     for item in items:
         if item.kind in ("state", "db"):
             out.extend(item._replace(payload=p) for p in to_pieces(item.payload, limit))
