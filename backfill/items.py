@@ -9,6 +9,7 @@ the pieces big bytes travel in.
   ``"rows"`` item of an earlier result addressed to it; ``(task, None)`` marks a partition.
 - ``RowsBatch(run, topic, origin, blob)``: the internal rows one origin task sent to one
   partition of ``topic`` in ``run``, pickled in send order.
+- ``RunRecord(sub_topology, flush, records, seconds)``: a run as the job's report lists it.
 - ``Piece(marker, group, number, total, data)``: bytes larger than ``JobContext.item_bytes`` travel
   as ``total`` numbered pieces of one ``group`` and are joined again where they are read
   (``backfill.task_run.join_pieces``); the bytes of a ``"state"``, ``"db"`` item or of a
@@ -48,6 +49,14 @@ class ResultItem(NamedTuple):
     kind: str          # "stats", "state", "rows", "output" or "db"
     partition: int     # the task's partition; for "rows" the destination partition
     payload: Any       # dict (stats), bytes or Piece (state, db), RowsBatch (rows), bytes (output)
+
+
+class RunRecord(NamedTuple):
+    """A run as the report lists it (``BackfillReport.runs``)."""
+    sub_topology: int
+    flush: bool        # the sub-topology's flush (a graceful stop's emissions)
+    records: int       # records its tasks processed
+    seconds: float
 
 
 def as_input(item: ResultItem) -> tuple[int, ResultItem]:

@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backfill.compaction import compaction_plan, last_changes  # noqa: F401 (the job's public names)
+from backfill.items import RunRecord
 from processor.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ class BackfillReport:
     records_processed: int = 0                   # every record a task processed (incl. internal)
     rows_per_store: dict = field(default_factory=dict)   # store -> entries (all tasks)
     tasks: int = 0
-    runs: list = field(default_factory=list)     # (sub-topology, flush, records, seconds)
+    runs: list[RunRecord] = field(default_factory=list)   # the runs in order
     outputs_emitted: int = 0
     dead_lettered: int = 0
     fk_records_superseded: int = 0               # foreign-key join records not sent (RowCollector._supersede)
@@ -127,8 +128,9 @@ class BackfillReport:
         if self.fk_records_superseded:
             out.append(f"  foreign-key join records superseded within a run (not sent): "
                        f"{self.fk_records_superseded}")
-        for sub, flush, n, secs in self.runs:
-            out.append(f"  run: sub-topology {sub}{' (flush)' if flush else ''}: {n} records, {secs:.1f} s")
+        for r in self.runs:
+            out.append(f"  run: sub-topology {r.sub_topology}{' (flush)' if r.flush else ''}: {r.records} records, "
+                       f"{r.seconds:.1f} s")
         for store, n in sorted(self.rows_per_store.items()):
             out.append(f"  store {store}: {n} entries")
         stages = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())

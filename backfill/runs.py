@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from backfill.context import RunSpec, raise_task_errors
-from backfill.items import ResultItem, as_input, is_piece
+from backfill.items import ResultItem, RunRecord, as_input, is_piece
 from backfill.plan import defers_emissions, receivers, run_order
 from backfill.progress import StageProgress
 
@@ -267,7 +267,7 @@ def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
         runs.release(keep)
         report.records_processed += n
         secs = time.monotonic() - t0
-        report.runs.append((sub, flush, n, secs))
+        report.runs.append(RunRecord(sub, flush, n, secs))
         task_secs = {k: sum(r["seconds"].get(k, 0) for r in stats) for k in ("read", "process", "write")}
         superseded = sum(r["superseded"] for r in stats)
         report.fk_records_superseded += superseded
