@@ -221,10 +221,12 @@ class Snapshot:
 
 
 class BackfillJob:
-    """One backfill, stage by stage (``run`` calls them in order). It keeps what the stages pass
-    on: the application's topology, the partition counts, the snapshot, the job context, the
-    runs and the report. Every method that opens something leaves it where ``close`` (run's
-    ``finally``) finds it."""
+    """One backfill, stage by stage (``run`` calls them in order). It keeps what later stages need
+    of earlier ones (the application's topology, the partition counts, the topics created, the
+    session, the build root, the runs); the snapshot, the job context and the report are passed
+    from stage to stage. Invariant: whatever a stage opens (the session the job creates, the
+    build root, the warm-up, the runs' Spark data) is kept here as soon as it exists, so that
+    ``close`` (``run``'s ``finally``) releases it whatever failed."""
 
     def __init__(self, topology, clients: ClientSettings, application_id: str, state_dir, emit_outputs: bool,
                  archives: dict | None, force: bool, on_error: str, compaction: bool):
