@@ -9,6 +9,7 @@ the pieces big bytes travel in.
   ``"rows"`` item of an earlier result addressed to it; ``(task, None)`` marks a partition.
 - ``RowsBatch(run, topic, origin, blob)``: the internal rows one origin task sent to one
   partition of ``topic`` in ``run``, pickled in send order.
+- ``TaskStats``: the payload of a ``"stats"`` item (a dict).
 - ``RunRecord(sub_topology, flush, records, seconds)``: a run as the job's report lists it.
 - ``Piece(marker, group, number, total, data)``: bytes larger than ``JobContext.item_bytes`` travel
   as ``total`` numbered pieces of one ``group`` and are joined again where they are read
@@ -22,7 +23,7 @@ an instance of a class of the same name and fields made anew.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 PIECE = "~piece"
 
@@ -49,6 +50,27 @@ class ResultItem(NamedTuple):
     kind: str          # "stats", "state", "rows", "output" or "db"
     partition: int     # the task's partition; for "rows" the destination partition
     payload: Any       # dict (stats), bytes or Piece (state, db), RowsBatch (rows), bytes (output)
+
+
+class TaskStats(TypedDict, total=False):
+    """The payload of a ``"stats"`` item: what a task's run (``TaskRun``) or final write
+    (``FinalizeTask``) reports to the driver; a task that failed on purpose reports ``error``
+    only (``context.raise_task_errors``)."""
+    error: dict                    # context.error_info
+    task: str                      # "<sub>_<partition>"
+    records: int                   # records processed (input and internal)
+    read: int                      # input rows read
+    replayed: int                  # of those, processed (after compaction)
+    internal: dict[str, int]       # internal topic -> rows sent
+    superseded: int                # foreign-key join records superseded (not sent)
+    dead_lettered: int
+    failed: dict[str, int]         # input topic -> records failed in processing
+    entries: dict[str, int]        # store -> entries written (the task's last run or final write)
+    unordered: list[str]           # reduced partitions replayed whole
+    outputs: int                   # "output" items
+    built: int                     # databases built by the task (a local master)
+    db: int                        # bytes of its database item
+    seconds: dict[str, float]      # phase -> seconds
 
 
 class RunRecord(NamedTuple):

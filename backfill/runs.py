@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from backfill.context import RunSpec, raise_task_errors
-from backfill.items import ResultItem, RunRecord, as_input, is_piece
+from backfill.items import ResultItem, RunRecord, TaskStats, as_input, is_piece
 from backfill.plan import defers_emissions, receivers, run_order
 from backfill.progress import StageProgress
 
@@ -91,7 +91,7 @@ class Runs:
         return self.sc.union([self.sc.parallelize([(i, None) for i in range(n)], n), *parts]).partitionBy(
             n, _identity)
 
-    def run(self, spec, reads, task_fn, what: str, total_rows=None) -> list[dict]:
+    def run(self, spec, reads, task_fn, what: str, total_rows=None) -> list[TaskStats]:
         """One Spark job: ``task_fn`` over the tasks of ``spec.sub``; returns each task's stats."""
         rdd = self.inputs(spec.sub, spec.pending, reads).mapPartitionsWithIndex(task_fn)
         if self.files is not None:   # a local master: the tasks yield their stats only

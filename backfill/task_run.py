@@ -25,7 +25,7 @@ import pickle
 import time
 
 from backfill.context import error_info, executor_logging
-from backfill.items import PIECE, Piece, ResultItem, RowsBatch, is_piece
+from backfill.items import PIECE, Piece, ResultItem, RowsBatch, TaskStats, is_piece
 
 log = logging.getLogger("processor.backfill")
 
@@ -244,10 +244,10 @@ class TaskRun:
         t_process = time.monotonic()
         task.close()
         out = collector.items(partition)
-        stats = {"task": task_id, "records": n, "read": read, "replayed": replayed,
-                 "internal": collector.internal_counts, "superseded": collector.superseded,
-                 "dead_lettered": task.dead_lettered, "failed": dict(task.failed_in_processing), "entries": {},
-                 "unordered": self.unordered}
+        stats: TaskStats = {"task": task_id, "records": n, "read": read, "replayed": replayed,
+                            "internal": collector.internal_counts, "superseded": collector.superseded,
+                            "dead_lettered": task.dead_lettered, "failed": dict(task.failed_in_processing),
+                            "entries": {}, "unordered": self.unordered}
         stats["outputs"] = sum(1 for item in out if item.kind == "output")
         if spec.final:
             written = write_task(ctx, spec.sub, partition, stores, time.monotonic())
