@@ -89,25 +89,27 @@ EXECUTOR_TIMEOUT_S = 120.0    # how long a cluster may take to give the job its 
 
 @dataclass
 class BackfillReport:
+    """What a backfill did (``run`` returns it; ``lines`` is how it logs it)."""
     application_id: str
-    snapshot: dict                               # (topic, partition) -> (start, end)
+    snapshot: dict[tuple[str, int], tuple[int, int]]   # (topic, partition) -> (start, end)
     rows_read: int = 0                           # input records read from history
     rows_replayed: int = 0                       # of those, fed to the tasks (after compaction)
-    compaction: dict = field(default_factory=dict)   # source topic -> mode (README "Backfill")
+    compaction: dict[str, str] = field(default_factory=dict)   # source topic -> mode (README "Backfill")
     global_records: int = 0                      # global table records read (to the snapshot)
-    global_latest: dict = field(default_factory=dict)   # global store -> the latest timestamp applied
+    global_latest: dict[str, int] = field(default_factory=dict)   # global store -> the latest timestamp applied
     records_processed: int = 0                   # every record a task processed (incl. internal)
-    rows_per_store: dict = field(default_factory=dict)   # store -> entries (all tasks)
+    rows_per_store: dict[str, int] = field(default_factory=dict)   # store -> entries (all tasks)
     tasks: int = 0
     runs: list[RunRecord] = field(default_factory=list)   # the runs in order
     outputs_emitted: int = 0
     dead_lettered: int = 0
     fk_records_superseded: int = 0               # foreign-key join records not sent (RowCollector._supersede)
-    unordered: list = field(default_factory=list)   # reduced sources' partitions replayed whole (in_time_order)
-    seconds: dict = field(default_factory=dict)  # stage -> seconds
-    installed: list = field(default_factory=list)
-    finalized: set = field(default_factory=set)  # sub-topologies whose tasks were written by their last run
-    failed_in_processing: dict = field(default_factory=dict)   # input topic -> records failed (user function, output)
+    unordered: list[str] = field(default_factory=list)   # reduced sources' partitions replayed whole (in_time_order)
+    seconds: dict[str, float] = field(default_factory=dict)   # stage -> seconds
+    installed: list[str] = field(default_factory=list)   # the task directories installed
+    finalized: set[int] = field(default_factory=set)   # sub-topologies whose tasks were written by their last run
+    # input topic -> records failed in processing (a user function, an output)
+    failed_in_processing: dict[str, int] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         out = [f"backfill of {self.application_id}: {self.rows_read} input rows read, {self.records_processed} "
