@@ -16,6 +16,9 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from typing import cast
+
+from backfill.items import RowsBatch
 
 ITEM_BYTES = 256 << 20
 
@@ -121,12 +124,12 @@ class LocalFiles:
     def rows_dir(self, run: int) -> str:
         return os.path.join(self.root, "staging", "rows", f"run-{run:05d}")
 
-    def write_rows(self, part: int, payload) -> None:
-        run, topic, origin, blob = payload
-        self._write(os.path.join(self.rows_dir(run), topic, str(part), origin), blob)
+    def write_rows(self, part: int, batch: RowsBatch) -> None:
+        blob = cast(bytes, batch.blob)   # (a local master's rows are never cut into pieces)
+        self._write(os.path.join(self.rows_dir(batch.run), batch.topic, str(part), batch.origin), blob)
 
-    def read_rows(self, runs, topics, part: int) -> list:
-        """``("rows", run, topic, origin, bytes)`` of ``runs`` and ``topics`` to partition ``part``."""
+    def read_rows(self, runs, topics, part: int) -> list[RowsBatch]:
+        """The ``RowsBatch``es of ``runs`` and ``topics`` to partition ``part``."""
         out = []
         for run in runs:
             for topic in topics:
@@ -137,7 +140,7 @@ class LocalFiles:
                     if ".tmp-" in origin:
                         continue
                     with open(os.path.join(d, origin), "rb") as f:
-                        out.append(("rows", run, topic, origin, f.read()))
+                        out.append(RowsBatch(run, topic, origin, f.read()))
         return out
 
     def write_output(self, run: int, origin: str, blob: bytes) -> None:

@@ -22,6 +22,7 @@ import logging
 import pickle
 import time
 from pathlib import Path
+from typing import Any
 
 from processor.errors import ConfigError
 
@@ -96,7 +97,7 @@ def write_task(ctx, sub, partition, stores, t0) -> dict:
     contents[TASK_STORE] = sorted(dict(contents[TASK_STORE] + [(commit_record.COMMIT_KEY, record)]).items())
     checkpoint = {**positions, **ends, (task_topic, partition): task_end}
     t2 = time.monotonic()
-    out = {"entries": {name: len(v) for name, v in contents.items() if not name.startswith("__")}}
+    out: dict[str, Any] = {"entries": {name: len(v) for name, v in contents.items() if not name.startswith("__")}}
     if ctx.build_databases:
         if ctx.local_root is not None:   # a local master: the database built where it is installed from
             from backfill.sst import build_task_database, task_dir_name
@@ -112,7 +113,7 @@ def write_task(ctx, sub, partition, stores, t0) -> dict:
 
 def existing_keys(bootstrap_servers, topic, partition, end) -> list[bytes]:
     """The keys of ``topic[partition]`` below ``end`` (a changelog an earlier run wrote)."""
-    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
     from processor.kafka import clients as kafka
 
@@ -125,12 +126,14 @@ def existing_keys(bootstrap_servers, topic, partition, end) -> list[bytes]:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             for m in c.consume(1000, 0.2):
-                if m.error() is None:
-                    if m.key() is not None:
-                        keys[m.key()] = None
-                    if m.offset() + 1 >= end:
+                err = m.error()
+                if err is None:
+                    key, offset = m.key(), m.offset()
+                    if key is not None:
+                        keys[key] = None
+                    if offset is not None and offset + 1 >= end:
                         return list(keys)
-                elif m.error().code() == m.error()._PARTITION_EOF:
+                elif err.code() == KafkaError._PARTITION_EOF:
                     return list(keys)
         raise ConfigError(f"backfill: reading the earlier records of {topic}[{partition}] did not finish in 60 s")
     finally:
@@ -208,7 +211,9 @@ def read_global_tables(bootstrap_servers, topo, offsets: dict, consumer_config=N
     from processor.engine.global_tables import apply_global_record
     from processor.state.memory import MemoryStore
 
-    tables, n, latest = {}, 0, {}
+    tables: dict[str, list] = {}
+    n = 0
+    latest: dict[str, int] = {}
     for g in topo.global_stores.values():
         store = MemoryStore(g.name)
         for (topic, partition), (start, end) in sorted(offsets.items()):

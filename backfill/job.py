@@ -6,7 +6,9 @@ the snapshot.
 The stages, each in its own module (docs/architecture.md's backfill flow is the map):
 
 ==========================  =====================================================================
-``backfill.session``        the Spark session, its settings and executors; shipping the topology's code
+``backfill.job``            ``run``: the stages below in order (``BackfillJob``), and the report
+``backfill.session``        the Spark session, its settings and executors
+``backfill.code_shipping``  the topology's code, shipped to the executors
 ``backfill.snapshot``       1. the end offset of every partition involved
 ``backfill.range_reader``   2. history below it, read by each task from Kafka (``kafka_source``: the
                             same ranges as a Spark data source), archives below Kafka's retention
@@ -15,6 +17,7 @@ The stages, each in its own module (docs/architecture.md's backfill flow is the 
 ``backfill.runs``           4. the runs in Spark: stores and internal rows between them as Spark data
 ``backfill.task_run``       one task's run in an executor (the shared engine's ``Task``)
 ``backfill.rows``           what a task reads and sends, and the order it processes them in
+``backfill.items``          the items of a run's result: what passes between tasks and runs
 ``backfill.handoff``        5. changelogs, commit records, group offsets; the driver's databases
 ``backfill.sst``            the worker's RocksDB layout through SST files, installed all or nothing
 ``backfill.outputs``        outputs and dead letters, produced once at the end
@@ -68,9 +71,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from backfill.compaction import compaction_plan, last_changes  # noqa: F401 (the job's public names)
+from backfill.items import RunRecord
 from processor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from backfill.context import JobContext
+    from backfill.runs import Runs
+    from backfill.session import WarmUp
 
 log = logging.getLogger("processor.backfill")
 
@@ -79,25 +89,27 @@ EXECUTOR_TIMEOUT_S = 120.0    # how long a cluster may take to give the job its 
 
 @dataclass
 class BackfillReport:
+    """What a backfill did (``run`` returns it; ``lines`` is how it logs it)."""
     application_id: str
-    snapshot: dict                               # (topic, partition) -> (start, end)
+    snapshot: dict[tuple[str, int], tuple[int, int]]   # (topic, partition) -> (start, end)
     rows_read: int = 0                           # input records read from history
     rows_replayed: int = 0                       # of those, fed to the tasks (after compaction)
-    compaction: dict = field(default_factory=dict)   # source topic -> mode (docs/backfill.md "What it does", step 4)
+    compaction: dict[str, str] = field(default_factory=dict)   # source topic -> mode (docs/backfill.md "What it does", step 4)
     global_records: int = 0                      # global table records read (to the snapshot)
-    global_latest: dict = field(default_factory=dict)   # global store -> the latest timestamp applied
+    global_latest: dict[str, int] = field(default_factory=dict)   # global store -> the latest timestamp applied
     records_processed: int = 0                   # every record a task processed (incl. internal)
-    rows_per_store: dict = field(default_factory=dict)   # store -> entries (all tasks)
+    rows_per_store: dict[str, int] = field(default_factory=dict)   # store -> entries (all tasks)
     tasks: int = 0
-    runs: list = field(default_factory=list)     # (sub-topology, flush, records, seconds)
+    runs: list[RunRecord] = field(default_factory=list)   # the runs in order
     outputs_emitted: int = 0
     dead_lettered: int = 0
     fk_records_superseded: int = 0               # foreign-key join records not sent (RowCollector._supersede)
-    unordered: list = field(default_factory=list)   # reduced sources' partitions replayed whole (in_time_order)
-    seconds: dict = field(default_factory=dict)  # stage -> seconds
-    installed: list = field(default_factory=list)
-    finalized: set = field(default_factory=set)  # sub-topologies whose tasks were written by their last run
-    failed_in_processing: dict = field(default_factory=dict)   # input topic -> records failed (user function, output)
+    unordered: list[str] = field(default_factory=list)   # reduced sources' partitions replayed whole (in_time_order)
+    seconds: dict[str, float] = field(default_factory=dict)   # stage -> seconds
+    installed: list[str] = field(default_factory=list)   # the task directories installed
+    finalized: set[int] = field(default_factory=set)   # sub-topologies whose tasks were written by their last run
+    # input topic -> records failed in processing (a user function, an output)
+    failed_in_processing: dict[str, int] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         out = [f"backfill of {self.application_id}: {self.rows_read} input rows read, {self.records_processed} "
@@ -118,8 +130,9 @@ class BackfillReport:
         if self.fk_records_superseded:
             out.append(f"  foreign-key join records superseded within a run (not sent): "
                        f"{self.fk_records_superseded}")
-        for sub, flush, n, secs in self.runs:
-            out.append(f"  run: sub-topology {sub}{' (flush)' if flush else ''}: {n} records, {secs:.1f} s")
+        for r in self.runs:
+            out.append(f"  run: sub-topology {r.sub_topology}{' (flush)' if r.flush else ''}: {r.records} records, "
+                       f"{r.seconds:.1f} s")
         for store, n in sorted(self.rows_per_store.items()):
             out.append(f"  store {store}: {n} entries")
         stages = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
@@ -158,6 +171,359 @@ def _refuse_existing(bootstrap_servers, application_id, state_dir: Path | None, 
 
 
 
+@dataclass
+class ClientSettings:
+    """The job's client settings, as every client of the driver and (through the job context) of
+    the executors gets them: the cluster with its settings, the consumers' (at the isolation level
+    of the worker that continues) and the producers'; the partitioner sampling's own consumer
+    settings (``read_uncommitted`` unless the user gave a level, as the worker samples)."""
+    bootstrap_servers: Any             # a processor.kafka.clients.KafkaCluster
+    consumer_config: dict | None
+    producer_config: dict | None
+    sampling_config: dict
+    registry: Any                      # the Schema Registry settings (ClientConfig.registry)
+
+
+def client_settings(bootstrap_servers, client_config, consumer_config: dict | None,
+                    producer_config: dict | None, processing_guarantee: str) -> ClientSettings:
+    """The job's client settings (``ClientSettings``); ConfigError for an unknown
+    ``processing_guarantee``."""
+    from processor.kafka import clients as kafka
+    from processor.kafka.client_config import ClientConfig
+
+    if processing_guarantee not in PROCESSING_GUARANTEES:
+        raise ConfigError(f"processing_guarantee must be one of {', '.join(PROCESSING_GUARANTEES)}, "
+                          f"not {processing_guarantee!r}")
+    config = ((client_config or ClientConfig()).with_kind("consumer", consumer_config)
+              .with_kind("producer", producer_config))
+    # partitioner detection samples as the worker does: at the level the user gave, else
+    # read_uncommitted (processor/kafka/partitioning.py), so both decide on the same records
+    sampling_config = {"isolation.level": "read_uncommitted", **config.for_kind("consumer")}
+    if "isolation.level" not in config.for_kind("consumer"):
+        # the worker's rule (processor/runtime/worker.py), for every other consumer below
+        config = config.with_kind("consumer", {"isolation.level": "read_committed" if processing_guarantee
+                                               == "exactly_once" else "read_uncommitted"})
+    # every client below, in the driver and (through the job context) the executors, gets them
+    bootstrap_servers = kafka.cluster_of(bootstrap_servers, config)
+    consumer_config = config.for_kind("consumer") or None
+    producer_config = config.for_kind("producer") or None
+    return ClientSettings(bootstrap_servers, consumer_config, producer_config, sampling_config, config.registry)
+
+
+@dataclass
+class Snapshot:
+    """Where every partition the job involves ends (``snapshot_offsets``), taken once, and the
+    partitioners sampled meanwhile."""
+    everything: dict           # (topic, partition) -> (start, end): every partition involved
+    sources: dict              # (source topic, partition) -> (start, end): the history to read
+    internal_ends: dict        # (internal topic, partition) -> end
+    changelog_ends: dict       # (changelog topic, partition) -> end before the backfill
+    user_sinks: list           # the user's sink topics (--emit-outputs), else []
+    choices: dict              # source topic -> PartitionerChoice
+
+
+class BackfillJob:
+    """One backfill, stage by stage (``run`` calls them in order). It keeps what later stages need
+    of earlier ones (the application's topology, the partition counts, the topics created, the
+    session, the build root, the runs); the snapshot, the job context and the report are passed
+    from stage to stage. Invariant: whatever a stage opens (the session the job creates, the
+    build root, the warm-up, the runs' Spark data) is kept here as soon as it exists, so that
+    ``close`` (``run``'s ``finally``) releases it whatever failed."""
+
+    def __init__(self, topology, clients: ClientSettings, application_id: str, state_dir, emit_outputs: bool,
+                 archives: dict | None, force: bool, on_error: str, compaction: bool):
+        self.clients = clients
+        self.bootstrap_servers = clients.bootstrap_servers
+        self.consumer_config = clients.consumer_config
+        self.application_id = application_id
+        self.emit_outputs = emit_outputs
+        self.archives = archives
+        self.force = force
+        self.on_error = on_error
+        self.compaction = compaction
+        self.seconds: dict[str, float] = {}
+        self.t0 = time.monotonic()
+        self.topo = topology.for_application(application_id, clients.registry)   # registry serdes: their settings
+        self.state_dir = Path(state_dir) if state_dir is not None else None
+        self.counts: dict[str, int] = {}
+        self.sources: list[str] = []
+        self.internal_counts: dict[str, int] = {}
+        self.changelog_topics: dict = {}
+        self.dlq = ""
+        self.spark = None
+        self.own_session = False
+        self.build_root: Path | None = None
+        self.warm_up: WarmUp | None = None
+        self.spark_runs: Runs | None = None
+
+    def check(self) -> None:
+        """Before anything starts: the serdes' settings, the topics the topology reads (and writes,
+        with ``emit_outputs``), the archives, co-partitioning; unless ``force``, no state of the
+        application in the state directory and no committed offsets of its group. A killed run's
+        build root is removed."""
+        from processor.kafka import clients as kafka
+
+        topo, bootstrap_servers, application_id = self.topo, self.bootstrap_servers, self.application_id
+        emit_outputs, archives, state_dir = self.emit_outputs, self.archives, self.state_dir
+        topo.check_serde_settings()
+        counts = self.counts = kafka.topic_partitions(bootstrap_servers)
+        sources = self.sources = list(dict.fromkeys(topo.external_source_topics()))
+        wanted = sources + (topo.sink_topics(internal=False) if emit_outputs else [])
+        wanted += topo.global_topics()
+        missing = sorted({t for t in wanted if t not in counts})
+        if missing:
+            raise ConfigError(f"topic(s) {', '.join(missing)} do not exist on {bootstrap_servers}; "
+                              f"create them before backfilling application {application_id!r}")
+        for topic, path in (archives or {}).items():
+            if topic not in sources:
+                raise ConfigError(f"archive given for topic {topic!r}, which this topology does not read "
+                                  f"(sources: {', '.join(sorted(sources))})")
+            if not Path(path).exists():
+                raise ConfigError(f"archive of topic {topic!r}: path {path} does not exist")
+            if topic in topo.reused_source_topics():
+                raise ConfigError(f"archive given for topic {topic!r}, which is a table's changelog "
+                                  f"(reuse_source_topics): a restore from the topic could not rebuild the "
+                                  f"archived history; build the topology without reuse_source_topics")
+        for i in range(len(topo.subtopologies)):
+            ext = {t: counts[t] for t in topo.source_topics(i) if t in sources}
+            if len(set(ext.values())) > 1:
+                listing = ", ".join(f"{t}={n}" for t, n in sorted(ext.items()))
+                raise ConfigError(f"co-partitioned source topics of sub-topology {i} have different "
+                                  f"partition counts ({listing}); they must be equal")
+        if not self.force:
+            _refuse_existing(bootstrap_servers, application_id, state_dir, sources, counts, self.consumer_config)
+        if state_dir is not None:
+            for stale in state_dir.glob(f"{application_id}.backfill-tmp-*"):   # a killed run's leftovers
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def warn_what_a_replay_cannot_reproduce(self) -> None:
+        """A warning naming each user processor: its wall-clock punctuations do not fire."""
+        from processor.graph import UserProcessorAttrs
+
+        for n in self.topo.nodes:   # what a replay cannot reproduce, named (docs/dsl.md "Not supported")
+            if isinstance(n.attrs, UserProcessorAttrs):
+                log.warning("backfill: %s is a user processor: its wall-clock punctuations, if it schedules any, "
+                            "do not fire in a backfill (a replay takes none of the history's wall-clock time)",
+                            n.name)
+
+    def open_session(self, spark, master: str | None, spark_conf: dict | None):
+        """The Spark session: the one given, or one the job creates (and stops in ``close``). Then
+        the driver's own files: the build root (task databases built here, then installed) under
+        the state directory, or a temporary directory (shipped code, progress counters)."""
+        from backfill import session
+        from backfill.sst import new_build_root
+
+        self.own_session = spark is None
+        if self.own_session:
+            t_session = time.monotonic()
+            spark = session.spark_session(master, spark_conf)
+            self.seconds["spark session"] = time.monotonic() - t_session
+            self.t0 = time.monotonic()
+        elif spark_conf:
+            log.warning("backfill: spark_conf ignored: the session was given (%s)", ", ".join(sorted(spark_conf)))
+        self.spark = spark
+        state_dir, application_id = self.state_dir, self.application_id
+        self.build_root = new_build_root(state_dir, application_id) if state_dir is not None else \
+            Path(tempfile.mkdtemp(prefix=f"{application_id}.backfill-tmp-"))
+        return spark
+
+    def start_executors(self, to_ship: list, executor_timeout_s: float) -> None:
+        """Executors registered, the topology's code shipped to them, and their Python workers
+        importing the engine (``session.WarmUp``) while the driver takes the snapshot."""
+        from backfill import code_shipping, session
+
+        spark = self.spark
+        assert spark is not None and self.build_root is not None
+        executors = session.wait_for_executors(spark, executor_timeout_s)
+        if executors:
+            log.info("backfill: %d executor(s) on %s", executors, spark.sparkContext.master)
+        code_shipping.ship(spark, to_ship, str(self.build_root / "py-files"))
+        # the executors' Python workers start and import the engine while the driver takes the snapshot
+        self.warm_up = session.WarmUp(spark)
+
+    def join_warm_up(self) -> None:
+        """The executors' warm-up over (its failure logged: ``session.WarmUp``)."""
+        if self.warm_up is not None:
+            self.warm_up.join()
+
+    def create_topics(self, replication_factor: int | None, topic_configs: dict | None) -> None:
+        """1. The internal topics as the worker creates them (and checks them), the dead-letter
+        topic under ``on_error="dlq"``; their partition counts join ``counts``."""
+        from processor.engine.task import dlq_topic_for
+        from processor.kafka import clients as kafka
+        from processor.kafka import internal_topics
+
+        topo, bootstrap_servers, application_id, counts = self.topo, self.bootstrap_servers, \
+            self.application_id, self.counts
+        on_error = self.on_error
+        wanted = internal_topics.wanted_topics(topo, counts)
+        internal_topics.ensure(bootstrap_servers, application_id, wanted, counts, replication_factor, topic_configs)
+        internal_topics.warn_deleting_sources(bootstrap_servers, sorted(topo.reused_source_topics()))
+        internal_counts = self.internal_counts = {t: n for t, (n, kind) in wanted.items() if kind != "changelog"}
+        counts.update(internal_counts)
+        dlq = self.dlq = dlq_topic_for(application_id)
+        if on_error == "dlq" and dlq not in counts:
+            rf = (replication_factor if replication_factor is not None
+                  else internal_topics.default_replication_factor(bootstrap_servers))
+            kafka.create_topics(bootstrap_servers, {dlq: 1}, replication_factor=rf)
+        self.changelog_topics = topo.changelog_topic_partitions(counts)
+
+    def take_snapshot(self) -> Snapshot:
+        """One snapshot of every partition involved: the sources' history, and where the internal
+        and changelog topics end (new topics: 0); the partitioners are sampled meanwhile (both
+        wait on the broker, not the CPU). The topology takes the partitioners found."""
+        from backfill.snapshot import snapshot_offsets
+        from processor.kafka.partitioning import determine_partitioners
+
+        topo, sources, internal_counts = self.topo, self.sources, self.internal_counts
+        changelog_topics = self.changelog_topics
+        with ThreadPoolExecutor(1) as pool:
+            sampling = pool.submit(determine_partitioners, topo, self.bootstrap_servers, dict(self.counts),
+                                   self.clients.sampling_config, self.application_id)
+            user_sinks = topo.sink_topics(internal=False) if self.emit_outputs else []
+            everything = snapshot_offsets(self.bootstrap_servers,
+                                          sources + list(internal_counts) + list(changelog_topics) + user_sinks
+                                          + topo.global_topics(), consumer_config=self.consumer_config)
+            choices = sampling.result()
+        snapshot = {tp: r for tp, r in everything.items() if tp[0] in set(sources)}
+        internal_ends = {tp: e for tp, (_, e) in everything.items() if tp[0] in internal_counts}
+        changelog_ends = {tp: e for tp, (_, e) in everything.items() if tp[0] in changelog_topics}
+        if any(changelog_ends.values()):   # a killed backfill, or --force over an earlier run
+            log.info("changelog topics already hold records: keys the backfill does not write get tombstones")
+        self.topo = topo.with_partitioning(choices)
+        self.seconds["snapshot"] = time.monotonic() - self.t0
+        for (t, p), (s, e) in sorted(snapshot.items()):
+            log.info("snapshot %s[%d]: offsets [%d, %d)", t, p, s, e)
+        return Snapshot(everything, snapshot, internal_ends, changelog_ends, user_sinks, choices)
+
+    def job_context(self, snap: Snapshot, report: BackfillReport) -> JobContext:
+        """What every Spark task gets: the topology, the routing, the snapshot, the global tables
+        at the snapshot (the same for every task), the user sinks' ends and the compaction plan
+        (docs/backfill.md)."""
+        from backfill import handoff, session
+        from backfill.context import JobContext
+        from processor.engine.routing import Routing
+
+        topo, bootstrap_servers, counts, sources = self.topo, self.bootstrap_servers, self.counts, self.sources
+        emit_outputs, compaction, everything, user_sinks = self.emit_outputs, self.compaction, snap.everything, \
+            snap.user_sinks
+        assert self.build_root is not None
+        ctx = JobContext(topo, Routing(snap.choices, counts), counts, bootstrap_servers, self.on_error, self.dlq,
+                         self.clients.producer_config or {}, emit_outputs, build_databases=self.state_dir is not None,
+                         local_root=str(self.build_root) if session.is_local(self.spark) else None)
+        ctx.snapshot, ctx.internal_ends, ctx.changelog_ends = snap.sources, snap.internal_ends, snap.changelog_ends
+        if topo.global_stores:   # every task gets the same global tables: their topics at the snapshot
+            ctx.global_tables, report.global_records, report.global_latest = handoff.read_global_tables(
+                bootstrap_servers, topo, everything, self.consumer_config)
+            for name, ts in sorted(report.global_latest.items()):
+                log.warning("backfill: global table %s last changed at timestamp %d: every task joins it as of the "
+                            "snapshot, so a record older than that joins the table as it is now, not as it was "
+                            "(a worker started at the snapshot does the same; docs/dsl.md \"Not supported\")", name, ts)
+        # the user sink topics' ends (--emit-outputs): a table sink gets a tombstone only for a
+        # key it already holds
+        ctx.output_ends = {tp: r for tp, r in everything.items() if tp[0] in user_sinks}
+        held = {tp[0] for tp, (s, e) in everything.items() if tp[0] in user_sinks and e > s}
+        refusals: dict = {}
+        plan = compaction_plan(topo, emit_outputs, held_outputs=held, refusals=refusals) if compaction else {}
+        ctx.compacted = set(plan)
+        report.compaction = {t: plan.get(t) or refusals.get(t)
+                             or ("every record replayed (a stream: each record is an event)" if compaction
+                                 else "every record replayed (--no-compaction)") for t in sources}
+        return ctx
+
+    def process(self, ctx: JobContext, snap: Snapshot, report: BackfillReport) -> Runs:
+        """2.-4. The runs (``backfill.runs``). Where tables were reduced and records failed in
+        processing, everything is done again, every record replayed."""
+        from backfill import runs
+        from backfill.snapshot import snapshot_offsets
+
+        spark, archives, consumer_config = self.spark, self.archives, self.consumer_config
+        snapshot, sources = snap.sources, self.sources
+        t1 = time.monotonic()
+        spark_runs = self.spark_runs = runs.Runs(spark, ctx)
+        runs.process(spark_runs, snapshot, archives, consumer_config, report)
+        if ctx.compacted and report.failed_in_processing:
+            # Records failed in user functions or outputs while tables were reduced: the worker
+            # dead-letters (or skips) each failing record of the whole history and keeps the
+            # previous value of its key, which a reduction cannot reproduce where the failure
+            # shows downstream (e.g. a foreign-key join's joiner on a reduced right table). So
+            # everything is done again, every record replayed.
+            failed = ", ".join(f"{t}: {c}" for t, c in sorted(report.failed_in_processing.items()))
+            log.warning("records failed in processing (%s) while tables were reduced to their last "
+                        "changes: processing the history again, record by record", failed)
+            spark_runs.discard()
+            # the first attempt's last runs wrote changelogs: where they end now is what the
+            # second attempt tombstones below (keys it does not write must not survive there)
+            ctx.changelog_ends = {tp: e for tp, (_, e) in snapshot_offsets(
+                self.bootstrap_servers, list(self.changelog_topics), consumer_config=consumer_config).items()}
+            ctx.compacted = set()
+            report.compaction = {t: f"every record replayed (records failed in processing: {failed})"
+                                 for t in sources}
+            report.rows_read = report.rows_replayed = 0
+            report.runs, report.finalized, report.failed_in_processing = [], set(), {}
+            report.records_processed = 0
+            report.fk_records_superseded = 0
+            report.unordered = []
+            report.rows_per_store = {}
+            spark_runs = self.spark_runs = runs.Runs(spark, ctx)
+            runs.process(spark_runs, snapshot, archives, consumer_config, report)
+        self.seconds["process"] = time.monotonic() - t1
+        return spark_runs
+
+    def write_changelogs(self, spark_runs: Runs, report: BackfillReport) -> None:
+        """5. The changelogs and commit records of every task its last run did not write."""
+        from backfill import runs
+
+        t2 = time.monotonic()
+        stats = runs.finalize(spark_runs, report.finalized)
+        for store, n in stats.items():
+            report.rows_per_store[store] = report.rows_per_store.get(store, 0) + n
+        report.tasks = sum(spark_runs.ctx.tasks_of(sub) for sub in range(len(self.topo.subtopologies)))
+        self.seconds["changelogs"] = time.monotonic() - t2
+
+    def emit_outputs_once(self, ctx: JobContext, spark_runs: Runs, report: BackfillReport) -> None:
+        """The outputs (``emit_outputs``) and dead letters, produced once (``backfill.outputs``)."""
+        from backfill import outputs
+
+        t3 = time.monotonic()
+        report.outputs_emitted, report.dead_lettered = outputs.emit(self.spark, ctx, spark_runs.items("output"),
+                                                                    self.emit_outputs)
+        self.seconds["outputs"] = time.monotonic() - t3
+
+    def hand_over(self, spark_runs: Runs, snap: Snapshot, report: BackfillReport) -> None:
+        """The hand-off: with a state directory, the task databases built and installed there all
+        or nothing; then the group offsets, last."""
+        from backfill import handoff, runs
+        from backfill.sst import install_task_databases
+
+        state_dir, build_root = self.state_dir, self.build_root
+        assert build_root is not None
+        t4 = time.monotonic()
+        if state_dir is not None:
+            built = runs.build_databases(spark_runs, build_root)
+            if built != report.tasks:
+                raise RuntimeError(f"backfill: internal error: {built} task databases came back, not {report.tasks}")
+            for scratch in ("py-files", "progress", "staging"):
+                shutil.rmtree(build_root / scratch, ignore_errors=True)
+            report.installed = [str(p) for p in install_task_databases(build_root, state_dir, self.application_id,
+                                                                       force=self.force)]
+        handoff.commit_group_offsets(self.bootstrap_servers, self.application_id, snap.sources, snap.internal_ends,
+                                     self.consumer_config)
+        self.seconds["install"] = time.monotonic() - t4
+
+    def close(self) -> None:
+        """Whatever happened: the warm-up joined, the runs' Spark data released, the build root
+        removed, and the session stopped if the job created it."""
+        if self.warm_up is not None:
+            self.warm_up.join()
+        if self.spark_runs is not None:
+            self.spark_runs.close()
+        if self.build_root is not None and self.build_root.exists():
+            shutil.rmtree(self.build_root, ignore_errors=True)
+        if self.own_session and self.spark is not None:
+            self.spark.stop()
+
+
 def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, spark=None,
         emit_outputs: bool = False, archives: dict | None = None, force: bool = False,
         master: str | None = None, on_error: str = "dlq", consumer_config: dict | None = None,
@@ -179,213 +545,31 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
     an open transaction under ``read_committed``) and no record the worker would not see (an
     aborted one, on a broker that hides them) gets into the stores. ``spark_conf``: Spark
     settings of the session the job creates (``--conf``); ``py_files``: more code for the
-    executors (the topology's own module is shipped without it: ``backfill.session``).
+    executors (the topology's own module is shipped without it: ``backfill.code_shipping``).
     ``compaction=False`` replays every record of every source (``backfill.compaction``)."""
-    from backfill import handoff, outputs, runs, session
-    from backfill.context import JobContext
-    from backfill.snapshot import snapshot_offsets
-    from backfill.sst import install_task_databases, new_build_root
-    from processor.engine.routing import Routing
-    from processor.engine.task import dlq_topic_for
-    from processor.kafka import clients as kafka
-    from processor.kafka import internal_topics
-    from processor.kafka.client_config import ClientConfig
-    from processor.kafka.partitioning import determine_partitioners
+    from backfill import code_shipping
 
-    if processing_guarantee not in PROCESSING_GUARANTEES:
-        raise ConfigError(f"processing_guarantee must be one of {', '.join(PROCESSING_GUARANTEES)}, "
-                          f"not {processing_guarantee!r}")
-    config = ((client_config or ClientConfig()).with_kind("consumer", consumer_config)
-              .with_kind("producer", producer_config))
-    # partitioner detection samples as the worker does: at the level the user gave, else
-    # read_uncommitted (processor/kafka/partitioning.py), so both decide on the same records
-    sampling_config = {"isolation.level": "read_uncommitted", **config.for_kind("consumer")}
-    if "isolation.level" not in config.for_kind("consumer"):
-        # the worker's rule (processor/runtime/worker.py), for every other consumer below
-        config = config.with_kind("consumer", {"isolation.level": "read_committed" if processing_guarantee
-                                               == "exactly_once" else "read_uncommitted"})
-    # every client below, in the driver and (through the job context) the executors, gets them
-    bootstrap_servers = kafka.cluster_of(bootstrap_servers, config)
-    consumer_config = config.for_kind("consumer") or None
-    producer_config = config.for_kind("producer") or None
-    seconds: dict[str, float] = {}
-    t0 = time.monotonic()
-    topo = topology.for_application(application_id, config.registry)   # registry serdes: their settings
-    topo.check_serde_settings()
-    state_dir = Path(state_dir) if state_dir is not None else None
-    counts = kafka.topic_partitions(bootstrap_servers)
-    sources = list(dict.fromkeys(topo.external_source_topics()))
-    wanted = sources + (topo.sink_topics(internal=False) if emit_outputs else [])
-    wanted += topo.global_topics()
-    missing = sorted({t for t in wanted if t not in counts})
-    if missing:
-        raise ConfigError(f"topic(s) {', '.join(missing)} do not exist on {bootstrap_servers}; "
-                          f"create them before backfilling application {application_id!r}")
-    for topic, path in (archives or {}).items():
-        if topic not in sources:
-            raise ConfigError(f"archive given for topic {topic!r}, which this topology does not read "
-                              f"(sources: {', '.join(sorted(sources))})")
-        if not Path(path).exists():
-            raise ConfigError(f"archive of topic {topic!r}: path {path} does not exist")
-        if topic in topo.reused_source_topics():
-            raise ConfigError(f"archive given for topic {topic!r}, which is a table's changelog "
-                              f"(reuse_source_topics): a restore from the topic could not rebuild the "
-                              f"archived history; build the topology without reuse_source_topics")
-    for i in range(len(topo.subtopologies)):
-        ext = {t: counts[t] for t in topo.source_topics(i) if t in sources}
-        if len(set(ext.values())) > 1:
-            listing = ", ".join(f"{t}={n}" for t, n in sorted(ext.items()))
-            raise ConfigError(f"co-partitioned source topics of sub-topology {i} have different "
-                              f"partition counts ({listing}); they must be equal")
-    if not force:
-        _refuse_existing(bootstrap_servers, application_id, state_dir, sources, counts, consumer_config)
-    if state_dir is not None:
-        for stale in state_dir.glob(f"{application_id}.backfill-tmp-*"):   # a killed run's leftovers
-            shutil.rmtree(stale, ignore_errors=True)
-
-    to_ship = session.code_to_ship(topo, py_files)
-    from processor.graph import UserProcessorAttrs
-
-    for n in topo.nodes:   # what a replay cannot reproduce, named (docs/dsl.md "Not supported")
-        if isinstance(n.attrs, UserProcessorAttrs):
-            log.warning("backfill: %s is a user processor: its wall-clock punctuations, if it schedules any, do "
-                        "not fire in a backfill (a replay takes none of the history's wall-clock time)", n.name)
-
-    own_session = spark is None
-    if own_session:
-        t_session = time.monotonic()
-        spark = session.spark_session(master, spark_conf)
-        seconds["spark session"] = time.monotonic() - t_session
-        t0 = time.monotonic()
-    elif spark_conf:
-        log.warning("backfill: spark_conf ignored: the session was given (%s)", ", ".join(sorted(spark_conf)))
-    # the driver's own files: the build root (task databases built here, then installed) under
-    # the state directory, or a temporary directory (shipped code, progress counters)
-    build_root = new_build_root(state_dir, application_id) if state_dir is not None else \
-        Path(tempfile.mkdtemp(prefix=f"{application_id}.backfill-tmp-"))
-    warm_up = None
-    spark_runs = None
+    clients = client_settings(bootstrap_servers, client_config, consumer_config, producer_config,
+                              processing_guarantee)
+    job = BackfillJob(topology, clients, application_id, state_dir, emit_outputs, archives, force, on_error,
+                      compaction)
+    job.check()
+    to_ship = code_shipping.code_to_ship(job.topo, py_files)
+    job.warn_what_a_replay_cannot_reproduce()
     try:
-        executors = session.wait_for_executors(spark, executor_timeout_s)
-        if executors:
-            log.info("backfill: %d executor(s) on %s", executors, spark.sparkContext.master)
-        session.ship(spark, to_ship, str(build_root / "py-files"))
-        # the executors' Python workers start and import the engine while the driver takes the snapshot
-        warm_up = session.WarmUp(spark)
-        # 1. topics as the worker creates them; the snapshot; each source's partitioner
-        wanted = internal_topics.wanted_topics(topo, counts)
-        internal_topics.ensure(bootstrap_servers, application_id, wanted, counts, replication_factor, topic_configs)
-        internal_topics.warn_deleting_sources(bootstrap_servers, sorted(topo.reused_source_topics()))
-        internal_counts = {t: n for t, (n, kind) in wanted.items() if kind != "changelog"}
-        counts.update(internal_counts)
-        dlq = dlq_topic_for(application_id)
-        if on_error == "dlq" and dlq not in counts:
-            rf = (replication_factor if replication_factor is not None
-                  else internal_topics.default_replication_factor(bootstrap_servers))
-            kafka.create_topics(bootstrap_servers, {dlq: 1}, replication_factor=rf)
-        changelog_topics = topo.changelog_topic_partitions(counts)
-        # one snapshot of every partition involved: the sources' history, and where the internal
-        # and changelog topics end (new topics: 0); the partitioners are sampled meanwhile (both
-        # wait on the broker, not the CPU)
-        with ThreadPoolExecutor(1) as pool:
-            sampling = pool.submit(determine_partitioners, topo, bootstrap_servers, dict(counts),
-                                   sampling_config, application_id)
-            user_sinks = topo.sink_topics(internal=False) if emit_outputs else []
-            everything = snapshot_offsets(bootstrap_servers,
-                                          sources + list(internal_counts) + list(changelog_topics) + user_sinks
-                                          + topo.global_topics(), consumer_config=consumer_config)
-            choices = sampling.result()
-        snapshot = {tp: r for tp, r in everything.items() if tp[0] in set(sources)}
-        internal_ends = {tp: e for tp, (_, e) in everything.items() if tp[0] in internal_counts}
-        changelog_ends = {tp: e for tp, (_, e) in everything.items() if tp[0] in changelog_topics}
-        if any(changelog_ends.values()):   # a killed backfill, or --force over an earlier run
-            log.info("changelog topics already hold records: keys the backfill does not write get tombstones")
-        topo = topo.with_partitioning(choices)
-        seconds["snapshot"] = time.monotonic() - t0
-        for (t, p), (s, e) in sorted(snapshot.items()):
-            log.info("snapshot %s[%d]: offsets [%d, %d)", t, p, s, e)
-        warm_up.join()
-        report = BackfillReport(application_id, snapshot, seconds=seconds)
-        ctx = JobContext(topo, Routing(choices, counts), counts, bootstrap_servers, on_error, dlq,
-                         producer_config or {}, emit_outputs, build_databases=state_dir is not None,
-                         local_root=str(build_root) if session.is_local(spark) else None)
-        ctx.snapshot, ctx.internal_ends, ctx.changelog_ends = snapshot, internal_ends, changelog_ends
-        if topo.global_stores:   # every task gets the same global tables: their topics at the snapshot
-            ctx.global_tables, report.global_records, report.global_latest = handoff.read_global_tables(
-                bootstrap_servers, topo, everything, consumer_config)
-            for name, ts in sorted(report.global_latest.items()):
-                log.warning("backfill: global table %s last changed at timestamp %d: every task joins it as of the "
-                            "snapshot, so a record older than that joins the table as it is now, not as it was "
-                            "(a worker started at the snapshot does the same; docs/dsl.md \"Not supported\")", name, ts)
-        # the user sink topics' ends (--emit-outputs): a table sink gets a tombstone only for a
-        # key it already holds
-        ctx.output_ends = {tp: r for tp, r in everything.items() if tp[0] in user_sinks}
-        held = {tp[0] for tp, (s, e) in everything.items() if tp[0] in user_sinks and e > s}
-        refusals: dict = {}
-        plan = compaction_plan(topo, emit_outputs, held_outputs=held, refusals=refusals) if compaction else {}
-        ctx.compacted = set(plan)
-        report.compaction = {t: plan.get(t) or refusals.get(t)
-                             or ("every record replayed (a stream: each record is an event)" if compaction
-                                 else "every record replayed (--no-compaction)") for t in sources}
-        t1 = time.monotonic()
-        spark_runs = runs.Runs(spark, ctx)
-        runs.process(spark_runs, snapshot, archives, consumer_config, report)
-        if ctx.compacted and report.failed_in_processing:
-            # Records failed in user functions or outputs while tables were reduced: the worker
-            # dead-letters (or skips) each failing record of the whole history and keeps the
-            # previous value of its key, which a reduction cannot reproduce where the failure
-            # shows downstream (e.g. a foreign-key join's joiner on a reduced right table). So
-            # everything is done again, every record replayed.
-            failed = ", ".join(f"{t}: {c}" for t, c in sorted(report.failed_in_processing.items()))
-            log.warning("records failed in processing (%s) while tables were reduced to their last "
-                        "changes: processing the history again, record by record", failed)
-            spark_runs.discard()
-            # the first attempt's last runs wrote changelogs: where they end now is what the
-            # second attempt tombstones below (keys it does not write must not survive there)
-            ctx.changelog_ends = {tp: e for tp, (_, e) in snapshot_offsets(
-                bootstrap_servers, list(changelog_topics), consumer_config=consumer_config).items()}
-            ctx.compacted = set()
-            report.compaction = {t: f"every record replayed (records failed in processing: {failed})"
-                                 for t in sources}
-            report.rows_read = report.rows_replayed = 0
-            report.runs, report.finalized, report.failed_in_processing = [], set(), {}
-            report.records_processed = 0
-            report.fk_records_superseded = 0
-            report.unordered = []
-            report.rows_per_store = {}
-            spark_runs = runs.Runs(spark, ctx)
-            runs.process(spark_runs, snapshot, archives, consumer_config, report)
-        seconds["process"] = time.monotonic() - t1
-        t2 = time.monotonic()
-        stats = runs.finalize(spark_runs, report.finalized)
-        for store, n in stats.items():
-            report.rows_per_store[store] = report.rows_per_store.get(store, 0) + n
-        report.tasks = sum(spark_runs.ctx.tasks_of(sub) for sub in range(len(topo.subtopologies)))
-        seconds["changelogs"] = time.monotonic() - t2
-        t3 = time.monotonic()
-        report.outputs_emitted, report.dead_lettered = outputs.emit(spark, ctx, spark_runs.items("output"),
-                                                                    emit_outputs)
-        seconds["outputs"] = time.monotonic() - t3
-        t4 = time.monotonic()
-        if state_dir is not None:
-            built = runs.build_databases(spark_runs, build_root)
-            if built != report.tasks:
-                raise RuntimeError(f"backfill: internal error: {built} task databases came back, not {report.tasks}")
-            for scratch in ("py-files", "progress", "staging"):
-                shutil.rmtree(build_root / scratch, ignore_errors=True)
-            report.installed = [str(p) for p in install_task_databases(build_root, state_dir, application_id,
-                                                                       force=force)]
-        handoff.commit_group_offsets(bootstrap_servers, application_id, snapshot, internal_ends, consumer_config)
-        seconds["install"] = time.monotonic() - t4
+        job.open_session(spark, master, spark_conf)
+        job.start_executors(to_ship, executor_timeout_s)
+        job.create_topics(replication_factor, topic_configs)
+        snap = job.take_snapshot()
+        job.join_warm_up()
+        report = BackfillReport(application_id, snap.sources, seconds=job.seconds)
+        ctx = job.job_context(snap, report)
+        spark_runs = job.process(ctx, snap, report)
+        job.write_changelogs(spark_runs, report)
+        job.emit_outputs_once(ctx, spark_runs, report)
+        job.hand_over(spark_runs, snap, report)
     finally:
-        if warm_up is not None:
-            warm_up.join()
-        if spark_runs is not None:
-            spark_runs.close()
-        if build_root.exists():
-            shutil.rmtree(build_root, ignore_errors=True)
-        if own_session:
-            spark.stop()
+        job.close()
     for line in report.lines():
         log.info("%s", line)
     return report

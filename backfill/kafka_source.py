@@ -131,7 +131,7 @@ class KafkaHistoryReader(DataSourceReader):
     def partitions(self) -> list[OffsetRange]:
         return split_ranges(self.ranges, self.max_records)
 
-    def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRange):   # Spark's stand-in when there is no split
             return iter(())
         return read_range(self.bootstrap_servers, partition, self.consumer_config)

@@ -97,7 +97,7 @@ def _selected_on_the_driver(ctx, blobs: list, emit_outputs: bool, held: dict):
 
     from backfill.rows import OUTPUT_FIELDS
 
-    rows = []
+    rows: list = []
     for blob in blobs:
         with pa.ipc.open_stream(blob) as reader:
             cols = reader.read_all().to_pydict()

@@ -17,7 +17,8 @@ def run_order(topo) -> list[int]:
         for w in writers:
             if readers[topic] != w:
                 edges[w].add(readers[topic])
-    order, state = [], {}
+    order: list[int] = []
+    state: dict[int, int] = {}
 
     def visit(i):
         if state.get(i):
@@ -59,7 +60,7 @@ def receivers(topo, starts) -> set[int]:
             out.add(r)
             if (r, t) not in seen:
                 seen.add((r, t))
-                work.append((r, {t}))
+                work.append((r, frozenset((t,))))
     return out
 
 def defers_emissions(topo, sub) -> bool:

@@ -20,12 +20,12 @@ class StageProgress:
     local master): rows read / ``total_rows``, rows/s, and the Spark tasks done as a postfix, from
     the counters the run's tasks write there; otherwise Spark tasks done / total."""
 
-    def __init__(self, spark, what: str, rows_dir: Path | None = None, total_rows: int | None = None):
+    def __init__(self, spark, what: str, rows_dir: str | os.PathLike | None = None, total_rows: int | None = None):
         self.spark = spark
         self.what = what
         self.rows_dir = rows_dir
         self.total_rows = total_rows
-        self._stop = None
+        self._stop = threading.Event()
 
     @staticmethod
     def _tasks(tracker, before) -> tuple[int, int]:
@@ -44,16 +44,17 @@ class StageProgress:
 
         tracker = self.spark.sparkContext.statusTracker()
         before = set(tracker.getJobIdsForGroup(None))
-        self._stop = threading.Event()
-        by_rows = self.rows_dir is not None
+        stop = self._stop = threading.Event()
+        rows_dir = self.rows_dir
+        by_rows = rows_dir is not None
         bar = tqdm(desc=self.what, unit="row" if by_rows else "task", unit_scale=by_rows, leave=True,
                    file=sys.stderr, disable=None, total=self.total_rows if by_rows else None)
 
         def poll():
             while True:
                 done, total = self._tasks(tracker, before)
-                if by_rows:
-                    bar.n = RowCounter.total(self.rows_dir)
+                if rows_dir is not None:
+                    bar.n = RowCounter.total(rows_dir)
                     if total:
                         bar.set_postfix_str(f"tasks {done}/{total}", refresh=False)
                 else:
@@ -61,7 +62,7 @@ class StageProgress:
                         bar.total = total
                     bar.n = done
                 bar.refresh()
-                if self._stop.wait(0.5):
+                if stop.wait(0.5):
                     bar.close()
                     return
 
@@ -99,7 +100,7 @@ class RowCounter:
         self._written = time.monotonic()
 
     @staticmethod
-    def total(rows_dir: Path) -> int:
+    def total(rows_dir: str | os.PathLike) -> int:
         n = 0
         for f in Path(rows_dir).glob("task-*"):
             try:

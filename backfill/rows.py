@@ -20,6 +20,8 @@ import heapq
 import pickle
 from collections.abc import Iterator
 
+from backfill.items import ResultItem, RowsBatch
+
 ROW_FIELDS = ["kind", "topic", "partition", "key", "value", "ts", "headers", "origin", "seq", "phase"]
 OUTPUT_FIELDS = ROW_FIELDS + ["run"]
 
@@ -37,7 +39,7 @@ class RowCollector:
         self.origin = task_id
         self.run_no = run_no
         self.internal: dict[tuple[str, int], list] = {}   # (topic, partition) -> rows, in send order
-        self.outputs = {k: [] for k in OUTPUT_FIELDS}     # columns of the output rows
+        self.outputs: dict[str, list] = {k: [] for k in OUTPUT_FIELDS}   # columns of the output rows
         self.seq = 0
         self.phase = 0
         self.internal_counts: dict[str, int] = {}
@@ -109,18 +111,18 @@ class RowCollector:
             self.superseded += 1
         self._latest[pair] = (rows, len(rows))
 
-    def items(self, partition: int) -> list:
+    def items(self, partition: int) -> list[ResultItem]:
         """What the run leaves for others, as items of the run's result (``backfill.runs``):
-        ``("rows", destination partition, (run, topic, origin, pickled rows))`` per internal
-        topic partition written, and ``("output", partition, Arrow IPC bytes)`` for the output
-        rows (sinks with ``--emit-outputs``, dead letters always)."""
+        ``("rows", destination partition, RowsBatch)`` per internal topic partition written, and
+        ``("output", partition, Arrow IPC bytes)`` for the output rows (sinks with
+        ``--emit-outputs``, dead letters always)."""
         out = []
         for (topic, part), rows in self.internal.items():
             if self.superseded:
                 rows = [r for r in rows if r is not None]
             if rows:
-                out.append(("rows", part, (self.run_no, topic, self.origin,
-                                           pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))))
+                out.append(ResultItem("rows", part, RowsBatch(self.run_no, topic, self.origin,
+                                                              pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))))
         if self.outputs["kind"]:
             import pyarrow as pa
 
@@ -130,7 +132,7 @@ class RowCollector:
                 sink = pa.BufferOutputStream()
                 with pa.ipc.new_stream(sink, table.schema) as writer:
                     writer.write_table(table.slice(start, step))
-                out.append(("output", partition, sink.getvalue().to_pybytes()))
+                out.append(ResultItem("output", partition, sink.getvalue().to_pybytes()))
         return out
 
     def flush(self):

@@ -22,38 +22,34 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from backfill.context import RunSpec, raise_task_errors
+from backfill.items import ResultItem, RunRecord, TaskStats, as_input, is_piece
 from backfill.plan import defers_emissions, receivers, run_order
 from backfill.progress import StageProgress
+
+if TYPE_CHECKING:
+    from pyspark import RDD
 
 log = logging.getLogger("processor.backfill")
 
 
-def _stats(item):
-    return item[2]
+def _payload(item: ResultItem):
+    return item.payload
 
 
 def _is(kind):
-    return lambda item: item[0] == kind
-
-
-def _as_input(item):
-    """A result item -> ``(task, input)`` of a later run: ``("state", bytes)`` or ``("rows", run,
-    topic, origin, bytes)``."""
-    kind, part, payload = item
-    if kind == "state":
-        return part, ("state", payload)
-    return part, ("rows", *payload)
+    return lambda item: item.kind == kind
 
 
 def _rows_for(topics):
     topics = frozenset(topics)
-    return lambda item: item[0] == "rows" and item[2][1] in topics
+    return lambda item: item.kind == "rows" and item.payload.topic in topics
 
 
-def _final_item(item):
-    return item[0] in ("output", "db")
+def _final_item(item: ResultItem) -> bool:
+    return item.kind in ("output", "db")
 
 
 def _identity(k):
@@ -70,7 +66,7 @@ class Runs:
         self.sc = spark.sparkContext
         self.ctx = ctx
         self.level = StorageLevel.MEMORY_AND_DISK
-        self.results: dict[int, object] = {}     # run -> its persisted result RDD
+        self.results: dict[int, RDD] = {}        # run -> its persisted result RDD
         self.state_of: dict[int, int] = {}       # sub-topology -> run whose result holds its stores
         self.with_final_items: set[int] = set()  # runs whose results hold "output" or "db" items
         self.final_results: list = []            # those items, kept apart from released results
@@ -79,7 +75,7 @@ class Runs:
         self.built = 0                           # databases the tasks built (a local master)
         self.files = ctx.files                   # a local master's build root (context.LocalFiles)
 
-    def inputs(self, sub: int, pending: list, reads) -> object:
+    def inputs(self, sub: int, pending: list, reads) -> RDD:
         """Task ``i`` of ``sub`` at partition ``i``: its stores and the pending runs' rows to it
         (on a local master the task reads them from the build root itself)."""
         n = self.ctx.tasks_of(sub)
@@ -87,25 +83,25 @@ class Runs:
             return self.sc.parallelize(range(n), n)
         parts = []
         if sub in self.state_of:
-            parts.append(self.results[self.state_of[sub]].filter(_is("state")).map(_as_input))
+            parts.append(self.results[self.state_of[sub]].filter(_is("state")).map(as_input))
         for r in pending:
-            parts.append(self.results[r].filter(_rows_for(reads)).map(_as_input))
+            parts.append(self.results[r].filter(_rows_for(reads)).map(as_input))
         if not parts:   # a first run that reads only Kafka: no shuffle
             return self.sc.parallelize(range(n), n)
         return self.sc.union([self.sc.parallelize([(i, None) for i in range(n)], n), *parts]).partitionBy(
             n, _identity)
 
-    def run(self, spec, reads, task_fn, what: str, total_rows=None) -> list[dict]:
+    def run(self, spec, reads, task_fn, what: str, total_rows=None) -> list[TaskStats]:
         """One Spark job: ``task_fn`` over the tasks of ``spec.sub``; returns each task's stats."""
         rdd = self.inputs(spec.sub, spec.pending, reads).mapPartitionsWithIndex(task_fn)
         if self.files is not None:   # a local master: the tasks yield their stats only
             with StageProgress(self.spark, what, self.ctx.progress_dir(spec.run_no), total_rows):
-                stats = rdd.map(_stats).collect()
+                stats = rdd.map(_payload).collect()
             self._count_final_items(spec.run_no, stats)
             return stats
         rdd = rdd.persist(self.level)
         with StageProgress(self.spark, what, self.ctx.progress_dir(spec.run_no), total_rows):
-            stats = rdd.filter(_is("stats")).map(_stats).collect()
+            stats = rdd.filter(_is("stats")).map(_payload).collect()
         self.results[spec.run_no] = rdd
         self._count_final_items(spec.run_no, stats)
         return stats
@@ -146,7 +142,7 @@ class Runs:
         if self.files is not None:   # (outputs only: a local master's tasks build their databases)
             return self.files.read_outputs() or None   # bytes in this process (outputs.emit)
         self.release(set())
-        parts = [r.filter(_is(kind)).map(_stats) for r in self.final_results]
+        parts = [r.filter(_is(kind)).map(_payload) for r in self.final_results]
         return self.sc.union(parts) if parts else None
 
     def discard(self) -> None:
@@ -271,7 +267,7 @@ def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
         runs.release(keep)
         report.records_processed += n
         secs = time.monotonic() - t0
-        report.runs.append((sub, flush, n, secs))
+        report.runs.append(RunRecord(sub, flush, n, secs))
         task_secs = {k: sum(r["seconds"].get(k, 0) for r in stats) for k in ("read", "process", "write")}
         superseded = sum(r["superseded"] for r in stats)
         report.fk_records_superseded += superseded
@@ -306,7 +302,7 @@ def finalize(runs: Runs, finalized: set) -> dict[str, int]:
         rdd = rdd.persist(runs.level)
     n = sum(ctx.tasks_of(sub) for sub in subs)
     with StageProgress(runs.spark, f"writing the changelogs of {n} task(s)"):
-        results = rdd.filter(_is("stats")).map(_stats).collect()
+        results = rdd.filter(_is("stats")).map(_payload).collect()
     raise_task_errors(results)
     if runs.files is None:
         runs.final_results.append(rdd)
@@ -347,13 +343,13 @@ def build_databases(runs: Runs, build_root) -> int:
         blobs = items.collect() if runs.db_bytes <= COLLECT_AT_ONCE_BYTES else items.toLocalIterator()
         pending: list = []   # the pieces of a database, until all have come
         for blob in blobs:
-            if isinstance(blob, tuple):
+            if is_piece(blob):
                 pending.append(blob)
-                joined = join_pieces([b for b in pending if b[1] == blob[1]]) \
-                    if sum(1 for b in pending if b[1] == blob[1]) == blob[3] else None
+                joined = join_pieces([b for b in pending if b.group == blob.group]) \
+                    if sum(1 for b in pending if b.group == blob.group) == blob.total else None
                 if joined is None:
                     continue
-                pending = [b for b in pending if b[1] != blob[1]]
+                pending = [b for b in pending if b.group != blob.group]
                 blob = joined[0]
             build_database(build_root, blob)
             n += 1

@@ -2,11 +2,11 @@
 no run wrote.
 
 A run's Spark partition ``i`` is task ``i`` of the sub-topology (``backfill.runs``). What reaches
-it: its stores as the task's previous run left them (``("state", bytes)``) and the internal rows
-earlier runs addressed to it (``("rows", run, topic, origin, bytes)``); it reads its own input
+it: its stores as the task's previous run left them (a ``"state"`` item) and the internal rows
+earlier runs addressed to it (``"rows"`` items: ``backfill.items``); it reads its own input
 partitions' history from Kafka itself (Kafka partition i is task i). What it yields is the run's
-result: ``("stats", i, dict)``, ``("state", i, bytes)`` for its next run, ``("rows", j, ...)`` for
-other tasks, ``("output", i, bytes)`` for the outputs, and in its last run ``("db", i, bytes)``
+result (``ResultItem``): ``"stats"``, ``"state"`` for its next run, ``"rows"`` for other tasks
+(partition ``j``: the destination), ``"output"`` for the outputs, and in its last run ``"db"``
 when the driver builds databases. On a ``local`` master the same pieces go to files under the
 build root instead (``context.LocalFiles``), the database is built there, and only the stats are
 yielded.
@@ -25,6 +25,7 @@ import pickle
 import time
 
 from backfill.context import error_info, executor_logging
+from backfill.items import PIECE, Piece, ResultItem, RowsBatch, TaskStats, is_piece
 
 log = logging.getLogger("processor.backfill")
 
@@ -84,77 +85,79 @@ def decode_state(blob: bytes | None):
 
 # -- pieces: no item Spark carries holds more than ``JobContext.item_bytes`` (a JVM byte array and
 # PySpark's framing stop at 2 GiB): bigger bytes travel as numbered pieces and are joined again
-PIECE = "~piece"
-
 
 def to_pieces(blob: bytes, limit: int) -> list:
-    """``blob`` itself, or ``(PIECE, id, index, count, bytes)`` pieces of at most ``limit`` bytes."""
+    """``blob`` itself, or ``Piece``s of at most ``limit`` bytes."""
     if len(blob) <= limit:
         return [blob]
     import uuid
 
     gid = uuid.uuid4().hex
     n = -(-len(blob) // limit)
-    return [(PIECE, gid, i, n, blob[i * limit:(i + 1) * limit]) for i in range(n)]
+    return [Piece(PIECE, gid, i, n, blob[i * limit:(i + 1) * limit]) for i in range(n)]
 
 
 def join_pieces(values: list) -> list:
     """``values`` with every complete set of pieces joined into its bytes (in first-seen order);
     a set with a piece missing is an error."""
-    out, groups, order = [], {}, []
+    out: list = []
+    groups: dict[str, dict[int, Piece]] = {}
+    order: list[int] = []
     for v in values:
-        if isinstance(v, tuple) and len(v) == 5 and v[0] == PIECE:
-            if v[1] not in groups:
-                groups[v[1]] = {}
+        if is_piece(v):
+            if v.group not in groups:
+                groups[v.group] = {}
                 order.append(len(out))
-                out.append(v[1])
-            groups[v[1]][v[2]] = v
+                out.append(v.group)
+            groups[v.group][v.number] = v
         else:
             out.append(v)
     for i in order:
         parts = groups[out[i]]
-        n = next(iter(parts.values()))[3]
+        n = next(iter(parts.values())).total
         if len(parts) != n:
             raise RuntimeError(f"backfill: internal error: {n - len(parts)} of {n} pieces of an item missing")
-        out[i] = b"".join(parts[k][4] for k in range(n))
+        out[i] = b"".join(parts[k].data for k in range(n))
     return out
 
 
-def in_pieces(items, limit: int) -> list:
+def in_pieces(items: list[ResultItem], limit: int) -> list[ResultItem]:
     """A run's result items with every big bytes payload (a task's stores, a database, a rows
     list) cut into pieces."""
-    out = []
-    for kind, part, payload in items:
-        if kind in ("state", "db"):
-            out.extend((kind, part, p) for p in to_pieces(payload, limit))
-        elif kind == "rows":
-            run, topic, origin, blob = payload
-            out.extend(("rows", part, (run, topic, origin, p)) for p in to_pieces(blob, limit))
+    out: list[ResultItem] = []
+    for item in items:
+        if item.kind in ("state", "db"):
+            out.extend(item._replace(payload=p) for p in to_pieces(item.payload, limit))
+        elif item.kind == "rows":
+            batch = item.payload
+            out.extend(item._replace(payload=batch._replace(blob=p)) for p in to_pieces(batch.blob, limit))
         else:
-            out.append((kind, part, payload))
+            out.append(item)
     return out
 
 
-def _split_inputs(items) -> tuple[bytes | None, list]:
-    """A run's partition -> (the task's state bytes, its rows items sorted by run), pieces joined."""
-    states, rows = [], {}
-    for it in items:
-        if not isinstance(it, tuple):
+def _split_inputs(items) -> tuple[bytes | None, list[RowsBatch]]:
+    """A run's partition (``(task, ResultItem)`` pairs) -> (the task's state bytes, its rows
+    batches sorted by run), pieces joined."""
+    states = []
+    rows: dict[tuple[int, str, str], list] = {}
+    for pair in items:
+        if not isinstance(pair, tuple):
             continue            # a partition marker (range of task numbers)
-        _, item = it
+        _, item = pair
         if item is None:
             continue
-        if item[0] == "state":
-            states.append(item[1])
+        if item.kind == "state":
+            states.append(item.payload)
         else:
-            _, run, topic, origin, blob = item
-            rows.setdefault((run, topic, origin), []).append(blob)
+            batch = item.payload
+            rows.setdefault((batch.run, batch.topic, batch.origin), []).append(batch.blob)
     state = join_pieces(states)
     if len(state) > 1:
         raise RuntimeError(f"backfill: internal error: {len(state)} stores for one task")
-    joined = [("rows", run, topic, origin, b) for (run, topic, origin), blobs in rows.items()
+    joined = [RowsBatch(run, topic, origin, b) for (run, topic, origin), blobs in rows.items()
               for b in join_pieces(blobs)]
-    joined.sort(key=lambda r: r[1])
+    joined.sort(key=lambda batch: batch.run)
     return (state[0] if state else None), joined
 
 
@@ -186,7 +189,7 @@ class TaskRun:
             prof = _profiler()
             return self._run_task(partition, state, rows)
         except ProcessorError as exc:   # back to the driver as data: Spark would wrap it
-            return [("stats", partition, {"error": error_info(exc)})]
+            return [ResultItem("stats", partition, {"error": error_info(exc)})]
         finally:
             gc.enable()
             if prof is not None:
@@ -241,35 +244,35 @@ class TaskRun:
         t_process = time.monotonic()
         task.close()
         out = collector.items(partition)
-        stats = {"task": task_id, "records": n, "read": read, "replayed": replayed,
-                 "internal": collector.internal_counts, "superseded": collector.superseded,
-                 "dead_lettered": task.dead_lettered, "failed": dict(task.failed_in_processing), "entries": {},
-                 "unordered": self.unordered}
-        stats["outputs"] = sum(1 for x in out if x[0] == "output")
+        stats: TaskStats = {"task": task_id, "records": n, "read": read, "replayed": replayed,
+                            "internal": collector.internal_counts, "superseded": collector.superseded,
+                            "dead_lettered": task.dead_lettered, "failed": dict(task.failed_in_processing),
+                            "entries": {}, "unordered": self.unordered}
+        stats["outputs"] = sum(1 for item in out if item.kind == "output")
         if spec.final:
             written = write_task(ctx, spec.sub, partition, stores, time.monotonic())
             stats["entries"] = written["entries"]
             stats["built"] = written.get("built", 0)
             if "db" in written:
-                out.append(("db", partition, written["db"]))
+                out.append(ResultItem("db", partition, written["db"]))
                 stats["db"] = len(written["db"])
         else:
-            out.append(("state", partition, encode_state(stores, offsets)))
+            out.append(ResultItem("state", partition, encode_state(stores, offsets)))
         files = ctx.files
         if files is not None:   # a local master: kept in the build root for the next runs
-            for kind, part, payload in out:
-                if kind == "state":
-                    files.write_state(task_id, payload)
-                elif kind == "rows":
-                    files.write_rows(part, payload)
-                elif kind == "output":
-                    files.write_output(spec.run_no, task_id, payload)
+            for item in out:
+                if item.kind == "state":
+                    files.write_state(task_id, item.payload)
+                elif item.kind == "rows":
+                    files.write_rows(item.partition, item.payload)
+                elif item.kind == "output":
+                    files.write_output(spec.run_no, task_id, item.payload)
             out = []
         else:
             out = in_pieces(out, ctx.item_bytes)
         stats["seconds"] = {"read": t_read - started, "process": t_process - t_read,
                             "write": time.monotonic() - t_process}
-        out.append(("stats", partition, stats))
+        out.append(ResultItem("stats", partition, stats))
         return out
 
     def _input(self, partition, row_items, compact=True):
@@ -337,10 +340,10 @@ class TaskRun:
                     unordered.append(name)
             replayed += len(got)
             add_stream_rows(streams, got)
-        for _, _run, topic, _origin, blob in row_items:
-            if topic not in spec.reads:
+        for batch in row_items:
+            if batch.topic not in spec.reads:
                 continue
-            got = pickle.loads(blob)
+            got = pickle.loads(batch.blob)
             add_stream_rows(streams, got)
             counter.add(len(got))
         counter.write()
@@ -367,9 +370,9 @@ class FinalizeTask:
             stores, _ = decode_state(state)
             written = write_task(self.ctx, self.sub, partition, stores, t0)
         except ProcessorError as exc:
-            return [("stats", partition, {"error": error_info(exc)})]
-        out = [("stats", partition, {"entries": written["entries"], "seconds": written["seconds"],
+            return [ResultItem("stats", partition, {"error": error_info(exc)})]
+        out = [ResultItem("stats", partition, {"entries": written["entries"], "seconds": written["seconds"],
                                      "db": len(written.get("db", b"")), "built": written.get("built", 0)})]
         if "db" in written:
-            out.extend(("db", partition, p) for p in to_pieces(written["db"], self.ctx.item_bytes))
+            out.extend(ResultItem("db", partition, p) for p in to_pieces(written["db"], self.ctx.item_bytes))
         return out

@@ -1,4 +1,4 @@
-"""What the backfill ships to the executors (``backfill/session.py``): a package directory as a
+"""What the backfill ships to the executors (``backfill/code_shipping.py``): a package directory as a
 zip whose bytes depend only on its files, so that two backfills of the same code in one Spark
 session ship the same file (Spark refuses a second ``addPyFile`` of a name whose bytes differ;
 found when the differential's second case that refers to the tests package failed)."""
@@ -7,7 +7,7 @@ import os
 import time
 import zipfile
 
-from backfill.session import _zip_package
+from backfill.code_shipping import _zip_package
 
 
 def test_a_packages_zip_depends_only_on_its_files(tmp_path):
