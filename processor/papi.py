@@ -62,7 +62,8 @@ class ValueAndTimestamp(NamedTuple):
     """A row of a key-value store with its timestamp (Kafka Streams' ``ValueAndTimestamp``):
     ``store.get_with_timestamp(key)`` returns one, or None for a key the store does not hold.
     The timestamp is that of the record (or punctuation) that wrote the row: for a DSL table's
-    store, its last real change (no-op updates keep it)."""
+    store, its last real change (no-op updates keep it).
+    """
 
     value: Any
     timestamp: int
@@ -72,7 +73,8 @@ class ReadOnlyStoreError(Exception):
     """A write (``put``/``delete``) to a store a processor may only read: a DSL table's store
     connected with ``process(P, stores=[...])`` (Kafka Streams' read-only store decorators throw
     ``UnsupportedOperationException``). Raised in ``process()`` it is a ``UserFunctionError``
-    naming the step, under the on-error policy; in a punctuation it is fatal."""
+    naming the step, under the on-error policy; in a punctuation it is fatal.
+    """
 
 
 class Processor:
@@ -91,7 +93,8 @@ class Processor:
 @dataclass(frozen=True)
 class StoreBuilder:
     """What ``Stores.key_value`` / ``window`` / ``session`` return: a store for
-    ``StreamsBuilder.add_state_store``."""
+    ``StreamsBuilder.add_state_store``.
+    """
 
     name: str
     key_serde: Any
@@ -103,7 +106,8 @@ class StoreBuilder:
 
     def store_key_serde(self):
         """The serde of the store's keys as stored (the window/session key codecs of
-        ``processor/state/papi_window_key.py``; a key-value store's key serde)."""
+        ``processor/state/papi_window_key.py``; a key-value store's key serde).
+        """
         from processor.state import papi_window_key
 
         if self.kind == "window":
@@ -131,7 +135,8 @@ class Stores:
         """A persistent window store (Kafka Streams' ``Stores.persistentWindowStore``):
         ``put(key, value, window_start)``, ``fetch(key, from, to)``, ``fetch_all(from, to)``,
         ``backward_*``; entries expire ``retention_ms`` after the store's observed stream time
-        (``processor/papi_windowed.py``). ``retention_ms >= window_size_ms >= 0``."""
+        (``processor/papi_windowed.py``). ``retention_ms >= window_size_ms >= 0``.
+        """
         _check_store_name(name)
         from processor.serde import Serdes
 
@@ -150,7 +155,8 @@ class Stores:
         """A persistent session store (Kafka Streams' ``Stores.persistentSessionStore``):
         ``put(Windowed(key, start, end), value)``, ``find_sessions(key, earliest_end,
         latest_start)``, ``remove(windowed)``, ``fetch(key)``; sessions expire ``retention_ms``
-        after the store's observed stream time (the largest session end put)."""
+        after the store's observed stream time (the largest session end put).
+        """
         _check_store_name(name)
         from processor.serde import Serdes
 
@@ -173,7 +179,8 @@ def _check_store_name(name) -> None:
 
 class Cancellable:
     """``schedule()``'s result: ``cancel()`` stops the punctuation (for good: a schedule made
-    again after a restore or a rebuild stays cancelled)."""
+    again after a restore or a rebuild stays cancelled).
+    """
 
     def __init__(self, on_cancel: Callable[[], None] | None = None):
         self.cancelled = False
@@ -189,7 +196,8 @@ class Cancellable:
 class KeyValueStore:
     """A state store as a user processor sees it: keys and values as objects, through the
     store's serdes; ``range(lo, hi)`` is inclusive of both ends (Kafka Streams'), in the order
-    of the keys' bytes; ``prefix_scan(prefix)`` every key whose bytes start with the prefix's."""
+    of the keys' bytes; ``prefix_scan(prefix)`` every key whose bytes start with the prefix's.
+    """
 
     def __init__(self, name, raw, key_serde, value_serde, clock: Callable[[], int]):
         self.name = name
@@ -206,7 +214,8 @@ class KeyValueStore:
         """The key's value with the timestamp of what wrote it, or None (Kafka Streams'
         ``TimestampedKeyValueStore.get``). Rows keep ``{8-byte timestamp}{value bytes}``
         (``processor/state/timestamped.py``), in the changelog too: a restored store gives the
-        same timestamps."""
+        same timestamps.
+        """
         raw = self._raw.get(self._ks.serialize(key))
         if raw is None:
             return None
@@ -251,7 +260,8 @@ class ReadOnlyKeyValueStore(KeyValueStore):
     """A DSL table's store as a processor connected to it sees it (``process(P,
     stores=[name])``): every read of ``KeyValueStore`` (the table's current rows and their
     timestamps), and ``put``/``delete`` raise ``ReadOnlyStoreError`` naming the store and the
-    step (the table's operator alone writes its store)."""
+    step (the table's operator alone writes its store).
+    """
 
     def __init__(self, name, raw, key_serde, value_serde, clock, step: str, owner: str):
         super().__init__(name, raw, key_serde, value_serde, clock)

@@ -83,7 +83,8 @@ class _Windowed:
 
     def _purge(self, old: int, new: int) -> None:
         """Drop the segments that no longer hold a live entry (Kafka Streams'
-        ``cleanupExpiredSegments``), when the oldest live segment moved."""
+        ``cleanupExpiredSegments``), when the oldest live segment moved.
+        """
         seg = self._min_live_segment(new)
         if seg <= 0 or (old >= 0 and seg <= self._min_live_segment(old)):
             return
@@ -136,7 +137,8 @@ class WindowStore(_Windowed):
 
     def live_entries(self, kb: bytes, time_from: int = 0, time_to: int = codec.MAX_TS) -> list:
         """``[(store key, stored value)]`` of key bytes ``kb``'s live windows starting in
-        ``[time_from, time_to]``, in time order (interactive queries read these)."""
+        ``[time_from, time_to]``, in time order (interactive queries read these).
+        """
         observed = self.observed_stream_time
         lo, hi = self._live_from(time_from, observed), min(time_to, observed)
         out = []
@@ -149,7 +151,8 @@ class WindowStore(_Windowed):
 
     def fetch(self, key, time_from: int, time_to: int) -> list:
         """``[(window_start, value)]`` of ``key``'s windows starting in ``[time_from, time_to]``
-        (both inclusive), in time order (duplicates in put order)."""
+        (both inclusive), in time order (duplicates in put order).
+        """
         return [(codec.decode_window(k)[1], self._value(v))
                 for k, v in self.live_entries(self._ks.serialize(key), time_from, time_to)]
 
@@ -158,7 +161,8 @@ class WindowStore(_Windowed):
 
     def fetch_all(self, time_from: int, time_to: int) -> list:
         """``[(Windowed(key, start, start + size), value)]`` of every window starting in
-        ``[time_from, time_to]``, by start, then key bytes, then put order."""
+        ``[time_from, time_to]``, by start, then key bytes, then put order.
+        """
         observed = self.observed_stream_time
         lo, hi = self._live_from(time_from, observed), min(time_to, observed)
         rows = []
@@ -186,7 +190,8 @@ class WindowStore(_Windowed):
 
 class SessionStore(_Windowed):
     """A ``Stores.session`` store (Kafka Streams' ``SessionStore``): keys are
-    ``Windowed(key, start, end)``, a session's first and last record times."""
+    ``Windowed(key, start, end)``, a session's first and last record times.
+    """
 
     def _check(self, windowed) -> bytes:
         if not isinstance(windowed, Windowed):
@@ -223,7 +228,8 @@ class SessionStore(_Windowed):
     def find_sessions(self, key, earliest_session_end: int, latest_session_start: int) -> list:
         """``[(Windowed(key, start, end), value)]`` of ``key``'s sessions ending at or after
         ``earliest_session_end`` and starting at or before ``latest_session_start``, by end,
-        then start."""
+        then start.
+        """
         out = []
         for k, v in self.live_entries(self._ks.serialize(key), earliest_session_end):
             _, start, end = codec.decode_session(k)
@@ -233,7 +239,8 @@ class SessionStore(_Windowed):
 
     def live_entries(self, kb: bytes, earliest_session_end: int = 0) -> list:
         """``[(store key, stored value)]`` of key bytes ``kb``'s live sessions ending at or after
-        ``earliest_session_end``, by end, then start (interactive queries read these)."""
+        ``earliest_session_end``, by end, then start (interactive queries read these).
+        """
         observed = self.observed_stream_time
         lo = self._live_from(earliest_session_end, observed)
         out = []
@@ -277,7 +284,8 @@ _READS = {
 
 class ReadOnlyWindowedStore:
     """A window or session store's reads only (the test driver's ``get_store``), plus ``raw()``:
-    every stored entry, expired or not, as ``(key, value)`` with the store key decoded."""
+    every stored entry, expired or not, as ``(key, value)`` with the store key decoded.
+    """
 
     def __init__(self, kind: str, store: _Windowed, raw):
         self.kind = kind

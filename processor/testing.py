@@ -91,7 +91,8 @@ class TopologyTestDriver:
     def __init__(self, topology, application_id: str = "test-app", on_error: str = "dlq",
                  initial_wall_clock_ms: int = 0, topics=None):
         """``topics``: the user topics that exist, for a topic extractor's sink (``to(extractor)``
-        sends only to one that does; default: every topic exists, as in Kafka Streams' driver)."""
+        sends only to one that does; default: every topic exists, as in Kafka Streams' driver).
+        """
         topology = topology.for_application(application_id)
         self.topology = topology
         self.application_id = application_id
@@ -205,7 +206,8 @@ class TopologyTestDriver:
     def get_store(self, name: str) -> ReadOnlyStore:
         """A store by name: a task store (all tasks' partitions) or a global table's; a
         Processor API window or session store gives its reads (``fetch``, ``fetch_all``,
-        ``find_sessions``...) and ``raw()``."""
+        ``find_sessions``...) and ``raw()``.
+        """
         if name in self.topology.global_stores:
             return ReadOnlyStore(self.topology.global_stores[name], [self.global_stores[name]])
         if name not in self.topology.stores:

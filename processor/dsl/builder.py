@@ -24,19 +24,22 @@ class StreamsBuilder:
     # -- naming and graph bookkeeping: the API the DSL (KStream, KTable, joins...) builds with ---
     def new_name(self, prefix: str, name: str | None = None) -> str:
         """``name``, or ``<prefix>-<index>`` (Kafka Streams' numbering); either way takes the
-        next index."""
+        next index.
+        """
         n = name or f"{prefix}-{self._index:010d}"
         self._index += 1
         return n
 
     def peek_name(self, prefix: str, name: str | None = None) -> str:
         """``name``, or ``<prefix>-<index>`` with the index the next ``new_name`` will take,
-        without taking it (default store names numbered like the node created next)."""
+        without taking it (default store names numbered like the node created next).
+        """
         return name or f"{prefix}-{self._index:010d}"
 
     def stream_of(self, node: LogicalNode, key_serde, value_serde, repartition_required: bool = False):
         """The ``KStream`` of ``node`` (the DSL modules below this one create streams and tables
-        through the builder, so none of them imports another upward)."""
+        through the builder, so none of them imports another upward).
+        """
         from processor.dsl.kstream import KStream
 
         return KStream(self, node, key_serde, value_serde, repartition_required)
@@ -65,7 +68,8 @@ class StreamsBuilder:
 
     def add_state_store(self, store) -> StreamsBuilder:
         """A store for the Processor API (``Stores.key_value(...)``), connected to a processor by
-        ``KStream.process(P, stores=[name])``."""
+        ``KStream.process(P, stores=[name])``.
+        """
         from processor.papi import StoreBuilder
 
         if not isinstance(store, StoreBuilder):
@@ -80,7 +84,8 @@ class StreamsBuilder:
         """Give store ``name`` (added by ``add_state_store``) to processor ``node_name``. A store
         connected to several processors is one store; they share a sub-topology (the graph's
         split joins them, as Kafka Streams does: their inputs must be co-partitioned), and its
-        owner is the first."""
+        owner is the first.
+        """
         store = self._user_stores.get(name)
         if store is None:
             raise TopologyError(f"process(): no store {name!r} was added (builder.add_state_store"
@@ -96,7 +101,8 @@ class StreamsBuilder:
         """``(StoreSpec, owner node)`` of the DSL table store ``name`` for ``process(P,
         stores=[name])`` (read-only there), or None when ``name`` is no DSL store (then a
         Processor API store). Key-value stores of tables only: a table source's, ``to_table``'s,
-        a join result's, a (non-windowed) aggregate's; the table must be defined first."""
+        a join result's, a (non-windowed) aggregate's; the table must be defined first.
+        """
         if name in self._user_stores or name not in self._stores:
             if name in self._global_stores:
                 raise TopologyError(f"{node_name}: store {name!r} is a global table's: process() connects "
@@ -120,7 +126,8 @@ class StreamsBuilder:
         """``partitioner``: the librdkafka name of the partitioner that wrote the topic
         (``murmur2``/``murmur2_random`` = Java's, ``consistent``/``consistent_random`` =
         confluent-kafka's default, ``fnv1a``/``fnv1a_random``); None: determined from the data
-        at start where a join depends on it (README "Partitioning")."""
+        at start where a join depends on it (README "Partitioning").
+        """
         if partitioner is None:
             return None
         try:
@@ -139,7 +146,8 @@ class StreamsBuilder:
         time in milliseconds, its time everywhere (the order a task reads its inputs in,
         windows, joins, grace, stream time, output timestamps). An extractor that raises or
         returns anything but a non-negative integer makes the record a bad one (the on-error
-        policy), never silently its broker timestamp."""
+        policy), never silently its broker timestamp.
+        """
         from processor.dsl.kstream import KStream
 
         key_serde = key_serde or Serdes.string()
@@ -181,7 +189,8 @@ class StreamsBuilder:
         read from there, so joins over it are right whatever partitioner (or none) wrote ``topic``
         (README "Partitioning"). Costs one more topic write and read per record.
 
-        ``timestamp_extractor``: as ``stream``'s; the row's timestamp is its event time."""
+        ``timestamp_extractor``: as ``stream``'s; the row's timestamp is its event time.
+        """
         from processor.dsl.ktable import KTable
 
         key_serde = key_serde or Serdes.string()
@@ -217,7 +226,8 @@ class StreamsBuilder:
         bootstrapped to the topic's end before any task processes a record, then kept current;
         the topic is its changelog. Streams join it by a key selector (``KStream.join``).
         ``timestamp_extractor``: the rows' timestamps (as ``stream``'s; a record it fails on is
-        skipped and counted, as one that does not deserialize: a global table has no task)."""
+        skipped and counted, as one that does not deserialize: a global table has no task).
+        """
         from processor.dsl.global_table import GlobalKTable
         from processor.topology.nodes import GlobalStoreSpec
 
@@ -240,7 +250,8 @@ class StreamsBuilder:
                              timestamp_extractor=None) -> str:
         """source(topic) [-> require a key] -> sink(<node name>-repartition); returns the internal
         topic. Records that do not deserialize (and, for a table, have no key) are poison at the
-        source (the topology's on-error policy), before they reach the internal topic."""
+        source (the topology's on-error policy), before they reach the internal topic.
+        """
         source = LogicalNode(
             name=self.new_name("KSTREAM-SOURCE"), kind="source", source_topic=topic,
             factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs.key_serde, n.attrs.value_serde,
@@ -267,7 +278,8 @@ class StreamsBuilder:
         topic; its store is restored from the source topic up to the task's committed position
         (Kafka Streams' ``reuse.ktable.source.topics``: one produce per input record less). Only
         for topics that keep every key's latest record (compacted, or retained forever): a restore
-        cannot bring back what the broker deleted. README "Reliability"."""
+        cannot bring back what the broker deleted. README "Reliability".
+        """
         if not self._nodes:
             raise TopologyError("the topology is empty: add a stream or table first")
         unconnected = sorted(set(self._user_stores) - set(self._stores))

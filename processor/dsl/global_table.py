@@ -1,12 +1,14 @@
 """``GlobalKTable``: a table every host holds whole (``StreamsBuilder.global_table``), joined by
-streams through a key selector (``KStream.join(global_table, joiner, key_selector=fn)``)."""
+streams through a key selector (``KStream.join(global_table, joiner, key_selector=fn)``).
+"""
 
 from __future__ import annotations
 
 
 class GlobalKTable:
     """What ``StreamsBuilder.global_table`` returns: the name of its global store, its topic and
-    serdes. Only a stream join reads it (Kafka Streams: a GlobalKTable has no operators)."""
+    serdes. Only a stream join reads it (Kafka Streams: a GlobalKTable has no operators).
+    """
 
     dsl_kind = "global-table"
 

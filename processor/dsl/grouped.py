@@ -106,7 +106,8 @@ class KGroupedTable:
     def aggregate(self, initializer, adder, subtractor, emit: Emit | None = None, name: str | None = None,
                   value_serde=None):
         """``initializer()``, ``adder(key, value, agg)``, ``subtractor(key, value, agg)``; the
-        value serde defaults to JSON; a None result deletes the group."""
+        value serde defaults to JSON; a None result deletes the group.
+        """
         return self._build("aggregate", initializer, adder, subtractor, emit, name, value_serde or Serdes.json())
 
 
@@ -167,7 +168,8 @@ class KGroupedStream:
 
     def windowed_by(self, windows):
         """``TimeWindows`` -> a ``TimeWindowedKStream``; ``SessionWindows`` -> a
-        ``SessionWindowedKStream``."""
+        ``SessionWindowedKStream``.
+        """
         from processor.dsl.windows import SessionWindows, SlidingWindows, TimeWindows
 
         if isinstance(windows, SessionWindows):
@@ -183,7 +185,8 @@ class KGroupedStream:
     def _build_windowed(self, kind, emit, name, value_serde, windows, make, store_key_serde, result_key_serde,
                         store_kind):
         """A session- or sliding-windowed aggregate: ``make(node name, store, emit)`` its
-        operator, keyed in its store by ``store_key_serde`` and in its result by ``result_key_serde``."""
+        operator, keyed in its store by ``store_key_serde`` and in its result by ``result_key_serde``.
+        """
         emit = _check_emit(emit, windowed=True)
         b = self._stream._builder
         store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
@@ -219,7 +222,8 @@ class KGroupedStream:
 
 class TimeWindowedKStream:
     """Tumbling (``TimeWindows.of(size)``) or hopping (``.advance_by(step)``) windows, with
-    ``.grace(ms)``; the result table's keys are ``Windowed(key, start, end)``."""
+    ``.grace(ms)``; the result table's keys are ``Windowed(key, start, end)``.
+    """
 
     def __init__(self, grouped: KGroupedStream, windows):
         self._grouped = grouped
@@ -246,7 +250,8 @@ def _merge_counts(key, a, b):
 class SessionWindowedKStream:
     """``group_by_key().windowed_by(SessionWindows.with_inactivity_gap(gap).grace(ms))``: one
     aggregate per session of a key; result keys ``Windowed(key, start, end)``, ``end`` the
-    session's last record time (inclusive). Sessions merged into another are tombstoned."""
+    session's last record time (inclusive). Sessions merged into another are tombstoned.
+    """
 
     def __init__(self, grouped: KGroupedStream, windows):
         self._grouped = grouped
@@ -270,7 +275,8 @@ class SessionWindowedKStream:
 
 class SlidingWindowedKStream:
     """``group_by_key().windowed_by(SlidingWindows.of_time_difference_and_grace(diff, grace))``
-    (KIP-450); result keys ``Windowed(key, start, start + diff)``."""
+    (KIP-450); result keys ``Windowed(key, start, start + diff)``.
+    """
 
     def __init__(self, grouped: KGroupedStream, windows):
         self._grouped = grouped

@@ -99,7 +99,8 @@ def _rewrite_table_self_join(joiner, vs):
     ``v`` exists. The unoptimized join computes the same: its result store holds
     ``joiner(old, old)``, the first side's pass finds ``joiner(new, new)`` (the table's store
     is already updated) and the second side's pass finds nothing left to change. The result
-    store becomes unnecessary: the result is read through the table's own store."""
+    store becomes unnecessary: the result is read through the table's own store.
+    """
 
     def rewrite(topology, this):
         info = this.attrs.self_join

@@ -50,7 +50,8 @@ class KStream:
     def map(self, mapper, key_serde=None, value_serde=None, name: str | None = None) -> KStream:
         """``mapper(key, value) -> (key2, value2)``. Changes the key: a later ``group_by_key``,
         ``join`` or ``to_table`` repartitions first. Serdes default to this stream's key serde and
-        JSON."""
+        JSON.
+        """
         return self._then("KSTREAM-MAP", lambda n: StreamMap(n.name, mapper), name,
                           value_serde=value_serde or Serdes.json(), key_serde=key_serde, key_changing=True)
 
@@ -61,7 +62,8 @@ class KStream:
 
     def flat_map(self, mapper, key_serde=None, value_serde=None, name: str | None = None) -> KStream:
         """``mapper(key, value)`` -> an iterable of ``(key2, value2)``, forwarded in its order.
-        Changes the key."""
+        Changes the key.
+        """
         return self._then("KSTREAM-FLATMAP", lambda n: StreamFlatMap(n.name, mapper), name,
                           value_serde=value_serde or Serdes.json(), key_serde=key_serde, key_changing=True)
 
@@ -82,7 +84,8 @@ class KStream:
         """A user ``processor.Processor`` (a class, or a zero-argument factory: one instance per
         task) over this stream, with the stores ``stores`` (added by ``builder.add_state_store``);
         returns the stream of what it forwards (serdes: this stream's; the key may change, so a
-        later keyed operator repartitions)."""
+        later keyed operator repartitions).
+        """
         if not callable(processor):
             raise TopologyError(f"process() takes a Processor class or a factory of one, not {processor!r}")
         if isinstance(stores, str):
@@ -112,13 +115,15 @@ class KStream:
     def split(self, name: str | None = None) -> BranchedKStream:
         """Branches: ``.branch(predicate, name=...)`` (repeatable), then ``.default_branch()``
         or ``.no_default_branch()`` -> ``{branch name: KStream}``; each record goes to the first
-        branch whose predicate holds (Kafka Streams' ``BranchedKStream``)."""
+        branch whose predicate holds (Kafka Streams' ``BranchedKStream``).
+        """
         return BranchedKStream(self, name)
 
     def repartition(self, key_serde=None, value_serde=None, partitions: int | None = None,
                     name: str | None = None) -> KStream:
         """Through the internal topic ``<application-id>-<name>-repartition`` (``partitions``
-        partitions, default: as its writers' source topics), placed by the key (murmur2)."""
+        partitions, default: as its writers' source topics), placed by the key (murmur2).
+        """
         if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
             raise TopologyError(f"repartition(partitions=...) takes a positive number, not {partitions!r}")
         return self._through_repartition(name, key_serde, value_serde, partitions)
@@ -133,7 +138,8 @@ class KStream:
     def _by_key(self, key_serde=None, value_serde=None) -> KStream:
         """This stream, or, after a key-changing operator, this stream through a repartition
         topic (written with ``key_serde``/``value_serde`` when given: the serdes of what follows,
-        as Kafka Streams' Materialized ones)."""
+        as Kafka Streams' Materialized ones).
+        """
         return self._through_repartition(None, key_serde, value_serde) if self.repartition_required else self
 
     def filter(self, predicate, name: str | None = None) -> KStream:
@@ -151,7 +157,8 @@ class KStream:
 
     def merge(self, other: KStream, name: str | None = None) -> KStream:
         """Records of both streams, each in its own order. Both sources join one sub-topology,
-        so their topics must be co-partitioned (equal partition counts)."""
+        so their topics must be co-partitioned (equal partition counts).
+        """
         b = self._builder
         node = LogicalNode(name=b.new_name("KSTREAM-MERGE", name), kind="processor",
                            factory=lambda n: PassThrough(n.name), value_preserving=True)
@@ -169,7 +176,8 @@ class KStream:
     def to_table(self, name: str | None = None, key_serde=None, value_serde=None):
         """The stream as a table (materialized in store ``name``): each record an update of its
         key, a None value a delete, records without a key dropped (and counted); after a
-        key-changing operator, through a repartition topic first."""
+        key-changing operator, through a repartition topic first.
+        """
         src = self._by_key(key_serde, value_serde)
         b = self._builder
         ks, vs = key_serde or src.key_serde, value_serde or src.value_serde
@@ -187,7 +195,8 @@ class KStream:
 
     def group_by(self, selector, key_serde=None, value_serde=None):
         """``selector(key, value) -> group_key``; goes through a repartition topic. The group
-        key serde defaults to string, the value serde to this stream's."""
+        key serde defaults to string, the value serde to this stream's.
+        """
         from processor.dsl.grouped import KGroupedStream
 
         return KGroupedStream(self, selector, key_serde or Serdes.string(), value_serde or self.value_serde)
@@ -226,13 +235,15 @@ class KStream:
         (``joiner(value, row)``; no row, no output). With a GlobalKTable: with the row of
         ``key_selector(key, value)`` (no repartition: every task holds the whole table). With a
         KStream: records of both streams whose keys are equal and whose timestamps are within
-        ``windows`` (``JoinWindows.of(ms).grace(ms)``), ``joiner(left, right)``."""
+        ``windows`` (``JoinWindows.of(ms).grace(ms)``), ``joiner(left, right)``.
+        """
         return self._join(other, joiner, windows, "inner", name, value_serde, key_selector)
 
     def left_join(self, other, joiner, windows=None, name: str | None = None, value_serde=None,
                   key_selector=None) -> KStream:
         """As ``join``, and ``joiner(value, None)`` for a record without a match (stream-stream:
-        once its window has closed)."""
+        once its window has closed).
+        """
         return self._join(other, joiner, windows, "left", name, value_serde, key_selector)
 
     def _join_global(self, table, joiner, key_selector, how, name, value_serde, windows) -> KStream:
@@ -262,7 +273,8 @@ class KStream:
 
     def to(self, topic_or_extractor, key_serde=None, value_serde=None, name: str | None = None) -> None:
         """To a topic, or to the topic ``extractor(key, value)`` names for each record (it must
-        exist: else the record is an ``OutputError`` under the on-error policy)."""
+        exist: else the record is an ``OutputError`` under the on-error policy).
+        """
         b = self._builder
         ks = key_serde or self.key_serde
         vs = value_serde or self.value_serde
@@ -286,7 +298,8 @@ class KStream:
 class BranchedKStream:
     """``KStream.split(name)``: branches added in order; the first predicate that holds wins.
     The result maps each branch's name (prefixed by the split's name when given) to its stream;
-    a branch without a name is numbered from 1, as in Kafka Streams."""
+    a branch without a name is numbered from 1, as in Kafka Streams.
+    """
 
     def __init__(self, stream: KStream, name: str | None):
         self._stream = stream

@@ -50,7 +50,8 @@ class KTable:
 
     def map_values(self, mapper, value_serde=None, name: str | None = None) -> KTable:
         """``mapper(value) -> new value``; the result's serde defaults to JSON. Updates whose
-        mapped value does not change are not forwarded."""
+        mapped value does not change are not forwarded.
+        """
         vs = value_serde or Serdes.json()
         return self._then("KTABLE-MAPVALUES", lambda n: TableMapValues(n.name, mapper, vs), name,
                           value_serde=vs,
@@ -59,7 +60,8 @@ class KTable:
 
     def group_by(self, selector, key_serde=None, value_serde=None):
         """``selector(key, value) -> (group_key, group_value)`` (group_key None: the row is in no
-        group). Serdes of the repartition topic: key defaults to string, value to JSON."""
+        group). Serdes of the repartition topic: key defaults to string, value to JSON.
+        """
         from processor.dsl.grouped import KGroupedTable
 
         return KGroupedTable(self, selector, key_serde or Serdes.string(), value_serde or Serdes.json())
@@ -67,7 +69,8 @@ class KTable:
     # -- joins (processor/dsl/joins.py) ------------------------------------------------------
     def join(self, other: KTable, joiner, name: str | None = None, value_serde=None) -> KTable:
         """Inner join on the primary key with a co-partitioned table: ``joiner(left, right)``
-        for keys present on both sides. The result is a materialized table (store ``name``)."""
+        for keys present on both sides. The result is a materialized table (store ``name``).
+        """
         from processor.dsl.joins import table_table_join
 
         return table_table_join(self, other, joiner, "inner", name, value_serde)
@@ -89,7 +92,8 @@ class KTable:
         """Join each left row with the right row whose key ``fk_extractor(value)`` (or
         ``fk_extractor(key, value)``) returns; None: no foreign key. ``how``: "inner" or "left"
         (``joiner(left, None)`` without a match). The tables need not be co-partitioned. The
-        result is a materialized table keyed like this one (store ``name``)."""
+        result is a materialized table keyed like this one (store ``name``).
+        """
         from processor.dsl.joins import foreign_key_join
 
         return foreign_key_join(self, other, fk_extractor, joiner, how, name, value_serde)

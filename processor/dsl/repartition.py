@@ -16,7 +16,8 @@ from processor.topology.nodes import LogicalNode
 def repartition_through(builder, parent: LogicalNode, topic: str, key_serde, value_serde,
                         partitions: int | None = None) -> LogicalNode:
     """``parent -> sink(topic) | source(topic)`` (``topic``: the internal topic's base name);
-    returns the source node. ``partitions``: the topic's partition count, when declared."""
+    returns the source node. ``partitions``: the topic's partition count, when declared.
+    """
     b = builder
     sink = LogicalNode(
         name=b.new_name("KSTREAM-SINK"), kind="sink", sink_topic=topic,

@@ -94,7 +94,8 @@ def stream_stream_join(left, right, joiner, windows, how, name, value_serde):
 
 def _rewrite_stream_self_join(base, joiner, windows, key_serde, value_serde, this_store, other_store):
     """The ``self-join`` rewrite of an inner stream-stream join of a stream with itself: one
-    ``StreamSelfJoin`` over this-store (why it is output-equal: ``operators/stream_join.py``)."""
+    ``StreamSelfJoin`` over this-store (why it is output-equal: ``operators/stream_join.py``).
+    """
 
     def rewrite(topology, this):
         info = this.attrs.self_join

@@ -50,7 +50,8 @@ class JoinWindows:
 class SessionWindows:
     """Sessions of one key separated by at least ``gap_ms`` of inactivity (Kafka Streams'
     ``SessionWindows.ofInactivityGapAndGrace``); ``grace_ms``: how long after a session's close
-    (end + gap) a record may still join it."""
+    (end + gap) a record may still join it.
+    """
 
     gap_ms: int
     grace_ms: int = 0
@@ -71,7 +72,8 @@ class SessionWindows:
 class SlidingWindows:
     """KIP-450 sliding windows: ``[start, start + diff_ms]`` (both ends inclusive), one per
     distinct set of a key's records that fit in ``diff_ms``; ``grace_ms``: how long after a
-    window's end a record may still join it."""
+    window's end a record may still join it.
+    """
 
     diff_ms: int
     grace_ms: int

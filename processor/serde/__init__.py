@@ -44,13 +44,15 @@ class Serde:
         settings ``config`` (Schema Registry settings). Most serdes do not depend on their topic
         and return themselves (so binding costs nothing per record); a Schema Registry serde
         returns a copy bound to the topic's subject (``processor/serde/registry.py``). The
-        ``Topology`` calls it for its sources, sinks and stores (``for_application``)."""
+        ``Topology`` calls it for its sources, sinks and stores (``for_application``).
+        """
         return self
 
     def check(self, data: bytes | None) -> None:
         """Raise what ``deserialize`` raises on ``data``, else nothing: a serde that can tell
         without building the value does it faster (the backfill checks every record it
-        compacts away this way)."""
+        compacts away this way).
+        """
         self.deserialize(data)
 
     def __eq__(self, other: object) -> bool:
@@ -106,7 +108,8 @@ _DIGITS = b"0123456789"
 
 def _may_hold_long_integer(data) -> bool:
     """Whether ``data`` has a run of 19 or more digits. Counting digits (one C pass) rules most
-    text out faster than the regular expression scans it."""
+    text out faster than the regular expression scans it.
+    """
     if type(data) is bytes and len(data) - len(data.translate(None, _DIGITS)) < 19:
         return False
     return _LONG_DIGITS.search(data) is not None
@@ -142,7 +145,8 @@ def _encode_json(value) -> bytes:
 
 class JsonSerde(Serde):
     """Canonical JSON: sorted keys, compact, UTF-8, no NaN/Infinity (the standard library's
-    bytes; enum members and UUIDs are written too: see ``_encode_json``)."""
+    bytes; enum members and UUIDs are written too: see ``_encode_json``).
+    """
 
     name = "json"
 
@@ -182,7 +186,8 @@ SCHEMAS_DIR = Path(__file__).resolve().parent.parent.parent / "schemas"
 
 def load_schema(schema):
     """An Avro schema given as a parsed dict, a path to an ``.avsc`` file, or the name of a file
-    in ``schemas/`` (``"order"`` or ``"order.avsc"``) -> the schema as JSON data."""
+    in ``schemas/`` (``"order"`` or ``"order.avsc"``) -> the schema as JSON data.
+    """
     if isinstance(schema, (str, Path)):
         path = Path(schema)
         if not path.exists():
@@ -258,7 +263,8 @@ class AvroSerde(Serde):
 
 def _integral(value, serde):
     """``value`` as a Python int for ``serde`` (an int or anything with ``__index__``, numpy's
-    integers too), never a bool: Kafka's serializers are typed (a Boolean is no Long)."""
+    integers too), never a bool: Kafka's serializers are typed (a Boolean is no Long).
+    """
     if isinstance(value, bool):
         raise TypeError(f"{serde.name} serde expects int, got bool")
     try:
@@ -304,7 +310,8 @@ class _IntegerSerde(_FixedWidthSerde):
 
 class LongSerde(_IntegerSerde):
     """8 bytes, big-endian two's complement (Java ``long``): 1 -> ``00 00 00 00 00 00 00 01``,
-    -1 -> ``ff ff ff ff ff ff ff ff``, -2**63 -> ``80 00 00 00 00 00 00 00``."""
+    -1 -> ``ff ff ff ff ff ff ff ff``, -2**63 -> ``80 00 00 00 00 00 00 00``.
+    """
 
     name, size, java, _struct = "long", 8, "Long", struct.Struct(">q")
     _lo, _hi = -(1 << 63), (1 << 63) - 1
@@ -312,7 +319,8 @@ class LongSerde(_IntegerSerde):
 
 class IntegerSerde(_IntegerSerde):
     """4 bytes, big-endian two's complement (Java ``int``): 258 -> ``00 00 01 02``,
-    -2 -> ``ff ff ff fe``."""
+    -2 -> ``ff ff ff fe``.
+    """
 
     name, size, java, _struct = "integer", 4, "Integer", struct.Struct(">i")
     _lo, _hi = -(1 << 31), (1 << 31) - 1
@@ -327,7 +335,8 @@ class ShortSerde(_IntegerSerde):
 
 class _FloatingSerde(_FixedWidthSerde):
     """IEEE 754, big-endian. Takes a float or an int (not a bool); every NaN is written as Java's
-    canonical NaN (``nan_bytes``), so equal values give equal bytes."""
+    canonical NaN (``nan_bytes``), so equal values give equal bytes.
+    """
 
     nan_bytes = b""
 
@@ -350,7 +359,8 @@ class FloatSerde(_FloatingSerde):
     """4 bytes, IEEE 754 binary32, big-endian (Java ``float``, ``Float.floatToRawIntBits``):
     1.0 -> ``3f 80 00 00``, -2.5 -> ``c0 20 00 00``; NaN -> ``7f c0 00 00`` (``Float.NaN``).
     A Python float is rounded to the nearest binary32 (0.1 reads back as 0.10000000149011612);
-    a finite value beyond binary32's range is refused, not written as infinity."""
+    a finite value beyond binary32's range is refused, not written as infinity.
+    """
 
     name, size, java, _struct = "float", 4, "Float", struct.Struct(">f")
     nan_bytes = b"\x7f\xc0\x00\x00"
@@ -358,7 +368,8 @@ class FloatSerde(_FloatingSerde):
 
 class DoubleSerde(_FloatingSerde):
     """8 bytes, IEEE 754 binary64, big-endian (Java ``double``, ``Double.doubleToLongBits``):
-    1.0 -> ``3f f0 00 00 00 00 00 00``; NaN -> ``7f f8 00 00 00 00 00 00`` (Java's canonical NaN)."""
+    1.0 -> ``3f f0 00 00 00 00 00 00``; NaN -> ``7f f8 00 00 00 00 00 00`` (Java's canonical NaN).
+    """
 
     name, size, java, _struct = "double", 8, "Double", struct.Struct(">d")
     nan_bytes = b"\x7f\xf8" + bytes(6)
@@ -373,7 +384,8 @@ class UUIDSerde(Serde):
     ``b"123e4567-e89b-12d3-a456-426614174000"``. Reading accepts that form in either case; anything
     else (another length, other characters, not UTF-8) is refused. Java's ``UUID.fromString``
     also takes shortened groups (``"1-2-3-4-5"``), which Java's serializer never writes; they are
-    refused here."""
+    refused here.
+    """
 
     name = "uuid"
 
@@ -399,7 +411,8 @@ class UUIDSerde(Serde):
 class Serdes:
     """Factory, as in Kafka Streams: ``Serdes.string()``, ``.json()``, ``.bytes()``, ``.avro(schema)``,
     ``.avro(schema, registry=url)``, and Kafka's ``.long()``, ``.integer()``, ``.short()``,
-    ``.float()``, ``.double()``, ``.uuid()`` (their byte layouts are next to their classes)."""
+    ``.float()``, ``.double()``, ``.uuid()`` (their byte layouts are next to their classes).
+    """
 
     _string = StringSerde()
     _json = JsonSerde()
@@ -460,7 +473,8 @@ class Serdes:
         library's in-memory registry, a dict of Schema Registry client settings, or a
         ``SchemaRegistryClient``): writers' schemas resolved by id and read into ``schema``,
         written under the topic's subject, registered when ``auto_register`` (None: the host's
-        ``auto.register.schemas``, else on) (``processor/serde/registry.py``)."""
+        ``auto.register.schemas``, else on) (``processor/serde/registry.py``).
+        """
         if registry is None:
             if auto_register is not None:
                 raise ValueError("auto_register needs a registry")

@@ -57,7 +57,8 @@ def _settings_key(conf: dict) -> tuple:
 def client_for(conf: dict):
     """The process's Schema Registry client for ``conf`` (``{"url": ...}`` plus the client
     library's settings: ``basic.auth.user.info``, ``ssl.ca.location``, ...): made once, shared
-    by every serde with the same settings. ``mock://`` URLs give the in-memory registry."""
+    by every serde with the same settings. ``mock://`` URLs give the in-memory registry.
+    """
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     key = _settings_key(conf)
@@ -70,7 +71,8 @@ def client_for(conf: dict):
 
 def adopt_client(client) -> dict:
     """Make ``client`` the process's client for its settings (so a serde unpickled in this
-    process finds the very same one, e.g. a ``mock://`` registry); returns the settings."""
+    process finds the very same one, e.g. a ``mock://`` registry); returns the settings.
+    """
     conf = dict(client.config())
     with _clients_lock:
         _clients.setdefault(_settings_key(conf), client)
@@ -116,7 +118,8 @@ class RegistryAvroSerde(Serde):
     ``schemas/``). ``registry``: a URL (``http(s)://...``, ``mock://...``), a dict of client
     settings (``{"url": ..., "basic.auth.user.info": ...}``), or a ``SchemaRegistryClient``.
     ``auto_register``: whether writing registers the schema under the topic's subject (None:
-    the host's ``auto.register.schemas``, else True)."""
+    the host's ``auto.register.schemas``, else True).
+    """
 
     name = "avro"
 
@@ -167,7 +170,8 @@ class RegistryAvroSerde(Serde):
 
     def check_settings(self) -> None:
         """Make the registry client now (no request is sent): settings it refuses are a
-        configuration error at start, not a failure of every record."""
+        configuration error at start, not a failure of every record.
+        """
         try:
             client_for(self.conf)
         except (ValueError, TypeError) as exc:

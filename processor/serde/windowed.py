@@ -54,7 +54,8 @@ class SessionWindowedSerde(Serde):
 
         {inner key bytes}{8-byte BE session end (ms)}{8-byte BE session start (ms)}
 
-    ``Windowed(key, start, end)``: ``end`` is the session's last record time (inclusive)."""
+    ``Windowed(key, start, end)``: ``end`` is the session's last record time (inclusive).
+    """
 
     name = "session-windowed"
 
