@@ -4,7 +4,7 @@ The public API: ``StreamsBuilder`` and what it builds (``KStream``, ``KTable``, 
 ``Emit``), the Processor API (``Processor``, ``Stores``), the records (``Record``, ``Change``,
 ``Windowed``, ``OutputRecord``), the serdes (``processor.serde.Serdes``), the test driver
 (``processor.testing.TopologyTestDriver``) and the types of user functions (``Predicate``,
-``ValueMapper``... of ``processor.dsl.functions``).
+``ValueMapper``... of ``processor.functions``).
 
 Example:
     >>> from processor import StreamsBuilder
@@ -27,7 +27,7 @@ from processor.dsl import (
                            StreamsBuilder,
                            TimeWindows,
 )
-from processor.dsl.functions import (
+from processor.functions import (
     Aggregator,
     FlatValueMapper,
     ForeachAction,
@@ -52,7 +52,7 @@ from processor.topology import Topology
 __all__ = ["StreamsBuilder", "KStream", "KTable", "Emit", "TimeWindows", "JoinWindows",
            "Change", "Record", "OutputRecord", "Windowed", "Topology", "Processor", "Stores", "SessionWindows",
            "SlidingWindows",
-           # the types of user functions (processor/dsl/functions.py)
+           # the types of user functions (processor/functions.py)
            "Predicate", "ValueMapper", "FlatValueMapper", "KeyValueMapper", "KeySelector", "ValueJoiner",
            "ForeignKeyExtractor", "Initializer", "Aggregator", "Reducer", "Merger", "ForeachAction",
            "TopicNameExtractor", "TimestampExtractor", "ProcessorSupplier", "Punctuator"]

@@ -33,7 +33,11 @@ from processor.topology.naming import repartition_topic
 
 if TYPE_CHECKING:  # pragma: no cover
     from processor.dsl.builder import StreamsBuilder
-    from processor.dsl.functions import (
+    from processor.dsl.global_table import GlobalKTable
+    from processor.dsl.grouped import KGroupedStream
+    from processor.dsl.ktable import KTable
+    from processor.dsl.windows import JoinWindows
+    from processor.functions import (
         FlatValueMapper,
         ForeachAction,
         KeySelector,
@@ -44,10 +48,6 @@ if TYPE_CHECKING:  # pragma: no cover
         ValueJoiner,
         ValueMapper,
     )
-    from processor.dsl.global_table import GlobalKTable
-    from processor.dsl.grouped import KGroupedStream
-    from processor.dsl.ktable import KTable
-    from processor.dsl.windows import JoinWindows
 
 
 class KStream:

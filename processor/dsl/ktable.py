@@ -21,9 +21,9 @@ from processor.topology import LogicalNode
 
 if TYPE_CHECKING:  # pragma: no cover
     from processor.dsl.builder import StreamsBuilder
-    from processor.dsl.functions import ForeignKeyExtractor, KeyValueMapper, Predicate, ValueJoiner, ValueMapper
     from processor.dsl.grouped import KGroupedTable
     from processor.dsl.kstream import KStream
+    from processor.functions import ForeignKeyExtractor, KeyValueMapper, Predicate, ValueJoiner, ValueMapper
 
 
 def _filter_getter(predicate: Predicate, negate: bool) -> GetterSpec:

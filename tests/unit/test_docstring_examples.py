@@ -20,7 +20,7 @@ MODULES = [
     "processor.dsl.grouped",
     "processor.dsl.windows",
     "processor.dsl.emit",
-    "processor.dsl.functions",
+    "processor.functions",
     "processor.papi",
     "processor.testing",
     "processor.serde",
