@@ -7,7 +7,7 @@ whether a key-changing operator came before; its operators only add nodes after 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from processor.dsl.repartition import repartition_through
 from processor.errors import TopologyError
@@ -228,7 +228,9 @@ class KStream:
         # a DSL table's store (table(store_name=), to_table(name), an aggregate's name=...) is
         # connected read-only; the processor looks its table up, so it joins the table's
         # sub-topology (co-partitioned with it, as Kafka Streams requires)
-        specs, read_only, lookups = {}, {}, []
+        specs: dict[str, StoreSpec] = {}
+        read_only: dict[str, str] = {}
+        lookups: list[LogicalNode] = []
         for s in stores:
             dsl = b.dsl_store_for_process(s, node_name)
             if dsl is None:
@@ -240,7 +242,8 @@ class KStream:
                 lookups.append(owner)
         node = LogicalNode(name=node_name, kind="processor", stores=list(specs), lookups=lookups,
                            attrs=UserProcessorAttrs(store_specs=tuple(specs.items())),
-                           factory=lambda n: UserProcessor(n.name, processor, dict(n.attrs.store_specs),
+                           factory=lambda n: UserProcessor(n.name, processor,
+                                                           dict(cast(UserProcessorAttrs, n.attrs).store_specs),
                                                            read_only))
         b.add_node(node, self._node)
         return KStream(b, node, self.key_serde, self.value_serde, True)
@@ -448,7 +451,7 @@ class KStream:
         return KGroupedStream(self, selector, key_serde or Serdes.string(), value_serde or self.value_serde)
 
     # -- joins -------------------------------------------------------------------------------
-    def _join(self, other: KStream | KTable | GlobalKTable, joiner: ValueJoiner, windows: JoinWindows | None,
+    def _join(self, other: Any, joiner: ValueJoiner, windows: JoinWindows | None,
               how: str, name: str | None, value_serde: Serde | None,
               key_selector: KeySelector | None = None) -> KStream:
         kind = getattr(other, "dsl_kind", None)
@@ -555,8 +558,8 @@ class KStream:
                            attrs=GlobalJoinAttrs(global_store=store, table_key_serde=ks, table_value_serde=vs),
                            # the serdes of the node's attrs: bound to the table's topic by the topology
                            factory=lambda n: StreamGlobalTableJoin(n.name, store, key_selector, joiner, how,
-                                                                   n.attrs.table_key_serde,
-                                                                   n.attrs.table_value_serde))
+                                                                   cast(GlobalJoinAttrs, n.attrs).table_key_serde,
+                                                                   cast(GlobalJoinAttrs, n.attrs).table_value_serde))
         b.add_node(node, self._node)
         # the key is unchanged: nothing after it repartitions because of this join
         return KStream(b, node, self.key_serde, value_serde or Serdes.json(), self.repartition_required)
@@ -604,12 +607,17 @@ class KStream:
                                 f"not {topic_or_extractor!r}")
         node = LogicalNode(
             name=b.new_name("KSTREAM-SINK", name), kind="sink", sink_topic=topic,
-            factory=lambda n: Sink(n.name, n.sink_topic, n.attrs.key_serde, n.attrs.value_serde,
-                                   passthrough=n.attrs.passthrough, carries_table=n.attrs.carries_table,
-                                   extractor=n.attrs.extractor),
+            factory=_sink,
             attrs=SinkAttrs(key_serde=ks, value_serde=vs, stream_key_serde=self.key_serde, extractor=extractor),
         )
         b.add_node(node, self._node)
+
+
+def _sink(n: LogicalNode) -> Sink:
+    """The operator of a ``to()`` node, with the serdes of its attrs (bound to its topic by the topology)."""
+    a = cast(SinkAttrs, n.attrs)
+    return Sink(n.name, n.sink_topic, a.key_serde, a.value_serde, passthrough=a.passthrough,
+                carries_table=a.carries_table, extractor=a.extractor)
 
 
 class BranchedKStream:
