@@ -249,7 +249,7 @@ class StreamsBuilder:
 
         ``murmur2``/``murmur2_random`` = Java's, ``consistent``/``consistent_random`` =
         confluent-kafka's default, ``fnv1a``/``fnv1a_random``; None: determined from the data
-        at start where a join depends on it (README "Partitioning").
+        at start where a join depends on it (docs/semantics.md "Partitioning").
         """
         if partitioner is None:
             return None
@@ -271,7 +271,7 @@ class StreamsBuilder:
             name: The source's name (default ``KSTREAM-SOURCE-<index>``).
             partitioner: The librdkafka name of the partitioner that wrote the topic
                 (``murmur2``, ``consistent_random``, ``fnv1a``...); None: determined from the data
-                at start where a join depends on it (README "Partitioning").
+                at start where a join depends on it (docs/semantics.md "Partitioning").
             repartition: Read it through the internal topic ``<app>-<node name>-repartition``,
                 placed by murmur2 first, so co-partitioned joins over it are right whatever
                 partitioner wrote ``topic``.
@@ -347,7 +347,7 @@ class StreamsBuilder:
             repartition: The records first go through the internal topic
                 ``<app>-<node name>-repartition``, placed by murmur2, and the table is read from
                 there, so joins over it are right whatever partitioner (or none) wrote ``topic``
-                (README "Partitioning"). Costs one more topic write and read per record.
+                (docs/semantics.md "Partitioning"). Costs one more topic write and read per record.
             timestamp_extractor: As ``stream``'s; the row's timestamp is its event time.
 
         Returns:
@@ -475,8 +475,8 @@ class StreamsBuilder:
                 its store is restored from the source topic up to the task's committed position
                 (Kafka Streams' ``reuse.ktable.source.topics``: one produce per input record
                 less). Only for topics that keep every key's latest record (compacted, or
-                retained forever): a restore cannot bring back what the broker deleted. README
-                "Reliability".
+                retained forever): a restore cannot bring back what the broker deleted
+                (docs/semantics.md "A source topic as its table's changelog").
 
         Returns:
             The topology.

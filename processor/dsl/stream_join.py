@@ -79,7 +79,7 @@ def stream_stream_join(left: KStream, right: KStream, joiner: ValueJoiner, windo
         factory=lambda n: StreamJoinSide(n.name, base, "left", how, joiner, windows, ks, this_store,
                                          other_store, outer_store, lvs, rvs),
         stores=[this_store, other_store] + shared,
-        # both sides co-partitioned (README "Partitioning")
+        # both sides co-partitioned (docs/semantics.md "Partitioning")
         attrs=JoinSideAttrs(copartition_with=other_name, self_join=self_join))
     other = LogicalNode(
         name=other_name, kind="processor",
