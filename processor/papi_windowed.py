@@ -1,7 +1,8 @@
-"""Window and session stores of the Processor API (``Stores.window`` / ``Stores.session``), as a
-user processor sees them (``context.get_state_store(name)``): keys and values as objects through
-the store's serdes, over the raw store whose key layout ``processor/state/papi_window_key.py``
-documents.
+"""Window and session stores of the Processor API (``Stores.window`` / ``Stores.session``).
+
+As a user processor sees them (``context.get_state_store(name)``): keys and values as objects
+through the store's serdes, over the raw store whose key layout
+``processor/state/papi_window_key.py`` documents.
 
 Invariants (Kafka Streams' ``RocksDBWindowStore`` / ``RocksDBSessionStore`` over
 ``AbstractRocksDBSegmentedBytesStore``, read for each rule):
@@ -34,6 +35,7 @@ Invariants (Kafka Streams' ``RocksDBWindowStore`` / ``RocksDBSessionStore`` over
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from processor.records import Windowed
 from processor.state import papi_window_key as codec
@@ -45,7 +47,8 @@ __all__ = ["WindowStore", "SessionStore", "ReadOnlyWindowedStore"]
 class _Windowed:
     """What both stores share: the raw store, the bookkeeping entry, retention and the purge."""
 
-    def __init__(self, name, raw, bookkeeping, key_codec, value_serde, clock: Callable[[], int]):
+    def __init__(self, name: str, raw: Any, bookkeeping: Any, key_codec: Any, value_serde: Any,
+                 clock: Callable[[], int]):
         self.name = name
         self._raw = raw
         self._book = bookkeeping
@@ -82,8 +85,10 @@ class _Windowed:
         return (observed - self.retention_ms) // self._interval
 
     def _purge(self, old: int, new: int) -> None:
-        """Drop the segments that no longer hold a live entry (Kafka Streams'
-        ``cleanupExpiredSegments``), when the oldest live segment moved."""
+        """Drops the segments that no longer hold a live entry, when the oldest live segment moved.
+
+        Kafka Streams' ``cleanupExpiredSegments``.
+        """
         seg = self._min_live_segment(new)
         if seg <= 0 or (old >= 0 and seg <= self._min_live_segment(old)):
             return
@@ -97,23 +102,30 @@ class _Windowed:
     def _live_from(self, t: int, observed: int) -> int:
         return max(t, observed - self.retention_ms + 1, 0)
 
-    def _value(self, raw: bytes):
+    def _value(self, raw: bytes) -> Any:
         return self._vs.deserialize(raw[timestamped.TIMESTAMP_SIZE:])
 
-    def _encode_value(self, value) -> bytes:
+    def _encode_value(self, value: Any) -> bytes:
         return timestamped.encode(self._clock(), self._vs.serialize(value))
 
 
 class WindowStore(_Windowed):
     """A ``Stores.window`` store (Kafka Streams' ``WindowStore``)."""
 
-    def __init__(self, name, raw, bookkeeping, key_codec, value_serde, clock):
+    def __init__(self, name: str, raw: Any, bookkeeping: Any, key_codec: Any, value_serde: Any,
+                 clock: Callable[[], int]):
         super().__init__(name, raw, bookkeeping, key_codec, value_serde, clock)
         self.window_size_ms = key_codec.window_size_ms
         self.retain_duplicates = key_codec.retain_duplicates
 
-    def put(self, key, value, window_start: int) -> None:
-        """The value of ``key``'s window starting at ``window_start`` (``None``: delete it)."""
+    def put(self, key: Any, value: Any, window_start: int) -> None:
+        """Sets the value of ``key``'s window starting at ``window_start`` (Kafka Streams: ``WindowStore#put``).
+
+        Args:
+            key: The key.
+            value: The value; None deletes the window's entry (ignored with duplicates).
+            window_start: The window's start, in ms.
+        """
         if value is None and self.retain_duplicates:
             return     # Kafka Streams: a delete is a no-op among duplicates
         kb = self._ks.serialize(key)
@@ -135,11 +147,13 @@ class WindowStore(_Windowed):
             self._raw.put(sk, self._encode_value(value))
 
     def live_entries(self, kb: bytes, time_from: int = 0, time_to: int = codec.MAX_TS) -> list:
-        """``[(store key, stored value)]`` of key bytes ``kb``'s live windows starting in
-        ``[time_from, time_to]``, in time order (interactive queries read these)."""
+        """``[(store key, stored value)]`` of key bytes ``kb``'s live windows starting in ``[time_from, time_to]``.
+
+        In time order (interactive queries read these).
+        """
         observed = self.observed_stream_time
         lo, hi = self._live_from(time_from, observed), min(time_to, observed)
-        out = []
+        out: list[Any] = []
         if hi < lo:
             return out
         for seg in range(lo // self._interval, hi // self._interval + 1):
@@ -147,18 +161,29 @@ class WindowStore(_Windowed):
             out.extend(self._raw.range(a, b))
         return out
 
-    def fetch(self, key, time_from: int, time_to: int) -> list:
-        """``[(window_start, value)]`` of ``key``'s windows starting in ``[time_from, time_to]``
-        (both inclusive), in time order (duplicates in put order)."""
+    def fetch(self, key: Any, time_from: int, time_to: int) -> list:
+        """``key``'s windows starting in ``[time_from, time_to]`` (Kafka Streams: ``WindowStore#fetch``).
+
+        Both ends inclusive; in time order (duplicates in put order).
+
+        Returns:
+            ``[(window_start, value)]``.
+        """
         return [(codec.decode_window(k)[1], self._value(v))
                 for k, v in self.live_entries(self._ks.serialize(key), time_from, time_to)]
 
-    def backward_fetch(self, key, time_from: int, time_to: int) -> list:
+    def backward_fetch(self, key: Any, time_from: int, time_to: int) -> list:
+        """As ``fetch``, in reverse order (Kafka Streams: ``WindowStore#backwardFetch``)."""
         return self.fetch(key, time_from, time_to)[::-1]
 
     def fetch_all(self, time_from: int, time_to: int) -> list:
-        """``[(Windowed(key, start, start + size), value)]`` of every window starting in
-        ``[time_from, time_to]``, by start, then key bytes, then put order."""
+        """Every window starting in ``[time_from, time_to]`` (Kafka Streams: ``WindowStore#fetchAll``).
+
+        By start, then key bytes, then put order.
+
+        Returns:
+            ``[(Windowed(key, start, start + size), value)]``.
+        """
         observed = self.observed_stream_time
         lo, hi = self._live_from(time_from, observed), min(time_to, observed)
         rows = []
@@ -174,27 +199,39 @@ class WindowStore(_Windowed):
                 for start, kb, _, v in rows]
 
     def backward_fetch_all(self, time_from: int, time_to: int) -> list:
+        """As ``fetch_all``, in reverse order (Kafka Streams: ``WindowStore#backwardFetchAll``)."""
         return self.fetch_all(time_from, time_to)[::-1]
 
     def all(self) -> list:
-        """Every live window, as ``fetch_all``."""
+        """Every live window, as ``fetch_all`` (Kafka Streams: ``WindowStore#all``)."""
         return self.fetch_all(0, codec.MAX_TS)
 
     def backward_all(self) -> list:
+        """As ``all``, in reverse order (Kafka Streams: ``WindowStore#backwardAll``)."""
         return self.all()[::-1]
 
 
 class SessionStore(_Windowed):
-    """A ``Stores.session`` store (Kafka Streams' ``SessionStore``): keys are
-    ``Windowed(key, start, end)``, a session's first and last record times."""
+    """A ``Stores.session`` store (Kafka Streams' ``SessionStore``).
 
-    def _check(self, windowed) -> bytes:
+    Keys are ``Windowed(key, start, end)``, a session's first and last record times.
+    """
+
+    def _check(self, windowed: Any) -> bytes:
         if not isinstance(windowed, Windowed):
             raise TypeError(f"session store {self.name!r}: a key is a Windowed(key, start, end), not {windowed!r}")
         return codec.encode_session(self._ks.serialize(windowed.key), windowed.start, windowed.end, self._interval)
 
-    def put(self, windowed, value) -> None:
-        """The value of session ``windowed`` (``None``: remove it)."""
+    def put(self, windowed: Windowed, value: Any) -> None:
+        """Sets the value of session ``windowed`` (Kafka Streams: ``SessionStore#put``).
+
+        Args:
+            windowed: ``Windowed(key, start, end)``.
+            value: The value; None removes the session.
+
+        Raises:
+            TypeError: ``windowed`` is no ``Windowed``.
+        """
         if value is None:
             self.remove(windowed)
             return
@@ -205,26 +242,37 @@ class SessionStore(_Windowed):
             return
         self._raw.put(sk, self._encode_value(value))
 
-    def remove(self, windowed) -> None:
-        """Remove session ``windowed`` (its end moves the observed time, as Kafka Streams')."""
+    def remove(self, windowed: Windowed) -> None:
+        """Removes session ``windowed`` (Kafka Streams: ``SessionStore#remove``).
+
+        Its end moves the observed time, as Kafka Streams'.
+        """
         sk = self._check(windowed)
         self._advance(windowed.end)
         if self._raw.get(sk) is not None:
             self._raw.delete(sk)
 
-    def fetch_session(self, key, start: int, end: int):
-        """The value of session ``[start, end]`` of ``key``, or None (also when expired)."""
+    def fetch_session(self, key: Any, start: int, end: int) -> Any:
+        """The value of session ``[start, end]`` of ``key``, or None (also when expired).
+
+        Kafka Streams: ``SessionStore#fetchSession``.
+        """
         sk = codec.encode_session(self._ks.serialize(key), start, end, self._interval)
         if self._expired(end, self.observed_stream_time):
             return None
         raw = self._raw.get(sk)
         return None if raw is None else self._value(raw)
 
-    def find_sessions(self, key, earliest_session_end: int, latest_session_start: int) -> list:
-        """``[(Windowed(key, start, end), value)]`` of ``key``'s sessions ending at or after
-        ``earliest_session_end`` and starting at or before ``latest_session_start``, by end,
-        then start."""
-        out = []
+    def find_sessions(self, key: Any, earliest_session_end: int, latest_session_start: int) -> list:
+        """``key``'s sessions overlapping a time range (Kafka Streams: ``SessionStore#findSessions``).
+
+        The sessions ending at or after ``earliest_session_end`` and starting at or before
+        ``latest_session_start``, by end, then start.
+
+        Returns:
+            ``[(Windowed(key, start, end), value)]``.
+        """
+        out: list[Any] = []
         for k, v in self.live_entries(self._ks.serialize(key), earliest_session_end):
             _, start, end = codec.decode_session(k)
             if start <= latest_session_start:
@@ -232,11 +280,13 @@ class SessionStore(_Windowed):
         return out
 
     def live_entries(self, kb: bytes, earliest_session_end: int = 0) -> list:
-        """``[(store key, stored value)]`` of key bytes ``kb``'s live sessions ending at or after
-        ``earliest_session_end``, by end, then start (interactive queries read these)."""
+        """``[(store key, stored value)]`` of key bytes ``kb``'s live sessions ending at or after a time.
+
+        By end, then start (interactive queries read these).
+        """
         observed = self.observed_stream_time
         lo = self._live_from(earliest_session_end, observed)
-        out = []
+        out: list[Any] = []
         if observed < lo:
             return out
         for seg in range(lo // self._interval, observed // self._interval + 1):
@@ -244,14 +294,16 @@ class SessionStore(_Windowed):
             out.extend(self._raw.range(a, b))
         return out
 
-    def backward_find_sessions(self, key, earliest_session_end: int, latest_session_start: int) -> list:
+    def backward_find_sessions(self, key: Any, earliest_session_end: int, latest_session_start: int) -> list:
+        """As ``find_sessions``, in reverse order (Kafka Streams: ``SessionStore#backwardFindSessions``)."""
         return self.find_sessions(key, earliest_session_end, latest_session_start)[::-1]
 
-    def fetch(self, key) -> list:
-        """Every live session of ``key`` (``find_sessions(key, 0, MAX)``)."""
+    def fetch(self, key: Any) -> list:
+        """Every live session of ``key`` (``find_sessions(key, 0, MAX)``; Kafka Streams: ``SessionStore#fetch``)."""
         return self.find_sessions(key, 0, codec.MAX_TS)
 
-    def backward_fetch(self, key) -> list:
+    def backward_fetch(self, key: Any) -> list:
+        """As ``fetch``, in reverse order (Kafka Streams: ``SessionStore#backwardFetch``)."""
         return self.fetch(key)[::-1]
 
     def all(self) -> list:
@@ -276,21 +328,24 @@ _READS = {
 
 
 class ReadOnlyWindowedStore:
-    """A window or session store's reads only (the test driver's ``get_store``), plus ``raw()``:
-    every stored entry, expired or not, as ``(key, value)`` with the store key decoded."""
+    """A window or session store's reads only (the test driver's ``get_store``), plus ``raw()``.
 
-    def __init__(self, kind: str, store: _Windowed, raw):
+    Kafka Streams: ``ReadOnlyWindowStore`` / ``ReadOnlySessionStore``.
+    """
+
+    def __init__(self, kind: str, store: _Windowed, raw: Any):
         self.kind = kind
         self._store = store
         self._raw_store = raw
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         if name in _READS[self.__dict__["kind"]]:
             return getattr(self._store, name)
         raise AttributeError(f"{self.kind} store {self._store.name!r} is read-only here: no {name!r}")
 
     def raw(self) -> list:
+        """Every stored entry, expired or not, as ``(key, value)`` with the store key decoded."""
         return [(self._store._codec.deserialize(k), self._store._value(v)) for k, v in self._raw_store.items()]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return sum(1 for _ in self._raw_store.items())

@@ -12,42 +12,58 @@ consequence of that record is in the output topics.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 from processor.engine.task import Task, dlq_topic_for
 from processor.errors import ConfigError
+from processor.graph import SinkAttrs
 from processor.records import OutputRecord
 from processor.state import emitted as emitted_codec
 from processor.state import timestamped
 from processor.state.memory import MemoryStores
 
+if TYPE_CHECKING:  # pragma: no cover
+    from processor.papi_windowed import ReadOnlyWindowedStore
+    from processor.serde import Serde
+    from processor.topology import StoreSpec, Topology
+
 
 class _MemoryCollector:
-    def __init__(self, driver):
+    def __init__(self, driver: TopologyTestDriver):
         self._driver = driver
 
-    def send(self, topic, key, value, timestamp, headers, partition=None):
-        # one partition per topic here: an explicit partition is always 0 (the task's own)
+    def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int, headers: Any,
+             partition: int | None = None) -> None:
         self._driver._deliver(topic, key, value, timestamp, headers)
 
-    def flush(self):
+    def flush(self) -> None:
         pass
 
 
-def _same_serde(a, b) -> bool:
+def _same_serde(a: object, b: object) -> bool:
     return a is b or (type(a) is type(b) and getattr(a, "__dict__", None) == getattr(b, "__dict__", None))
 
 
 class ReadOnlyStore:
-    """Read-only, deserialized view of a store: ``get(key)``, ``get_with_timestamp(key)``, ``items()``."""
+    """A read-only, deserialized view of a key-value store (Kafka Streams: ``ReadOnlyKeyValueStore``).
 
-    def __init__(self, spec, stores: list):
+    What ``TopologyTestDriver.get_store`` returns for a table's, an aggregate's or a Processor
+    API key-value store: over every task's partition of it.
+
+    Attributes:
+        name: The store's name.
+        kind: The store's kind (``"kv"``, ``"aggregate"``, ``"emitted"``...).
+    """
+
+    def __init__(self, spec: StoreSpec, stores: list[Any]):
         self.name = spec.name
         self.kind = spec.kind
-        self._key_serde = spec.key_serde
-        self._value_serde = spec.value_serde
+        self._key_serde: Any = spec.key_serde
+        self._value_serde: Any = spec.value_serde
         self._stores = stores
 
-    def _raw(self, key):
+    def _raw(self, key: Any) -> bytes | None:
         kb = self._key_serde.serialize(key)
         for s in self._stores:
             v = s.get(kb)
@@ -55,7 +71,7 @@ class ReadOnlyStore:
                 return v
         return None
 
-    def _decode(self, raw):
+    def _decode(self, raw: bytes) -> tuple[Any, ...]:
         if self.kind in ("version", "subscription"):  # internal bookkeeping: raw bytes
             return raw, None
         if self.kind == "emitted":
@@ -64,34 +80,86 @@ class ReadOnlyStore:
         ts, vb = timestamped.decode(raw)
         return self._value_serde.deserialize(vb), ts
 
-    def get(self, key):
-        """The value; for a last-emitted column ``(value, timestamp, emitted_at)``."""
+    def get(self, key: Any) -> Any:
+        """The key's value, or None (Kafka Streams: ``ReadOnlyKeyValueStore#get``).
+
+        Args:
+            key: The key.
+
+        Returns:
+            The value; for a last-emitted column ``(value, timestamp, emitted_at)``.
+        """
         v = self._raw(key)
         if v is None:
             return None
         d = self._decode(v)
         return d if self.kind == "emitted" else d[0]
 
-    def get_with_timestamp(self, key):
-        """``(value, timestamp)`` or None."""
+    def get_with_timestamp(self, key: Any) -> tuple[Any, ...] | None:
+        """The key's value with its timestamp (Kafka Streams: ``TimestampedKeyValueStore#get``).
+
+        Args:
+            key: The key.
+
+        Returns:
+            ``(value, timestamp)``, or None.
+        """
         v = self._raw(key)
         return None if v is None else self._decode(v)[:2]
 
-    def items(self):
-        """``[(key, value)]`` in key-byte order (last-emitted column: ``(key, (value, ts, emitted_at))``)."""
+    def items(self) -> list[tuple[Any, Any]]:
+        """Every row, in key-byte order (Kafka Streams: ``ReadOnlyKeyValueStore#all``).
+
+        Returns:
+            ``[(key, value)]`` (last-emitted column: ``(key, (value, ts, emitted_at))``).
+        """
         rows = sorted((k, v) for s in self._stores for k, v in s.items())
         return [(self._key_serde.deserialize(k), self._decode(v) if self.kind == "emitted" else self._decode(v)[0])
                 for k, v in rows]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return sum(1 for s in self._stores for _ in s.items())
 
 
 class TopologyTestDriver:
-    def __init__(self, topology, application_id: str = "test-app", on_error: str = "dlq",
-                 initial_wall_clock_ms: int = 0, topics=None):
-        """``topics``: the user topics that exist, for a topic extractor's sink (``to(extractor)``
-        sends only to one that does; default: every topic exists, as in Kafka Streams' driver)."""
+    """Runs a topology without a broker, one record at a time (Kafka Streams: ``TopologyTestDriver``).
+
+    The same ``Task`` code as the worker, with in-memory topics and stores; see this module's
+    docstring for its clock and its flushing. Use it as a context manager, or call ``close()``.
+
+    Attributes:
+        topology: The topology, bound to ``application_id``.
+        application_id: The application id (it names internal topics and the DLQ).
+        dlq_topic: The dead-letter topic, readable with ``read_output``.
+        wall_clock_ms: The wall clock, moved by ``advance_wall_clock``.
+
+    Example:
+        >>> from processor import StreamsBuilder
+        >>> from processor.testing import TopologyTestDriver
+        >>> builder = StreamsBuilder()
+        >>> builder.stream("in").filter(lambda k, v: v % 2 == 0).to("even")
+        >>> driver = TopologyTestDriver(builder.build())
+        >>> for n in range(5):
+        ...     driver.pipe_input("in", str(n), n, timestamp=n)
+        >>> [(r.key, r.value, r.timestamp) for r in driver.read_output("even")]
+        [('0', 0, 0), ('2', 2, 2), ('4', 4, 4)]
+        >>> driver.read_output("even")   # read_output drains
+        []
+        >>> driver.close()
+    """
+    def __init__(self, topology: Topology, application_id: str = "test-app", on_error: str = "dlq",
+                 initial_wall_clock_ms: int = 0, topics: Iterable[str] | None = None):
+        """Starts one task per sub-topology of ``topology``, all on partition 0.
+
+        Args:
+            topology: What ``StreamsBuilder.build()`` returned.
+            application_id: The application id.
+            on_error: The on-error policy for bad records: ``"dlq"``, ``"skip"`` or ``"fail"``.
+            initial_wall_clock_ms: The wall clock's start.
+            topics: The user topics that exist, for a topic extractor's sink (``to(extractor)``
+                sends only to one that does; default: every topic exists, as in Kafka Streams'
+                driver).
+        """
         topology = topology.for_application(application_id)
         self.topology = topology
         self.application_id = application_id
@@ -117,8 +185,20 @@ class TopologyTestDriver:
         self._closed = False
 
     # -- input ---------------------------------------------------------------------------------
-    def pipe_input(self, topic: str, key, value, timestamp: int | None = None, headers=None) -> None:
-        """Serialize with the source's serdes and process, to completion."""
+    def pipe_input(self, topic: str, key: Any, value: Any, timestamp: int | None = None,
+                   headers: Iterable[tuple[str, bytes]] | None = None) -> None:
+        """Serializes a record with its source's serdes and processes it, to completion (``TestInputTopic#pipeInput``).
+
+        Args:
+            topic: A source topic of the topology (or a global table's).
+            key: The record's key.
+            value: The record's value (None: a tombstone).
+            timestamp: Its timestamp in ms (default: the wall clock).
+            headers: Its headers, ``(name, bytes)`` pairs.
+
+        Raises:
+            ConfigError: ``topic`` is no source of the topology.
+        """
         if topic in self._global_of_topic:
             g = self._global_of_topic[topic]
             kb, vb = g.key_serde.serialize(key), None if value is None else g.value_serde.serialize(value)
@@ -128,13 +208,22 @@ class TopologyTestDriver:
             raise ConfigError(f"topic {topic!r} is not a source of this topology "
                               f"(sources: {sorted(self._sub_of_topic)})")
         node = self.topology.source_node(topic)
-        kb = node.attrs.key_serde.serialize(key)
-        vb = node.attrs.value_serde.serialize(value)
+        attrs: Any = node.attrs   # a source's: SourceAttrs
+        kb = attrs.key_serde.serialize(key)
+        vb = attrs.value_serde.serialize(value)
         self.pipe_raw(topic, kb, vb, timestamp, headers)
 
     def pipe_raw(self, topic: str, key: bytes | None, value: bytes | None, timestamp: int | None = None,
-                 headers=None) -> None:
-        """Process a record given as bytes (for poison-record tests)."""
+                 headers: Iterable[tuple[str, bytes]] | None = None) -> None:
+        """Processes a record given as bytes (for poison-record tests).
+
+        Args:
+            topic: A source topic of the topology (or a global table's).
+            key: The key's bytes.
+            value: The value's bytes.
+            timestamp: Its timestamp in ms (default: the wall clock).
+            headers: Its headers.
+        """
         ts = self.wall_clock_ms if timestamp is None else timestamp
         if topic in self._global_of_topic:   # a global table's record: applied at once, as a host's
             from processor.engine.global_tables import apply_global_record
@@ -145,12 +234,12 @@ class TopologyTestDriver:
         self._queue.append((topic, key, value, ts, headers))
         self._drain()
 
-    def _deliver(self, topic, key, value, ts, headers):
+    def _deliver(self, topic: str, key: bytes | None, value: bytes | None, ts: int, headers: Any) -> None:
         self._topics[topic].append((key, value, ts, tuple(headers or ())))
         if topic in self._sub_of_topic:
             self._queue.append((topic, key, value, ts, headers))
 
-    def _drain(self):
+    def _drain(self) -> None:
         while self._queue:
             topic, kb, vb, ts, headers = self._queue.popleft()
             offset = self._offsets[topic]
@@ -160,7 +249,11 @@ class TopologyTestDriver:
             task.commit()
 
     def advance_wall_clock(self, ms: int) -> None:
-        """Move the wall clock and run wall-clock punctuation (``Emit.every(n, clock="wall")``)."""
+        """Moves the wall clock and runs wall-clock punctuation (``TopologyTestDriver#advanceWallClockTime``).
+
+        Args:
+            ms: How far, in ms.
+        """
         self.wall_clock_ms += ms
         for task in self.tasks:
             task.punctuate_wall(self.wall_clock_ms)
@@ -168,19 +261,33 @@ class TopologyTestDriver:
             self._drain()
 
     def flush(self) -> None:
-        """Forward every deferred emission now, as a graceful shutdown does."""
+        """Forwards every deferred emission now, as a graceful shutdown does."""
         for task in self.tasks:
             task.flush()
             task.commit()
             self._drain()
 
     # -- output --------------------------------------------------------------------------------
-    def read_output(self, topic: str, key_serde=None, value_serde=None) -> list[OutputRecord]:
-        """Deserialize and drain everything written to ``topic`` so far."""
+    def read_output(self, topic: str, key_serde: Serde | None = None,
+                    value_serde: Serde | None = None) -> list[OutputRecord]:
+        """Deserializes and drains everything written to ``topic`` so far (``TestOutputTopic#readRecordsToList``).
+
+        Args:
+            topic: A topic the topology writes (or the DLQ).
+            key_serde: The key serde (default: the sink's).
+            value_serde: The value serde (default: the sink's).
+
+        Returns:
+            The records, oldest first.
+
+        Raises:
+            ConfigError: The topology does not write ``topic``, or its topic extractors' sinks
+                have different serdes and none was given.
+        """
         recs = self._topics.pop(topic, [])
         # a topic named by a topic extractor: read with that sink's serdes
-        sinks = self.topology.sink_nodes(topic) or [n for n in self.topology.nodes
-                                                    if n.kind == "sink" and n.attrs.extractor is not None]
+        sinks: list[Any] = self.topology.sink_nodes(topic) or [
+            n for n in self.topology.nodes if n.kind == "sink" and cast(SinkAttrs, n.attrs).extractor is not None]
         if key_serde is None or value_serde is None:
             if not sinks and topic != self.dlq_topic:
                 raise ConfigError(f"topic {topic!r} is not written by this topology "
@@ -202,10 +309,22 @@ class TopologyTestDriver:
             out.append(OutputRecord(k, v, ts, headers))
         return out
 
-    def get_store(self, name: str) -> ReadOnlyStore:
-        """A store by name: a task store (all tasks' partitions) or a global table's; a
-        Processor API window or session store gives its reads (``fetch``, ``fetch_all``,
-        ``find_sessions``...) and ``raw()``."""
+    def get_store(self, name: str) -> ReadOnlyStore | ReadOnlyWindowedStore:
+        """A store by name, to read (Kafka Streams: ``TopologyTestDriver#getKeyValueStore``...).
+
+        A task store (all tasks' partitions) or a global table's; a Processor API window or
+        session store gives its reads (``fetch``, ``fetch_all``, ``find_sessions``...) and
+        ``raw()``.
+
+        Args:
+            name: The store's name.
+
+        Returns:
+            The read-only store.
+
+        Raises:
+            ConfigError: No store has that name.
+        """
         if name in self.topology.global_stores:
             return ReadOnlyStore(self.topology.global_stores[name], [self.global_stores[name]])
         if name not in self.topology.stores:
@@ -225,14 +344,19 @@ class TopologyTestDriver:
                                lambda: 0), raw)
         return ReadOnlyStore(spec, [t.stores.store(name) for t in owners])
 
-    def metrics(self) -> dict:
-        out = {}
+    def metrics(self) -> dict[str, dict[str, int]]:
+        """The operators' counters (skipped records, dropped late records...), by operator name.
+
+        Returns:
+            ``{operator name: {counter: value}}``.
+        """
+        out: dict[str, dict[str, int]] = {}
         for t in self.tasks:
             out.update(t.metrics())
         return out
 
     def close(self) -> None:
-        """Flush deferred emissions (as a graceful shutdown does) and close the tasks."""
+        """Flushes deferred emissions (as a graceful shutdown does) and closes the tasks."""
         if not self._closed:
             self._closed = True
             try:
@@ -241,8 +365,8 @@ class TopologyTestDriver:
                 for t in self.tasks:
                     t.close()
 
-    def __enter__(self):
+    def __enter__(self) -> TopologyTestDriver:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

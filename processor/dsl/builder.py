@@ -2,53 +2,131 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from processor.engine.partitioners import resolve as resolve_partitioner
 from processor.errors import TopologyError
 from processor.graph import GetterSpec, SinkAttrs, SourceAttrs, TableSourceAttrs
 from processor.operators.sink import Sink
 from processor.operators.source import RequireKey, StreamSource, TableSource
 from processor.operators.value_getter import StoreValueGetter
-from processor.serde import Serdes
+from processor.serde import Serde, Serdes
 from processor.topology import LogicalNode, StoreSpec, Topology
+
+if TYPE_CHECKING:  # pragma: no cover
+    from processor.dsl.global_table import GlobalKTable
+    from processor.dsl.kstream import KStream
+    from processor.dsl.ktable import KTable
+    from processor.functions import TimestampExtractor
+    from processor.papi import StoreBuilder
+    from processor.topology.nodes import GlobalStoreSpec
 
 
 class StreamsBuilder:
-    def __init__(self):
+    """Builds a topology: its sources, then the operators over them (Kafka Streams: ``StreamsBuilder``).
+
+    ``stream``, ``table`` and ``global_table`` read topics; the ``KStream``/``KTable`` they
+    return add operators to this builder's graph; ``build()`` freezes it into a ``Topology``, run
+    by a worker or by ``processor.testing.TopologyTestDriver``. A builder is built once.
+
+    Example:
+        >>> from processor import StreamsBuilder
+        >>> from processor.testing import TopologyTestDriver
+        >>> builder = StreamsBuilder()
+        >>> builder.stream("input").map_values(lambda v: v * 2).to("output")
+        >>> topology = builder.build()
+        >>> with TopologyTestDriver(topology) as driver:
+        ...     driver.pipe_input("input", "k", 21, timestamp=0)
+        ...     driver.read_output("output")
+        [OutputRecord(key='k', value=42, timestamp=0, headers=())]
+    """
+    def __init__(self) -> None:
         self._nodes: list[LogicalNode] = []
         self._stores: dict[str, StoreSpec] = {}
-        self._user_stores: dict = {}   # Processor API stores added, connected by process()
-        self._global_stores: dict = {}  # global tables: {store name: GlobalStoreSpec}
+        self._user_stores: dict[str, StoreBuilder] = {}   # Processor API stores added, connected by process()
+        self._global_stores: dict[str, GlobalStoreSpec] = {}  # global tables: {store name: GlobalStoreSpec}
         self._index = 0
         self._built = False
 
     # -- naming and graph bookkeeping: the API the DSL (KStream, KTable, joins...) builds with ---
     def new_name(self, prefix: str, name: str | None = None) -> str:
-        """``name``, or ``<prefix>-<index>`` (Kafka Streams' numbering); either way takes the
-        next index."""
+        """``name``, or ``<prefix>-<index>`` (Kafka Streams' numbering); either way takes the next index.
+
+        Args:
+            prefix: The kind of node (``KSTREAM-FILTER``...).
+            name: The name the user gave, if any.
+
+        Returns:
+            The node's name.
+        """
         n = name or f"{prefix}-{self._index:010d}"
         self._index += 1
         return n
 
     def peek_name(self, prefix: str, name: str | None = None) -> str:
-        """``name``, or ``<prefix>-<index>`` with the index the next ``new_name`` will take,
-        without taking it (default store names numbered like the node created next)."""
+        """``name``, or ``<prefix>-<index>`` with the index the next ``new_name`` will take, without taking it.
+
+        Default store names are numbered like the node created next.
+
+        Args:
+            prefix: The kind of store (``KTABLE-AGGREGATE-STATE-STORE``...).
+            name: The name the user gave, if any.
+
+        Returns:
+            The store's name.
+        """
         return name or f"{prefix}-{self._index:010d}"
 
-    def stream_of(self, node: LogicalNode, key_serde, value_serde, repartition_required: bool = False):
-        """The ``KStream`` of ``node`` (the DSL modules below this one create streams and tables
-        through the builder, so none of them imports another upward)."""
+    def stream_of(self, node: LogicalNode, key_serde: Serde, value_serde: Serde,
+                  repartition_required: bool = False) -> KStream:
+        """The ``KStream`` of ``node``.
+
+        The DSL modules below this one create streams and tables through the builder, so none
+        of them imports another upward.
+
+        Args:
+            node: The node whose output the stream is.
+            key_serde: The stream's key serde.
+            value_serde: The stream's value serde.
+            repartition_required: A key-changing operator came before.
+
+        Returns:
+            The stream.
+        """
         from processor.dsl.kstream import KStream
 
         return KStream(self, node, key_serde, value_serde, repartition_required)
 
-    def table_of(self, node: LogicalNode, key_serde, value_serde, store_name=None):
-        """The ``KTable`` of ``node`` (see ``stream_of``)."""
+    def table_of(self, node: LogicalNode, key_serde: Serde, value_serde: Serde,
+                 store_name: str | None = None) -> KTable:
+        """The ``KTable`` of ``node`` (see ``stream_of``).
+
+        Args:
+            node: The node whose output the table is.
+            key_serde: The table's key serde.
+            value_serde: The table's value serde.
+            store_name: The store it is materialized in, if any.
+
+        Returns:
+            The table.
+        """
         from processor.dsl.ktable import KTable
 
         return KTable(self, node, key_serde, value_serde, store_name=store_name)
 
     def add_node(self, node: LogicalNode, *parents: LogicalNode) -> LogicalNode:
-        """Add ``node`` to the graph, fed by ``parents`` (in this order); returns it."""
+        """Adds ``node`` to the graph, fed by ``parents`` (in this order).
+
+        Args:
+            node: The new node.
+            *parents: The nodes whose records it receives.
+
+        Returns:
+            ``node``.
+
+        Raises:
+            TopologyError: The builder was already built.
+        """
         if self._built:
             raise TopologyError("this StreamsBuilder was already built; make a new one")
         for p in parents:
@@ -58,14 +136,32 @@ class StreamsBuilder:
         return node
 
     def check_store_names_free(self, *names: str) -> None:
-        """Refuse store names already taken (before creating the nodes that would use them)."""
+        """Refuses store names already taken (before creating the nodes that would use them).
+
+        Args:
+            *names: The store names.
+
+        Raises:
+            TopologyError: A name is taken.
+        """
         for name in names:
             if name in self._stores:
                 raise TopologyError(f"store name {name!r} is used twice")
 
-    def add_state_store(self, store) -> StreamsBuilder:
-        """A store for the Processor API (``Stores.key_value(...)``), connected to a processor by
-        ``KStream.process(P, stores=[name])``."""
+    def add_state_store(self, store: StoreBuilder) -> StreamsBuilder:
+        """Adds a Processor API store (Kafka Streams: ``StreamsBuilder#addStateStore``).
+
+        The store is connected to a processor by ``KStream.process(P, stores=[name])``.
+
+        Args:
+            store: ``Stores.key_value(...)``, ``Stores.window(...)`` or ``Stores.session(...)``.
+
+        Returns:
+            This builder.
+
+        Raises:
+            TopologyError: ``store`` is no store builder, or its name is taken.
+        """
         from processor.papi import StoreBuilder
 
         if not isinstance(store, StoreBuilder):
@@ -77,10 +173,22 @@ class StreamsBuilder:
         return self
 
     def connect_user_store(self, name: str, node_name: str) -> StoreSpec:
-        """Give store ``name`` (added by ``add_state_store``) to processor ``node_name``. A store
-        connected to several processors is one store; they share a sub-topology (the graph's
-        split joins them, as Kafka Streams does: their inputs must be co-partitioned), and its
-        owner is the first."""
+        """Gives store ``name`` (added by ``add_state_store``) to processor ``node_name``.
+
+        A store connected to several processors is one store; they share a sub-topology (the
+        graph's split joins them, as Kafka Streams does: their inputs must be co-partitioned),
+        and its owner is the first.
+
+        Args:
+            name: The store's name.
+            node_name: The processor node's name.
+
+        Returns:
+            The store's spec.
+
+        Raises:
+            TopologyError: No store ``name`` was added.
+        """
         store = self._user_stores.get(name)
         if store is None:
             raise TopologyError(f"process(): no store {name!r} was added (builder.add_state_store"
@@ -92,11 +200,23 @@ class StreamsBuilder:
         self.add_store(spec)
         return spec
 
-    def dsl_store_for_process(self, name: str, node_name: str):
-        """``(StoreSpec, owner node)`` of the DSL table store ``name`` for ``process(P,
-        stores=[name])`` (read-only there), or None when ``name`` is no DSL store (then a
-        Processor API store). Key-value stores of tables only: a table source's, ``to_table``'s,
-        a join result's, a (non-windowed) aggregate's; the table must be defined first."""
+    def dsl_store_for_process(self, name: str, node_name: str) -> tuple[StoreSpec, LogicalNode] | None:
+        """The DSL table store ``name`` for ``process(P, stores=[name])`` (read-only there).
+
+        Key-value stores of tables only: a table source's, ``to_table``'s, a join result's, a
+        (non-windowed) aggregate's; the table must be defined first.
+
+        Args:
+            name: The store's name.
+            node_name: The processor node's name.
+
+        Returns:
+            ``(StoreSpec, owner node)``, or None when ``name`` is no DSL store (then a Processor
+            API store).
+
+        Raises:
+            TopologyError: ``name`` is a global table's store, or a store of another kind.
+        """
         if name in self._user_stores or name not in self._stores:
             if name in self._global_stores:
                 raise TopologyError(f"{node_name}: store {name!r} is a global table's: process() connects "
@@ -111,16 +231,26 @@ class StreamsBuilder:
         return spec, owner
 
     def add_store(self, spec: StoreSpec) -> None:
+        """Adds a DSL store to the graph.
+
+        Args:
+            spec: The store.
+
+        Raises:
+            TopologyError: Its name is taken.
+        """
         self.check_store_names_free(spec.name)
         self._stores[spec.name] = spec
 
     # -- sources -------------------------------------------------------------------------------
     @staticmethod
     def _checked_partitioner(partitioner: str | None) -> str | None:
-        """``partitioner``: the librdkafka name of the partitioner that wrote the topic
-        (``murmur2``/``murmur2_random`` = Java's, ``consistent``/``consistent_random`` =
-        confluent-kafka's default, ``fnv1a``/``fnv1a_random``); None: determined from the data
-        at start where a join depends on it (docs/semantics.md "Partitioning")."""
+        """``partitioner``, checked: the librdkafka name of the partitioner that wrote the topic.
+
+        ``murmur2``/``murmur2_random`` = Java's, ``consistent``/``consistent_random`` =
+        confluent-kafka's default, ``fnv1a``/``fnv1a_random``; None: determined from the data
+        at start where a join depends on it (docs/semantics.md "Partitioning").
+        """
         if partitioner is None:
             return None
         try:
@@ -129,17 +259,46 @@ class StreamsBuilder:
             raise TopologyError(str(exc)) from None
         return partitioner
 
-    def stream(self, topic: str, key_serde=None, value_serde=None, name: str | None = None,
-               partitioner: str | None = None, repartition: bool = False, timestamp_extractor=None):
-        """A stream read from ``topic``. ``repartition=True``: through the internal topic
-        ``<app>-<node name>-repartition`` placed by murmur2 first, so co-partitioned joins over
-        it are right whatever partitioner wrote ``topic`` (docs/semantics.md "Partitioning").
+    def stream(self, topic: str, key_serde: Serde | None = None, value_serde: Serde | None = None,
+               name: str | None = None, partitioner: str | None = None, repartition: bool = False,
+               timestamp_extractor: TimestampExtractor | None = None) -> KStream:
+        """A stream read from ``topic`` (Kafka Streams: ``StreamsBuilder#stream``).
 
-        ``timestamp_extractor``: ``fn(key, value, record_timestamp) -> int``, the record's event
-        time in milliseconds, its time everywhere (the order a task reads its inputs in,
-        windows, joins, grace, stream time, output timestamps). An extractor that raises or
-        returns anything but a non-negative integer makes the record a bad one (the on-error
-        policy), never silently its broker timestamp."""
+        Args:
+            topic: The topic.
+            key_serde: Its key serde (default string).
+            value_serde: Its value serde (default JSON).
+            name: The source's name (default ``KSTREAM-SOURCE-<index>``).
+            partitioner: The librdkafka name of the partitioner that wrote the topic
+                (``murmur2``, ``consistent_random``, ``fnv1a``...); None: determined from the data
+                at start where a join depends on it (docs/semantics.md "Partitioning").
+            repartition: Read it through the internal topic ``<app>-<node name>-repartition``,
+                placed by murmur2 first, so co-partitioned joins over it are right whatever
+                partitioner wrote ``topic``.
+            timestamp_extractor: ``(key, value, record timestamp) -> int``, the record's event
+                time in milliseconds, its time everywhere (the order a task reads its inputs in,
+                windows, joins, grace, stream time, output timestamps). An extractor that raises
+                or returns anything but a non-negative integer makes the record a bad one (the
+                on-error policy), never silently its broker timestamp.
+
+        Returns:
+            The stream.
+
+        Raises:
+            TopologyError: Both ``partitioner`` and ``repartition``, an unknown partitioner, or
+                an extractor that is no function.
+
+        Example:
+            >>> from processor import StreamsBuilder
+            >>> from processor.testing import TopologyTestDriver
+            >>> builder = StreamsBuilder()
+            >>> clicks = builder.stream("clicks", timestamp_extractor=lambda k, v, ts: v["at"])
+            >>> clicks.to("clicks-by-event-time")
+            >>> with TopologyTestDriver(builder.build()) as driver:
+            ...     driver.pipe_input("clicks", "u1", {"at": 1234}, timestamp=99)
+            ...     [r.timestamp for r in driver.read_output("clicks-by-event-time")]
+            [1234]
+        """
         from processor.dsl.kstream import KStream
 
         key_serde = key_serde or Serdes.string()
@@ -155,8 +314,7 @@ class StreamsBuilder:
             timestamp_extractor = None
         node = LogicalNode(
             name=node_name, kind="source", source_topic=topic,
-            factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs.key_serde, n.attrs.value_serde,
-                                           n.attrs.timestamp_extractor),
+            factory=_stream_source,
             attrs=SourceAttrs(key_serde=key_serde, value_serde=value_serde, internal_topic=internal_topic,
                               partitioner=self._checked_partitioner(partitioner),
                               timestamp_extractor=timestamp_extractor),
@@ -165,23 +323,53 @@ class StreamsBuilder:
         return KStream(self, node, key_serde, value_serde)
 
     @staticmethod
-    def _no_declaration_with_repartition(topic, partitioner, repartition) -> None:
+    def _no_declaration_with_repartition(topic: str, partitioner: str | None, repartition: bool) -> None:
         if partitioner is not None and repartition:
             raise TopologyError(f"source {topic!r}: declare a partitioner or repartition, not both "
                                 f"(a repartitioned source is placed by murmur2 whatever wrote the topic)")
 
-    def table(self, topic: str, key_serde=None, value_serde=None, name: str | None = None,
-              store_name: str | None = None, partitioner: str | None = None, repartition: bool = False,
-              timestamp_extractor=None):
-        """A table read from ``topic``; always materialized (in a store with its own changelog, or,
-        under ``build(reuse_source_topics=True)``, restored from ``topic`` itself).
+    def table(self, topic: str, key_serde: Serde | None = None, value_serde: Serde | None = None,
+              name: str | None = None, store_name: str | None = None, partitioner: str | None = None,
+              repartition: bool = False, timestamp_extractor: TimestampExtractor | None = None) -> KTable:
+        """A table read from ``topic``, each record an update of its key (Kafka Streams: ``StreamsBuilder#table``).
 
-        ``repartition=True``: the topic's records are first sent through the internal topic
-        ``<app>-<node name>-repartition``, placed by our own partitioner (murmur2), and the table is
-        read from there, so joins over it are right whatever partitioner (or none) wrote ``topic``
-        (docs/semantics.md "Partitioning"). Costs one more topic write and read per record.
+        Always materialized: in a store with its own changelog or, under
+        ``build(reuse_source_topics=True)``, restored from ``topic`` itself. A None value
+        deletes its key.
 
-        ``timestamp_extractor``: as ``stream``'s; the row's timestamp is its event time."""
+        Args:
+            topic: The topic.
+            key_serde: Its key serde (default string).
+            value_serde: Its value serde (default JSON).
+            name: The source's name (default ``KTABLE-SOURCE-<index>``).
+            store_name: The store's name (default ``<topic>-STATE-STORE-<index>``).
+            partitioner: As ``stream``'s.
+            repartition: The records first go through the internal topic
+                ``<app>-<node name>-repartition``, placed by murmur2, and the table is read from
+                there, so joins over it are right whatever partitioner (or none) wrote ``topic``
+                (docs/semantics.md "Partitioning"). Costs one more topic write and read per record.
+            timestamp_extractor: As ``stream``'s; the row's timestamp is its event time.
+
+        Returns:
+            The table.
+
+        Raises:
+            TopologyError: As ``stream``'s, or a store name used twice.
+
+        Example:
+            >>> from processor import StreamsBuilder
+            >>> from processor.testing import TopologyTestDriver
+            >>> builder = StreamsBuilder()
+            >>> builder.table("balances").to_stream().to("balance-changes")
+            >>> with TopologyTestDriver(builder.build()) as driver:
+            ...     driver.pipe_input("balances", "acct-1", 100, timestamp=1)
+            ...     driver.pipe_input("balances", "acct-1", 100, timestamp=2)
+            ...     driver.pipe_input("balances", "acct-1", None, timestamp=3)
+            ...     [(r.key, r.value) for r in driver.read_output("balance-changes")]
+            ...     driver.get_store("balances-STATE-STORE-0000000000").get("acct-1") is None
+            [('acct-1', 100), ('acct-1', None)]
+            True
+        """
         from processor.dsl.ktable import KTable
 
         key_serde = key_serde or Serdes.string()
@@ -198,8 +386,7 @@ class StreamsBuilder:
             timestamp_extractor = None
         node = LogicalNode(
             name=node_name, kind="table-source", source_topic=topic, stores=[store],
-            factory=lambda n: TableSource(n.name, n.source_topic, n.attrs.key_serde,
-                                          n.attrs.value_serde, n.stores[0], n.attrs.timestamp_extractor),
+            factory=_table_source,
             attrs=TableSourceAttrs(
                 key_serde=key_serde, value_serde=value_serde, internal_topic=internal_topic,
                 partitioner=self._checked_partitioner(partitioner), timestamp_extractor=timestamp_extractor,
@@ -211,13 +398,30 @@ class StreamsBuilder:
                                  key_serde=key_serde, value_serde=value_serde))
         return KTable(self, node, key_serde, value_serde, store_name=store)
 
-    def global_table(self, topic: str, key_serde=None, value_serde=None, name: str | None = None,
-                     timestamp_extractor=None):
-        """A table every host holds whole (all partitions of ``topic``, outside the tasks),
-        bootstrapped to the topic's end before any task processes a record, then kept current;
-        the topic is its changelog. Streams join it by a key selector (``KStream.join``).
-        ``timestamp_extractor``: the rows' timestamps (as ``stream``'s; a record it fails on is
-        skipped and counted, as one that does not deserialize: a global table has no task)."""
+    def global_table(self, topic: str, key_serde: Serde | None = None, value_serde: Serde | None = None,
+                     name: str | None = None,
+                     timestamp_extractor: TimestampExtractor | None = None) -> GlobalKTable:
+        """A table every host holds whole (Kafka Streams: ``StreamsBuilder#globalTable``).
+
+        All partitions of ``topic``, outside the tasks, bootstrapped to the topic's end before
+        any task processes a record, then kept current; the topic is its changelog. Streams join
+        it by a key selector (``KStream.join(table, joiner, key_selector=...)``).
+
+        Args:
+            topic: The topic, read by this global table alone.
+            key_serde: Its key serde (default string).
+            value_serde: Its value serde (default JSON).
+            name: The global store's name (default ``<topic>-GLOBAL-STORE-<index>``).
+            timestamp_extractor: The rows' timestamps (as ``stream``'s; a record it fails on is
+                skipped and counted, as one that does not deserialize: a global table has no
+                task).
+
+        Returns:
+            The global table.
+
+        Raises:
+            TopologyError: The store name is taken, or the topic is read by another source.
+        """
         from processor.dsl.global_table import GlobalKTable
         from processor.topology.nodes import GlobalStoreSpec
 
@@ -236,15 +440,16 @@ class StreamsBuilder:
                                                      timestamp_extractor=timestamp_extractor)
         return GlobalKTable(store, topic, key_serde, value_serde)
 
-    def _repartitioned_input(self, topic, node_name, key_serde, value_serde, require_key: bool,
-                             timestamp_extractor=None) -> str:
-        """source(topic) [-> require a key] -> sink(<node name>-repartition); returns the internal
-        topic. Records that do not deserialize (and, for a table, have no key) are poison at the
-        source (the topology's on-error policy), before they reach the internal topic."""
+    def _repartitioned_input(self, topic: str, node_name: str, key_serde: Serde, value_serde: Serde,
+                             require_key: bool, timestamp_extractor: TimestampExtractor | None = None) -> str:
+        """Adds ``source(topic) [-> require a key] -> sink(<node name>-repartition)``; returns the internal topic.
+
+        Records that do not deserialize (and, for a table, have no key) are poison at the
+        source (the topology's on-error policy), before they reach the internal topic.
+        """
         source = LogicalNode(
             name=self.new_name("KSTREAM-SOURCE"), kind="source", source_topic=topic,
-            factory=lambda n: StreamSource(n.name, n.source_topic, n.attrs.key_serde, n.attrs.value_serde,
-                                           n.attrs.timestamp_extractor),
+            factory=_stream_source,
             attrs=SourceAttrs(key_serde=key_serde, value_serde=value_serde, timestamp_extractor=timestamp_extractor))
         self.add_node(source)
         last = source
@@ -256,25 +461,38 @@ class StreamsBuilder:
         sink = LogicalNode(
             name=self.new_name("KSTREAM-SINK" if not require_key else "KTABLE-SINK"), kind="sink",
             sink_topic=internal,
-            factory=lambda n: Sink(n.name, n.sink_topic, n.attrs.key_serde, n.attrs.value_serde,
-                                   passthrough=n.attrs.passthrough, internal=True),
+            factory=_internal_sink,
             attrs=SinkAttrs(key_serde=key_serde, value_serde=value_serde, internal_topic=internal))
         self.add_node(sink, last)
         return internal
 
     def build(self, optimize: bool = True, reuse_source_topics: bool = False) -> Topology:
-        """``reuse_source_topics=True``: a table read from a user topic as it is gets no changelog
-        topic; its store is restored from the source topic up to the task's committed position
-        (Kafka Streams' ``reuse.ktable.source.topics``: one produce per input record less). Only
-        for topics that keep every key's latest record (compacted, or retained forever): a restore
-        cannot bring back what the broker deleted. docs/semantics.md "A source topic as its table's changelog"."""
+        """Freezes the graph into a ``Topology`` (Kafka Streams: ``StreamsBuilder#build``).
+
+        Args:
+            optimize: Run the topology's optimization passes (repartition merging, self-joins...).
+            reuse_source_topics: A table read from a user topic as it is gets no changelog topic;
+                its store is restored from the source topic up to the task's committed position
+                (Kafka Streams' ``reuse.ktable.source.topics``: one produce per input record
+                less). Only for topics that keep every key's latest record (compacted, or
+                retained forever): a restore cannot bring back what the broker deleted
+                (docs/semantics.md "A source topic as its table's changelog").
+
+        Returns:
+            The topology.
+
+        Raises:
+            TopologyError: The graph is empty, a store was added but connected to no processor,
+                sources of one topic have different timestamp extractors, or
+                ``reuse_source_topics`` with a table that has an extractor.
+        """
         if not self._nodes:
             raise TopologyError("the topology is empty: add a stream or table first")
         unconnected = sorted(set(self._user_stores) - set(self._stores))
         if unconnected:
             raise TopologyError(f"store(s) {', '.join(unconnected)} added but connected to no processor "
                                 f"(KStream.process(P, stores=[...]))")
-        extractors: dict[str, set] = {}
+        extractors: dict[str, set[TimestampExtractor | None]] = {}
         for n in self._nodes:
             if n.source_topic and isinstance(n.attrs, SourceAttrs):
                 extractors.setdefault(n.source_topic, set()).add(n.attrs.timestamp_extractor)
@@ -284,8 +502,8 @@ class StreamsBuilder:
             raise TopologyError(f"topic(s) {', '.join(mixed)} are read by sources with different timestamp "
                                 f"extractors (or with and without one); give every source of a topic the same")
         if reuse_source_topics:
-            extracted = sorted(n.source_topic for n in self._nodes if n.kind == "table-source"
-                               and n.attrs.timestamp_extractor is not None)
+            extracted = sorted(cast(str, n.source_topic) for n in self._nodes if n.kind == "table-source"
+                               and cast(TableSourceAttrs, n.attrs).timestamp_extractor is not None)
             if extracted:
                 # a restore from the topic would give the rows their broker timestamps
                 raise TopologyError(f"reuse_source_topics=True: the table(s) of {', '.join(extracted)} have a "
@@ -295,7 +513,25 @@ class StreamsBuilder:
                         global_stores=self._global_stores)
 
 
-def _check_extractor(fn) -> None:
+def _check_extractor(fn: object) -> None:
     if fn is not None and not callable(fn):
         raise TopologyError(f"timestamp_extractor must be a function (key, value, record_timestamp) -> "
                             f"milliseconds, not {fn!r}")
+
+
+def _stream_source(n: LogicalNode) -> StreamSource:
+    """The operator of a stream source node (serdes and extractor: its attrs', as the topology binds them)."""
+    a = cast(SourceAttrs, n.attrs)
+    return StreamSource(n.name, n.source_topic, a.key_serde, a.value_serde, a.timestamp_extractor)
+
+
+def _table_source(n: LogicalNode) -> TableSource:
+    """The operator of a table source node."""
+    a = cast(TableSourceAttrs, n.attrs)
+    return TableSource(n.name, n.source_topic, a.key_serde, a.value_serde, n.stores[0], a.timestamp_extractor)
+
+
+def _internal_sink(n: LogicalNode) -> Sink:
+    """The operator of the sink of a repartitioned source's internal topic."""
+    a = cast(SinkAttrs, n.attrs)
+    return Sink(n.name, n.sink_topic, a.key_serde, a.value_serde, passthrough=a.passthrough, internal=True)

@@ -8,6 +8,9 @@ starts a new sub-topology. Emission is a policy, ``emit=`` (default ``Emit.on_ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from processor.dsl.emit import Emit
 from processor.dsl.repartition import repartition_through
 from processor.errors import TopologyError
@@ -15,14 +18,21 @@ from processor.graph import AggregateAttrs, GetterSpec
 from processor.operators.aggregate import StreamAggregate, TableAggregate, WindowedStreamAggregate
 from processor.operators.group_by import StreamGroupBy, TableGroupBy
 from processor.operators.value_getter import EmittedValueGetter
-from processor.serde import Serdes
+from processor.serde import Serde, Serdes
 from processor.serde.change import ChangeSerde
 from processor.state.window_key import WindowStoreKeySerde
 from processor.topology import LogicalNode, StoreSpec
 from processor.topology.naming import repartition_topic
 
+if TYPE_CHECKING:  # pragma: no cover
+    from processor.dsl.builder import StreamsBuilder
+    from processor.dsl.kstream import KStream
+    from processor.dsl.ktable import KTable
+    from processor.dsl.windows import SessionWindows, SlidingWindows, TimeWindows
+    from processor.functions import Aggregator, Initializer, KeySelector, KeyValueMapper, Merger, Reducer
 
-def _check_emit(emit, windowed: bool) -> Emit:
+
+def _check_emit(emit: Emit | None, windowed: bool) -> Emit:
     emit = emit or Emit.on_change()
     if not isinstance(emit, Emit):
         raise TopologyError(f"emit= takes an Emit policy (Emit.on_change(), ...), not {emit!r}")
@@ -32,28 +42,30 @@ def _check_emit(emit, windowed: bool) -> Emit:
     return emit
 
 
-def _count_init():
+def _count_init() -> int:
     return 0
 
 
-def _count_add(key, value, agg):
+def _count_add(key: Any, value: Any, agg: int) -> int:
     return agg + 1
 
 
-def _count_sub(key, value, agg):
+def _count_sub(key: Any, value: Any, agg: int) -> int:
     return agg - 1
 
 
-def _repartition(builder, parent: LogicalNode, select: LogicalNode | None, store: str, key_serde, value_serde):
-    """[select ->] sink(<store>-repartition) | source(<store>-repartition); returns the source node."""
+def _repartition(builder: StreamsBuilder, parent: LogicalNode, select: LogicalNode | None, store: str,
+                 key_serde: Serde, value_serde: Serde) -> LogicalNode:
+    """Adds ``[select ->] sink(<store>-repartition) | source(<store>-repartition)``; returns the source node."""
     if select is not None:
         builder.add_node(select, parent)
         parent = select
     return repartition_through(builder, parent, repartition_topic(store), key_serde, value_serde)
 
 
-def _aggregate_node(builder, parent, store, key_serde, value_serde, factory, kind, emit, windows=None,
-                    store_key_serde=None, store_kind="windowed-aggregate"):
+def _aggregate_node(builder: StreamsBuilder, parent: LogicalNode, store: str, key_serde: Serde, value_serde: Serde,
+                    factory: Callable[[LogicalNode], Any], kind: str, emit: Emit, windows: Any = None,
+                    store_key_serde: Any = None, store_kind: str = "windowed-aggregate") -> LogicalNode:
     b = builder
     getter = None
     if store_key_serde is None:  # a windowed aggregate cannot be looked up by its table key
@@ -72,15 +84,24 @@ def _aggregate_node(builder, parent, store, key_serde, value_serde, factory, kin
 
 
 class KGroupedTable:
-    """``table.group_by(selector)``: ``selector(key, value) -> (group_key, group_value)``."""
+    """A table regrouped by ``KTable.group_by``, to aggregate (Kafka Streams: ``KGroupedTable``).
 
-    def __init__(self, table, selector, key_serde, value_serde):
+    Each aggregation adds a row's value to its group and subtracts its old value from its old
+    group, so an aggregate follows the table's current rows.
+
+    Attributes:
+        key_serde: The group keys' serde.
+        value_serde: The grouped values' serde.
+    """
+
+    def __init__(self, table: KTable, selector: KeyValueMapper, key_serde: Serde, value_serde: Serde):
         self._table = table
         self._selector = selector
         self.key_serde = key_serde
         self.value_serde = value_serde
 
-    def _build(self, kind, initializer, adder, subtractor, emit, name, value_serde):
+    def _build(self, kind: str, initializer: Initializer | None, adder: Callable[..., Any],
+               subtractor: Callable[..., Any], emit: Emit | None, name: str | None, value_serde: Serde) -> KTable:
         emit = _check_emit(emit, windowed=False)
         b = self._table._builder
         store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
@@ -95,25 +116,84 @@ class KGroupedTable:
             kind, emit)
         return b.table_of(node, ks, value_serde, store_name=store)
 
-    def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
-        """Rows per group; stays 0 (not deleted) when the last row leaves, as in Kafka Streams."""
+    def count(self, emit: Emit | None = None, name: str | None = None,
+              value_serde: Serde | None = None) -> KTable:
+        """Rows per group (Kafka Streams: ``KGroupedTable#count``).
+
+        A group stays at 0 (not deleted) when its last row leaves, as in Kafka Streams.
+
+        Args:
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The counts' serde (default JSON).
+
+        Returns:
+            The table of counts per group.
+        """
         return self._build("count", _count_init, _count_add, _count_sub, emit, name, value_serde or Serdes.json())
 
-    def reduce(self, adder, subtractor, emit: Emit | None = None, name: str | None = None, value_serde=None):
-        """``adder(agg, value)``, ``subtractor(agg, value)``; a None result deletes the group."""
+    def reduce(self, adder: Reducer, subtractor: Reducer, emit: Emit | None = None, name: str | None = None,
+               value_serde: Serde | None = None) -> KTable:
+        """Each group's rows reduced to one value (Kafka Streams: ``KGroupedTable#reduce``).
+
+        Args:
+            adder: ``(aggregate, value) -> aggregate``: a row joins the group.
+            subtractor: ``(aggregate, old value) -> aggregate``: a row leaves the group; a None
+                result deletes the group.
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The aggregates' serde (default: the grouped values').
+
+        Returns:
+            The table of aggregates per group.
+        """
         return self._build("reduce", None, adder, subtractor, emit, name, value_serde or self.value_serde)
 
-    def aggregate(self, initializer, adder, subtractor, emit: Emit | None = None, name: str | None = None,
-                  value_serde=None):
-        """``initializer()``, ``adder(key, value, agg)``, ``subtractor(key, value, agg)``; the
-        value serde defaults to JSON; a None result deletes the group."""
+    def aggregate(self, initializer: Initializer, adder: Aggregator, subtractor: Aggregator,
+                  emit: Emit | None = None, name: str | None = None, value_serde: Serde | None = None) -> KTable:
+        """Each group's rows aggregated (Kafka Streams: ``KGroupedTable#aggregate``).
+
+        Args:
+            initializer: ``() -> aggregate``: a new group's aggregate.
+            adder: ``(key, value, aggregate) -> aggregate``: a row joins the group.
+            subtractor: ``(key, old value, aggregate) -> aggregate``: a row leaves the group; a
+                None result deletes the group.
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The aggregates' serde (default JSON).
+
+        Returns:
+            The table of aggregates per group.
+        """
         return self._build("aggregate", initializer, adder, subtractor, emit, name, value_serde or Serdes.json())
 
 
 class KGroupedStream:
-    """``stream.group_by_key()`` or ``stream.group_by(selector)`` (then through a repartition topic)."""
+    """A stream grouped by key, to aggregate (Kafka Streams: ``KGroupedStream``).
 
-    def __init__(self, stream, selector, key_serde, value_serde, repartition: bool = False):
+    Made by ``KStream.group_by_key()`` or ``KStream.group_by(selector)`` (the latter, and the
+    former after a key-changing operator, through a repartition topic).
+
+    Attributes:
+        key_serde: The group keys' serde.
+        value_serde: The values' serde.
+
+    Example:
+        >>> from processor import StreamsBuilder
+        >>> from processor.testing import TopologyTestDriver
+        >>> builder = StreamsBuilder()
+        >>> totals = builder.stream("payments").group_by_key().aggregate(
+        ...     lambda: 0, lambda user, amount, total: total + amount)
+        >>> totals.to_stream().to("totals")
+        >>> with TopologyTestDriver(builder.build()) as driver:
+        ...     for user, amount in [("ann", 5), ("bob", 1), ("ann", 7)]:
+        ...         driver.pipe_input("payments", user, amount, timestamp=1)
+        ...     [(r.key, r.value) for r in driver.read_output("totals")]
+        [('ann', 5), ('bob', 1), ('ann', 12)]
+    """
+
+    def __init__(self, stream: KStream, selector: KeySelector | None, key_serde: Serde, value_serde: Serde,
+                 repartition: bool = False):
         self._stream = stream
         self._selector = selector   # None: group by the existing key
         self.key_serde = key_serde
@@ -121,7 +201,7 @@ class KGroupedStream:
         # by the existing key after a key-changing operator: through a repartition topic
         self._repartition = repartition
 
-    def _input(self, store):
+    def _input(self, store: str) -> LogicalNode:
         b = self._stream._builder
         if self._selector is None:
             if self._repartition:
@@ -131,7 +211,8 @@ class KGroupedStream:
                              factory=lambda n: StreamGroupBy(n.name, self._selector))
         return _repartition(b, self._stream._node, select, store, self.key_serde, self.value_serde)
 
-    def _build(self, kind, initializer, aggregator, emit, name, value_serde, windows=None):
+    def _build(self, kind: str, initializer: Initializer | None, aggregator: Callable[..., Any], emit: Emit | None,
+               name: str | None, value_serde: Serde, windows: TimeWindows | None = None) -> KTable:
         emit = _check_emit(emit, windowed=windows is not None)
         b = self._stream._builder
         store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
@@ -153,21 +234,78 @@ class KGroupedStream:
             table_key_serde = Serdes.windowed(ks, windows.size_ms)
         return b.table_of(node, table_key_serde, value_serde, store_name=store)
 
-    def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
+    def count(self, emit: Emit | None = None, name: str | None = None,
+              value_serde: Serde | None = None) -> KTable:
+        """Records per key (Kafka Streams: ``KGroupedStream#count``).
+
+        Args:
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The counts' serde (default JSON).
+
+        Returns:
+            The table of counts per key.
+        """
         return self._build("count", _count_init, _count_add, emit, name, value_serde or Serdes.json())
 
-    def reduce(self, reducer, emit: Emit | None = None, name: str | None = None, value_serde=None):
-        """``reducer(agg, value)``; the first value of a key is its aggregate."""
+    def reduce(self, reducer: Reducer, emit: Emit | None = None, name: str | None = None,
+               value_serde: Serde | None = None) -> KTable:
+        """Each key's values reduced to one (Kafka Streams: ``KGroupedStream#reduce``).
+
+        Args:
+            reducer: ``(aggregate, value) -> aggregate``; the first value of a key is its
+                aggregate.
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The aggregates' serde (default: the values').
+
+        Returns:
+            The table of aggregates per key.
+        """
         return self._build("reduce", None, reducer, emit, name, value_serde or self.value_serde)
 
-    def aggregate(self, initializer, aggregator, emit: Emit | None = None, name: str | None = None,
-                  value_serde=None):
-        """``initializer()``, ``aggregator(key, value, agg)``; the value serde defaults to JSON."""
+    def aggregate(self, initializer: Initializer, aggregator: Aggregator, emit: Emit | None = None,
+                  name: str | None = None, value_serde: Serde | None = None) -> KTable:
+        """Each key's values aggregated (Kafka Streams: ``KGroupedStream#aggregate``).
+
+        Args:
+            initializer: ``() -> aggregate``: a new key's aggregate.
+            aggregator: ``(key, value, aggregate) -> aggregate``.
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The aggregates' serde (default JSON).
+
+        Returns:
+            The table of aggregates per key.
+        """
         return self._build("aggregate", initializer, aggregator, emit, name, value_serde or Serdes.json())
 
-    def windowed_by(self, windows):
-        """``TimeWindows`` -> a ``TimeWindowedKStream``; ``SessionWindows`` -> a
-        ``SessionWindowedKStream``."""
+    def windowed_by(self, windows: TimeWindows | SessionWindows | SlidingWindows,
+                    ) -> TimeWindowedKStream | SessionWindowedKStream | SlidingWindowedKStream:
+        """The grouped stream cut into windows, to aggregate per key and window (``KGroupedStream#windowedBy``).
+
+        Args:
+            windows: ``TimeWindows`` (tumbling or hopping), ``SessionWindows`` or
+                ``SlidingWindows``.
+
+        Returns:
+            A ``TimeWindowedKStream``, ``SessionWindowedKStream`` or ``SlidingWindowedKStream``.
+
+        Raises:
+            TopologyError: ``windows`` is none of them.
+
+        Example:
+            >>> from processor import StreamsBuilder, TimeWindows
+            >>> from processor.testing import TopologyTestDriver
+            >>> builder = StreamsBuilder()
+            >>> per_minute = builder.stream("clicks").group_by_key().windowed_by(TimeWindows.of(60_000)).count()
+            >>> per_minute.to_stream().to("clicks-per-minute")
+            >>> with TopologyTestDriver(builder.build()) as driver:
+            ...     for ts in [1_000, 2_000, 61_000]:
+            ...         driver.pipe_input("clicks", "ann", {}, timestamp=ts)
+            ...     [(r.key, r.value) for r in driver.read_output("clicks-per-minute")]
+            [(['ann'@0/60000], 1), (['ann'@0/60000], 2), (['ann'@60000/120000], 1)]
+        """
         from processor.dsl.windows import SessionWindows, SlidingWindows, TimeWindows
 
         if isinstance(windows, SessionWindows):
@@ -180,10 +318,14 @@ class KGroupedStream:
                                 f"(diff, grace), not {windows!r}")
         return TimeWindowedKStream(self, windows)
 
-    def _build_windowed(self, kind, emit, name, value_serde, windows, make, store_key_serde, result_key_serde,
-                        store_kind):
-        """A session- or sliding-windowed aggregate: ``make(node name, store, emit)`` its
-        operator, keyed in its store by ``store_key_serde`` and in its result by ``result_key_serde``."""
+    def _build_windowed(self, kind: str, emit: Emit | None, name: str | None, value_serde: Serde,
+                        windows: SessionWindows | SlidingWindows, make: Callable[[str, str, Emit], Any],
+                        store_key_serde: Any, result_key_serde: Serde, store_kind: str) -> KTable:
+        """A session- or sliding-windowed aggregate.
+
+        ``make(node name, store, emit)`` is its operator, keyed in its store by
+        ``store_key_serde`` and in its result by ``result_key_serde``.
+        """
         emit = _check_emit(emit, windowed=True)
         b = self._stream._builder
         store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
@@ -193,7 +335,8 @@ class KGroupedStream:
                                kind, emit, windows, store_key_serde=store_key_serde, store_kind=store_kind)
         return b.table_of(node, result_key_serde, value_serde, store_name=store)
 
-    def _build_sliding(self, kind, initializer, aggregator, emit, name, value_serde, windows):
+    def _build_sliding(self, kind: str, initializer: Initializer | None, aggregator: Callable[..., Any],
+                       emit: Emit | None, name: str | None, value_serde: Serde, windows: SlidingWindows) -> KTable:
         from processor.operators.sliding_aggregate import SlidingWindowedStreamAggregate
         from processor.state.sliding_key import SlidingStoreKeySerde
 
@@ -204,7 +347,9 @@ class KGroupedStream:
                                                                    aggregator, windows),
             SlidingStoreKeySerde(ks, windows.diff_ms), Serdes.windowed(ks, windows.diff_ms), "windowed-aggregate")
 
-    def _build_sessions(self, kind, initializer, aggregator, merger, emit, name, value_serde, windows):
+    def _build_sessions(self, kind: str, initializer: Initializer | None, aggregator: Callable[..., Any],
+                        merger: Callable[..., Any], emit: Emit | None, name: str | None, value_serde: Serde,
+                        windows: SessionWindows) -> KTable:
         from processor.operators.session_aggregate import SessionWindowedStreamAggregate
         from processor.serde.windowed import SessionWindowedSerde
 
@@ -218,73 +363,196 @@ class KGroupedStream:
 
 
 class TimeWindowedKStream:
-    """Tumbling (``TimeWindows.of(size)``) or hopping (``.advance_by(step)``) windows, with
-    ``.grace(ms)``; the result table's keys are ``Windowed(key, start, end)``."""
+    """A grouped stream in time windows (Kafka Streams: ``TimeWindowedKStream``).
 
-    def __init__(self, grouped: KGroupedStream, windows):
+    Tumbling (``TimeWindows.of(size)``) or hopping (``.advance_by(step)``) windows, with
+    ``.grace(ms)``; the result table's keys are ``Windowed(key, start, end)``.
+
+    Attributes:
+        windows: The windows.
+    """
+
+    def __init__(self, grouped: KGroupedStream, windows: TimeWindows):
         self._grouped = grouped
         self.windows = windows
 
-    def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
+    def count(self, emit: Emit | None = None, name: str | None = None,
+              value_serde: Serde | None = None) -> KTable:
+        """Records per key and window (Kafka Streams: ``TimeWindowedKStream#count``).
+
+        Args:
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The counts' serde (default JSON).
+
+        Returns:
+            The table of counts, keyed by ``Windowed(key, start, end)``.
+        """
         return self._grouped._build("count", _count_init, _count_add, emit, name,
                                     value_serde or Serdes.json(), self.windows)
 
-    def reduce(self, reducer, emit: Emit | None = None, name: str | None = None, value_serde=None):
+    def reduce(self, reducer: Reducer, emit: Emit | None = None, name: str | None = None,
+               value_serde: Serde | None = None) -> KTable:
+        """Each key's values in each window reduced to one (Kafka Streams: ``TimeWindowedKStream#reduce``).
+
+        Args:
+            reducer: ``(aggregate, value) -> aggregate``.
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The aggregates' serde (default: the values').
+
+        Returns:
+            The table of aggregates, keyed by ``Windowed(key, start, end)``.
+        """
         return self._grouped._build("reduce", None, reducer, emit, name,
                                     value_serde or self._grouped.value_serde, self.windows)
 
-    def aggregate(self, initializer, aggregator, emit: Emit | None = None, name: str | None = None,
-                  value_serde=None):
+    def aggregate(self, initializer: Initializer, aggregator: Aggregator, emit: Emit | None = None,
+                  name: str | None = None, value_serde: Serde | None = None) -> KTable:
+        """Each key's values in each window aggregated (Kafka Streams: ``TimeWindowedKStream#aggregate``).
+
+        Args:
+            initializer: ``() -> aggregate``: a new window's aggregate.
+            aggregator: ``(key, value, aggregate) -> aggregate``.
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The aggregates' serde (default JSON).
+
+        Returns:
+            The table of aggregates, keyed by ``Windowed(key, start, end)``.
+        """
         return self._grouped._build("aggregate", initializer, aggregator, emit, name,
                                     value_serde or Serdes.json(), self.windows)
 
 
-def _merge_counts(key, a, b):
+def _merge_counts(key: Any, a: int, b: int) -> int:
     return a + b
 
 
 class SessionWindowedKStream:
-    """``group_by_key().windowed_by(SessionWindows.with_inactivity_gap(gap).grace(ms))``: one
-    aggregate per session of a key; result keys ``Windowed(key, start, end)``, ``end`` the
-    session's last record time (inclusive). Sessions merged into another are tombstoned."""
+    """A grouped stream in session windows (Kafka Streams: ``SessionWindowedKStream``).
 
-    def __init__(self, grouped: KGroupedStream, windows):
+    ``group_by_key().windowed_by(SessionWindows.with_inactivity_gap(gap).grace(ms))``: one
+    aggregate per session of a key; result keys ``Windowed(key, start, end)``, ``end`` the
+    session's last record time (inclusive). Sessions merged into another are tombstoned.
+
+    Attributes:
+        windows: The session windows.
+    """
+
+    def __init__(self, grouped: KGroupedStream, windows: SessionWindows):
         self._grouped = grouped
         self.windows = windows
 
-    def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
+    def count(self, emit: Emit | None = None, name: str | None = None,
+              value_serde: Serde | None = None) -> KTable:
+        """Records per key and window (Kafka Streams: ``SessionWindowedKStream#count``).
+
+        Args:
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The counts' serde (default JSON).
+
+        Returns:
+            The table of counts, keyed by ``Windowed(key, start, end)``.
+        """
         return self._grouped._build_sessions("count", _count_init, _count_add, _merge_counts, emit, name,
                                              value_serde or Serdes.json(), self.windows)
 
-    def reduce(self, reducer, emit: Emit | None = None, name: str | None = None, value_serde=None):
-        """``reducer(agg, value)``; merging two sessions is ``reducer(agg1, agg2)``."""
+    def reduce(self, reducer: Reducer, emit: Emit | None = None, name: str | None = None,
+               value_serde: Serde | None = None) -> KTable:
+        """Each session's values reduced to one (Kafka Streams: ``SessionWindowedKStream#reduce``).
+
+        Args:
+            reducer: ``(aggregate, value) -> aggregate``; merging two sessions is
+                ``reducer(aggregate1, aggregate2)``.
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The aggregates' serde (default: the values').
+
+        Returns:
+            The table of aggregates, keyed by ``Windowed(key, start, end)``.
+        """
         return self._grouped._build_sessions("reduce", None, reducer, reducer, emit, name,
                                              value_serde or self._grouped.value_serde, self.windows)
 
-    def aggregate(self, initializer, aggregator, merger, emit: Emit | None = None, name: str | None = None,
-                  value_serde=None):
-        """``initializer()``, ``aggregator(key, value, agg)``, ``merger(key, agg1, agg2)``."""
+    def aggregate(self, initializer: Initializer, aggregator: Aggregator, merger: Merger,
+                  emit: Emit | None = None, name: str | None = None, value_serde: Serde | None = None) -> KTable:
+        """Each session's values aggregated (Kafka Streams: ``SessionWindowedKStream#aggregate``).
+
+        Args:
+            initializer: ``() -> aggregate``: a new session's aggregate.
+            aggregator: ``(key, value, aggregate) -> aggregate``.
+            merger: ``(key, aggregate1, aggregate2) -> aggregate``: two sessions become one.
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The aggregates' serde (default JSON).
+
+        Returns:
+            The table of aggregates, keyed by ``Windowed(key, start, end)``.
+        """
         return self._grouped._build_sessions("aggregate", initializer, aggregator, merger, emit, name,
                                              value_serde or Serdes.json(), self.windows)
 
 
 class SlidingWindowedKStream:
-    """``group_by_key().windowed_by(SlidingWindows.of_time_difference_and_grace(diff, grace))``
-    (KIP-450); result keys ``Windowed(key, start, start + diff)``."""
+    """A grouped stream in sliding windows (Kafka Streams: ``TimeWindowedKStream`` over ``SlidingWindows``).
 
-    def __init__(self, grouped: KGroupedStream, windows):
+    ``group_by_key().windowed_by(SlidingWindows.of_time_difference_and_grace(diff, grace))``
+    (KIP-450); result keys ``Windowed(key, start, start + diff)``.
+
+    Attributes:
+        windows: The sliding windows.
+    """
+
+    def __init__(self, grouped: KGroupedStream, windows: SlidingWindows):
         self._grouped = grouped
         self.windows = windows
 
-    def count(self, emit: Emit | None = None, name: str | None = None, value_serde=None):
+    def count(self, emit: Emit | None = None, name: str | None = None,
+              value_serde: Serde | None = None) -> KTable:
+        """Records per key and window (Kafka Streams: ``TimeWindowedKStream#count``).
+
+        Args:
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The counts' serde (default JSON).
+
+        Returns:
+            The table of counts, keyed by ``Windowed(key, start, end)``.
+        """
         return self._grouped._build_sliding("count", _count_init, _count_add, emit, name,
                                             value_serde or Serdes.json(), self.windows)
 
-    def reduce(self, reducer, emit: Emit | None = None, name: str | None = None, value_serde=None):
+    def reduce(self, reducer: Reducer, emit: Emit | None = None, name: str | None = None,
+               value_serde: Serde | None = None) -> KTable:
+        """Each key's values in each sliding window reduced to one (Kafka Streams: ``TimeWindowedKStream#reduce``).
+
+        Args:
+            reducer: ``(aggregate, value) -> aggregate``.
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The aggregates' serde (default: the values').
+
+        Returns:
+            The table of aggregates, keyed by ``Windowed(key, start, start + diff)``.
+        """
         return self._grouped._build_sliding("reduce", None, reducer, emit, name,
                                             value_serde or self._grouped.value_serde, self.windows)
 
-    def aggregate(self, initializer, aggregator, emit: Emit | None = None, name: str | None = None,
-                  value_serde=None):
+    def aggregate(self, initializer: Initializer, aggregator: Aggregator, emit: Emit | None = None,
+                  name: str | None = None, value_serde: Serde | None = None) -> KTable:
+        """Each key's values in each sliding window aggregated (``TimeWindowedKStream#aggregate``).
+
+        Args:
+            initializer: ``() -> aggregate``: a new window's aggregate.
+            aggregator: ``(key, value, aggregate) -> aggregate``.
+            emit: The emission policy (default ``Emit.on_change()``).
+            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
+            value_serde: The aggregates' serde (default JSON).
+
+        Returns:
+            The table of aggregates, keyed by ``Windowed(key, start, start + diff)``.
+        """
         return self._grouped._build_sliding("aggregate", initializer, aggregator, emit, name,
                                             value_serde or Serdes.json(), self.windows)

@@ -1,4 +1,6 @@
-"""Join builders behind ``KTable.join/left_join/outer_join``, ``KTable.join_on_foreign_key`` and
+"""Join builders behind the table joins and the stream-table joins.
+
+They build ``KTable.join/left_join/outer_join``, ``KTable.join_on_foreign_key`` and
 ``KStream.join/left_join`` with a table. (Stream-stream joins: ``processor/dsl/stream_join.py``.)
 
 Graph shapes (node names as in Kafka Streams):
@@ -16,7 +18,9 @@ Graph shapes (node names as in Kafka Streams):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, cast
 
 from processor.errors import TopologyError
 from processor.graph import (
@@ -39,11 +43,16 @@ from processor.operators.sink import PassThrough, Sink
 from processor.operators.source import StreamSource
 from processor.operators.table_join import HOWS, SelfJoinValueGetter, StreamTableJoin, TableJoinSide, TableSelfJoin
 from processor.operators.value_getter import StoreValueGetter, table_getter
-from processor.serde import Serdes
+from processor.serde import Serde, Serdes
 from processor.topology import LogicalNode, StoreSpec
 
+if TYPE_CHECKING:  # pragma: no cover
+    from processor.dsl.kstream import KStream
+    from processor.dsl.ktable import KTable
+    from processor.functions import ForeignKeyExtractor, ValueJoiner
 
-def _check_table(other, what):
+
+def _check_table(other: Any, what: str) -> None:
     if getattr(other, "dsl_kind", None) != "table":
         raise TopologyError(f"{what} takes a KTable, not {type(other).__name__}")
     if getter_spec(other._node) is None:
@@ -51,12 +60,14 @@ def _check_table(other, what):
                             f"(a windowed aggregate, or a table built from a stream)")
 
 
-def _store_getter(store, value_serde):
+def _store_getter(store: str, value_serde: Serde) -> GetterSpec:
     return GetterSpec(lambda n, ctx: StoreValueGetter(ctx.get_store(store), value_serde), stores=(store,))
 
 
 # -- primary-key table-table joins ------------------------------------------------------------
-def table_table_join(left, right, joiner, how, name, value_serde):
+def table_table_join(left: KTable, right: KTable, joiner: ValueJoiner, how: str, name: str | None,
+                     value_serde: Serde | None) -> KTable:
+    """``KTable.join/left_join/outer_join``: the two join sides, their merge and the result store."""
     if how not in HOWS:
         raise TopologyError(f"how must be one of {HOWS}, not {how!r}")
     _check_table(left, "join")
@@ -90,7 +101,7 @@ def table_table_join(left, right, joiner, how, name, value_serde):
     return b.table_of(merge, ks, vs, store_name=result_store)
 
 
-def _rewrite_table_self_join(joiner, vs):
+def _rewrite_table_self_join(joiner: ValueJoiner, vs: Serde) -> Callable[[Any, Any], None]:
     """The ``self-join`` rewrite of a table joined with itself on its primary key.
 
     Provably equal for inner, left AND outer joins: both sides of a key are the same row, so
@@ -98,9 +109,10 @@ def _rewrite_table_self_join(joiner, vs):
     ``v`` exists. The unoptimized join computes the same: its result store holds
     ``joiner(old, old)``, the first side's pass finds ``joiner(new, new)`` (the table's store
     is already updated) and the second side's pass finds nothing left to change. The result
-    store becomes unnecessary: the result is read through the table's own store."""
+    store becomes unnecessary: the result is read through the table's own store.
+    """
 
-    def rewrite(topology, this):
+    def rewrite(topology: Any, this: Any) -> None:
         info = this.attrs.self_join
         other = topology.node(info.other)
         merge = topology.node(info.merge)
@@ -117,7 +129,8 @@ def _rewrite_table_self_join(joiner, vs):
 
 
 # -- stream-table joins -----------------------------------------------------------------------
-def stream_table_join(stream, table, joiner, how, name):
+def stream_table_join(stream: KStream, table: KTable, joiner: ValueJoiner, how: str, name: str | None) -> KStream:
+    """``KStream.join/left_join`` with a table: one node that looks the table up."""
     _check_table(table, "stream-table join")
     b = stream._builder
     ks = stream.key_serde
@@ -129,7 +142,9 @@ def stream_table_join(stream, table, joiner, how, name):
 
 
 # -- foreign-key joins (KIP-213) --------------------------------------------------------------
-def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
+def foreign_key_join(left: KTable, right: KTable, fk_extractor: ForeignKeyExtractor, joiner: ValueJoiner, how: str,
+                     name: str | None, value_serde: Serde | None) -> KTable:
+    """``KTable.join_on_foreign_key``: the subscription and response topics and their five operators."""
     if how not in ("inner", "left"):
         raise TopologyError(f"a foreign-key join is how='inner' or how='left', not {how!r}")
     _check_table(left, "join_on_foreign_key")
@@ -156,20 +171,21 @@ def foreign_key_join(left, right, fk_extractor, joiner, how, name, value_serde):
     vs = value_serde or Serdes.json()
     raw = Serdes.bytes()
 
-    def internal_sink(topic, parents, coalesce, route_like=None):
+    def internal_sink(topic: str, parents: list[LogicalNode], coalesce: str,
+                      route_like: str | None = None) -> LogicalNode:
         # Subscriptions go to the right table's partition of the foreign key under the RIGHT
         # TABLE'S partitioner (``route_like``, resolved to its source topics by the topology);
         # responses name the left row's partition themselves (``Routed``).
         node = LogicalNode(
             name=b.new_name("KTABLE-SINK"), kind="sink", sink_topic=topic,
             factory=lambda n: Sink(n.name, n.sink_topic, raw, raw, internal=True,
-                                   route_like=(n.attrs.route_like_topics or (None,))[0]),
+                                   route_like=(cast(SinkAttrs, n.attrs).route_like_topics or (None,))[0]),
             attrs=SinkAttrs(key_serde=raw, value_serde=raw, internal_topic=topic, partitions_from="reader",
                             route_like=route_like, coalesce=coalesce))
         b.add_node(node, *parents)
         return node
 
-    def internal_source(topic, dedup):
+    def internal_source(topic: str, dedup: bool) -> LogicalNode:
         node = LogicalNode(
             name=b.new_name("KTABLE-SOURCE"), kind="source", source_topic=topic,
             factory=lambda n: StreamSource(n.name, n.source_topic, raw, raw),

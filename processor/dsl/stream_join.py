@@ -30,19 +30,27 @@ is provably output-equal, i.e. only for
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from processor.dsl.windows import JoinWindows
 from processor.errors import TopologyError
 from processor.graph import JoinResultAttrs, JoinSideAttrs, SelfJoin
 from processor.operators.sink import PassThrough
 from processor.operators.stream_join import HOWS, StreamJoinSide, StreamSelfJoin
-from processor.serde import Serdes
+from processor.serde import Serde, Serdes
 from processor.state.join_window_key import JoinOuterKeySerde, JoinWindowKeySerde
 from processor.topology import LogicalNode, StoreSpec
 
+if TYPE_CHECKING:  # pragma: no cover
+    from processor.dsl.kstream import KStream
+    from processor.functions import ValueJoiner
 
-def stream_stream_join(left, right, joiner, windows, how, name, value_serde):
+
+def stream_stream_join(left: KStream, right: KStream, joiner: ValueJoiner, windows: JoinWindows | None, how: str,
+                       name: str | None, value_serde: Serde | None) -> KStream:
+    """``KStream.join/left_join/outer_join`` of two streams: the two sides, their stores and the merge."""
     if not isinstance(windows, JoinWindows):
         raise TopologyError(f"a stream-stream join needs JoinWindows (e.g. JoinWindows.of(100)), "
                             f"not {type(windows).__name__}")
@@ -92,11 +100,14 @@ def stream_stream_join(left, right, joiner, windows, how, name, value_serde):
     return b.stream_of(merge, ks, vs)
 
 
-def _rewrite_stream_self_join(base, joiner, windows, key_serde, value_serde, this_store, other_store):
-    """The ``self-join`` rewrite of an inner stream-stream join of a stream with itself: one
-    ``StreamSelfJoin`` over this-store (why it is output-equal: ``operators/stream_join.py``)."""
+def _rewrite_stream_self_join(base: str, joiner: ValueJoiner, windows: JoinWindows, key_serde: Serde,
+                              value_serde: Serde, this_store: str, other_store: str) -> Callable[[Any, Any], None]:
+    """The ``self-join`` rewrite of an inner stream-stream join of a stream with itself.
 
-    def rewrite(topology, this):
+    One ``StreamSelfJoin`` over this-store (why it is output-equal: ``operators/stream_join.py``).
+    """
+
+    def rewrite(topology: Any, this: Any) -> None:
         info = this.attrs.self_join
         topology.remove_node(topology.node(info.other))
         del topology.stores[other_store]

@@ -34,23 +34,54 @@ class Serde:
     name = "serde"
 
     def serialize(self, value: Any) -> bytes | None:  # pragma: no cover - abstract
+        """The bytes of ``value`` (Kafka: ``Serializer#serialize``); None gives None.
+
+        Args:
+            value: The key or value.
+
+        Returns:
+            Its bytes, or None for None.
+        """
         raise NotImplementedError
 
     def deserialize(self, data: bytes | None) -> Any:  # pragma: no cover - abstract
+        """The value of ``data`` (Kafka: ``Deserializer#deserialize``); None gives None.
+
+        Args:
+            data: The bytes.
+
+        Returns:
+            The key or value, or None for None.
+        """
         raise NotImplementedError
 
     def for_topic(self, topic: str, is_key: bool, config: dict | None = None) -> Serde:
-        """This serde for the keys (``is_key``) or values of ``topic``, with the host's serde
-        settings ``config`` (Schema Registry settings). Most serdes do not depend on their topic
-        and return themselves (so binding costs nothing per record); a Schema Registry serde
-        returns a copy bound to the topic's subject (``processor/serde/registry.py``). The
-        ``Topology`` calls it for its sources, sinks and stores (``for_application``)."""
+        """This serde for the keys (``is_key``) or values of ``topic``, with the host's serde settings.
+
+        Most serdes do not depend on their topic and return themselves (so binding costs
+        nothing per record); a Schema Registry serde returns a copy bound to the topic's
+        subject (``processor/serde/registry.py``). The ``Topology`` calls it for its sources,
+        sinks and stores (``for_application``).
+
+        Args:
+            topic: The topic.
+            is_key: For the topic's keys (else its values).
+            config: The host's serde settings (Schema Registry settings).
+
+        Returns:
+            The serde to use for that topic.
+        """
         return self
 
     def check(self, data: bytes | None) -> None:
-        """Raise what ``deserialize`` raises on ``data``, else nothing: a serde that can tell
-        without building the value does it faster (the backfill checks every record it
-        compacts away this way)."""
+        """Raises what ``deserialize`` raises on ``data``, else nothing.
+
+        A serde that can tell without building the value does it faster (the backfill checks
+        every record it compacts away this way).
+
+        Args:
+            data: The bytes.
+        """
         self.deserialize(data)
 
     def __eq__(self, other: object) -> bool:
@@ -67,30 +98,36 @@ class Serde:
 
 
 class StringSerde(Serde):
+    """UTF-8 text (Kafka: ``Serdes.String()``)."""
     name = "string"
 
-    def serialize(self, value):
+    def serialize(self, value: Any) -> bytes | None:
+        """The UTF-8 bytes of a ``str``; None stays None (raises TypeError for another type)."""
         if value is None:
             return None
         if not isinstance(value, str):
             raise TypeError(f"string serde expects str, got {type(value).__name__}")
         return value.encode("utf-8")
 
-    def deserialize(self, data):
+    def deserialize(self, data: bytes | None) -> Any:
+        """The text of UTF-8 bytes; None stays None."""
         return None if data is None else data.decode("utf-8")
 
 
 class BytesSerde(Serde):
+    """Bytes as they are (Kafka: ``Serdes.ByteArray()``)."""
     name = "bytes"
 
-    def serialize(self, value):
+    def serialize(self, value: Any) -> bytes | None:
+        """``bytes``, ``bytearray`` or ``memoryview`` as bytes; None stays None (raises TypeError else)."""
         if value is None:
             return None
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError(f"bytes serde expects bytes, got {type(value).__name__}")
         return bytes(value)
 
-    def deserialize(self, data):
+    def deserialize(self, data: bytes | None) -> Any:
+        """The bytes themselves."""
         return data
 
 
@@ -104,9 +141,11 @@ _LONG_DIGITS = re.compile(rb"[0-9]{19}")
 _DIGITS = b"0123456789"
 
 
-def _may_hold_long_integer(data) -> bool:
-    """Whether ``data`` has a run of 19 or more digits. Counting digits (one C pass) rules most
-    text out faster than the regular expression scans it."""
+def _may_hold_long_integer(data: bytes) -> bool:
+    """Whether ``data`` has a run of 19 or more digits.
+
+    Counting digits (one C pass) rules most text out faster than the regular expression scans it.
+    """
     if type(data) is bytes and len(data) - len(data.translate(None, _DIGITS)) < 19:
         return False
     return _LONG_DIGITS.search(data) is not None
@@ -125,11 +164,11 @@ _ORJSON_OPTIONS = (orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS | orjs
                    | orjson.OPT_PASSTHROUGH_DATETIME)
 
 
-def _not_orjson(value):
+def _not_orjson(value: Any) -> Any:
     raise TypeError("left to the standard library")
 
 
-def _encode_json(value) -> bytes:
+def _encode_json(value: Any) -> bytes:
     try:
         data = orjson.dumps(value, default=_not_orjson, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
@@ -141,17 +180,30 @@ def _encode_json(value) -> bytes:
 
 
 class JsonSerde(Serde):
-    """Canonical JSON: sorted keys, compact, UTF-8, no NaN/Infinity (the standard library's
-    bytes; enum members and UUIDs are written too: see ``_encode_json``)."""
+    """Canonical JSON: sorted keys, compact, UTF-8, no NaN/Infinity.
+
+    The standard library's bytes; enum members and UUIDs are written too (see ``_encode_json``).
+    Kafka Streams has no JSON serde of its own; this one's bytes are what ``json.dumps(value,
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` writes.
+
+    Example:
+        >>> from processor.serde import Serdes
+        >>> Serdes.json().serialize({"b": 1, "a": [1.5, None]})
+        b'{"a":[1.5,null],"b":1}'
+        >>> Serdes.json().deserialize(b'{"a":[1.5,null],"b":1}')
+        {'a': [1.5, None], 'b': 1}
+    """
 
     name = "json"
 
-    def serialize(self, value):
+    def serialize(self, value: Any) -> bytes | None:
+        """The canonical JSON bytes of ``value``; None stays None."""
         if value is None:
             return None
         return _encode_json(value)
 
-    def deserialize(self, data):
+    def deserialize(self, data: bytes | None) -> Any:
+        """The value of JSON bytes; None stays None."""
         if data is None:
             return None
         if not _may_hold_long_integer(data):
@@ -161,9 +213,8 @@ class JsonSerde(Serde):
                 pass
         return _json_decoder.decode(bytes(data).decode("utf-8"))
 
-    def check(self, data):
-        # Text orjson accepts is JSON the standard library accepts too, but for nesting deeper
-        # than its recursion limit allows, which text shorter than _CHECK_FAST_BELOW cannot hold.
+    def check(self, data: bytes | None) -> None:
+        """Raises what ``deserialize`` raises on ``data`` (short text checked without building it)."""
         if data is not None and len(data) < _CHECK_FAST_BELOW:
             try:
                 orjson.loads(data)
@@ -180,9 +231,16 @@ SCHEMAS_DIR = Path(__file__).resolve().parent.parent.parent / "schemas"
 
 
 
-def load_schema(schema):
-    """An Avro schema given as a parsed dict, a path to an ``.avsc`` file, or the name of a file
-    in ``schemas/`` (``"order"`` or ``"order.avsc"``) -> the schema as JSON data."""
+def load_schema(schema: Any) -> Any:
+    """An Avro schema as JSON data.
+
+    Args:
+        schema: A parsed dict, a path to an ``.avsc`` file, or the name of a file in
+            ``schemas/`` (``"order"`` or ``"order.avsc"``).
+
+    Returns:
+        The schema as JSON data (a dict).
+    """
     if isinstance(schema, (str, Path)):
         path = Path(schema)
         if not path.exists():
@@ -207,17 +265,18 @@ class AvroSerde(Serde):
 
     name = "avro"
 
-    def __init__(self, schema, schema_id: int | None = None):
+    def __init__(self, schema: Any, schema_id: int | None = None):
         schema = load_schema(schema)
         self.raw_schema = schema
         self.schema = fastavro.parse_schema(schema)
         self.schema_id = schema_id
         self._header = _CONFLUENT_HEADER.pack(0, schema_id) if schema_id is not None else b""
 
-    def _identity(self):
+    def _identity(self) -> tuple:
         return (json.dumps(self.raw_schema, sort_keys=True), self.schema_id)
 
-    def serialize(self, value):
+    def serialize(self, value: Any) -> bytes | None:
+        """The Avro body of ``value`` (framed when ``schema_id`` is set); None stays None."""
         if value is None:
             return None
         buf = io.BytesIO()
@@ -225,7 +284,8 @@ class AvroSerde(Serde):
         fastavro.schemaless_writer(buf, self.schema, value)
         return buf.getvalue()
 
-    def deserialize(self, data):
+    def deserialize(self, data: bytes | None) -> Any:
+        """The record of Avro bytes (checking the frame when ``schema_id`` is set); None stays None."""
         if data is None:
             return None
         buf = io.BytesIO(data)
@@ -243,7 +303,7 @@ class AvroSerde(Serde):
             raise ValueError(f"{len(data) - buf.tell()} trailing bytes after the Avro record")
         return value
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         name = self.raw_schema.get("name", "?") if isinstance(self.raw_schema, dict) else "?"
         return f"Serdes.avro({name!r})"
 
@@ -256,9 +316,12 @@ class AvroSerde(Serde):
 # step, under the on-error policy.
 
 
-def _integral(value, serde):
-    """``value`` as a Python int for ``serde`` (an int or anything with ``__index__``, numpy's
-    integers too), never a bool: Kafka's serializers are typed (a Boolean is no Long)."""
+def _integral(value: Any, serde: Serde) -> int:
+    """``value`` as a Python int for ``serde``, never a bool.
+
+    An int or anything with ``__index__`` (numpy's integers too); Kafka's serializers are typed
+    (a Boolean is no Long).
+    """
     if isinstance(value, bool):
         raise TypeError(f"{serde.name} serde expects int, got bool")
     try:
@@ -274,7 +337,7 @@ class _FixedWidthSerde(Serde):
     java = ""
     _struct: struct.Struct   # (a class attribute: the serde pickles as its class alone)
 
-    def deserialize(self, data):
+    def deserialize(self, data: bytes | None) -> Any:
         if data is None:
             return None
         if len(data) != self.size:
@@ -282,7 +345,7 @@ class _FixedWidthSerde(Serde):
                              f"{self.java}Deserializer), got {len(data)}")
         return self._struct.unpack(data)[0]
 
-    def check(self, data):
+    def check(self, data: bytes | None) -> None:
         if data is not None and len(data) != self.size:
             self.deserialize(data)
 
@@ -292,7 +355,7 @@ class _IntegerSerde(_FixedWidthSerde):
 
     _lo = _hi = 0
 
-    def serialize(self, value):
+    def serialize(self, value: Any) -> bytes | None:
         if value is None:
             return None
         n = _integral(value, self)
@@ -303,35 +366,50 @@ class _IntegerSerde(_FixedWidthSerde):
 
 
 class LongSerde(_IntegerSerde):
-    """8 bytes, big-endian two's complement (Java ``long``): 1 -> ``00 00 00 00 00 00 00 01``,
-    -1 -> ``ff ff ff ff ff ff ff ff``, -2**63 -> ``80 00 00 00 00 00 00 00``."""
+    """8 bytes, big-endian two's complement (Java ``long``; Kafka: ``Serdes.Long()``).
+
+    1 -> ``00 00 00 00 00 00 00 01``, -1 -> ``ff ff ff ff ff ff ff ff``, -2**63 ->
+    ``80 00 00 00 00 00 00 00``.
+
+    Example:
+        >>> from processor.serde import Serdes
+        >>> Serdes.long().serialize(258).hex()
+        '0000000000000102'
+        >>> Serdes.long().deserialize(bytes.fromhex("ffffffffffffffff"))
+        -1
+    """
 
     name, size, java, _struct = "long", 8, "Long", struct.Struct(">q")
     _lo, _hi = -(1 << 63), (1 << 63) - 1
 
 
 class IntegerSerde(_IntegerSerde):
-    """4 bytes, big-endian two's complement (Java ``int``): 258 -> ``00 00 01 02``,
-    -2 -> ``ff ff ff fe``."""
+    """4 bytes, big-endian two's complement (Java ``int``; Kafka: ``Serdes.Integer()``).
+
+    258 -> ``00 00 01 02``, -2 -> ``ff ff ff fe``.
+    """
 
     name, size, java, _struct = "integer", 4, "Integer", struct.Struct(">i")
     _lo, _hi = -(1 << 31), (1 << 31) - 1
 
 
 class ShortSerde(_IntegerSerde):
-    """2 bytes, big-endian two's complement (Java ``short``): 1 -> ``00 01``, -1 -> ``ff ff``."""
+    """2 bytes, big-endian two's complement (Java ``short``; Kafka: ``Serdes.Short()``): 1 -> ``00 01``."""
 
     name, size, java, _struct = "short", 2, "Short", struct.Struct(">h")
     _lo, _hi = -(1 << 15), (1 << 15) - 1
 
 
 class _FloatingSerde(_FixedWidthSerde):
-    """IEEE 754, big-endian. Takes a float or an int (not a bool); every NaN is written as Java's
-    canonical NaN (``nan_bytes``), so equal values give equal bytes."""
+    """IEEE 754, big-endian.
+
+    Takes a float or an int (not a bool); every NaN is written as Java's canonical NaN
+    (``nan_bytes``), so equal values give equal bytes.
+    """
 
     nan_bytes = b""
 
-    def serialize(self, value):
+    def serialize(self, value: Any) -> bytes | None:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -347,18 +425,24 @@ class _FloatingSerde(_FixedWidthSerde):
 
 
 class FloatSerde(_FloatingSerde):
-    """4 bytes, IEEE 754 binary32, big-endian (Java ``float``, ``Float.floatToRawIntBits``):
-    1.0 -> ``3f 80 00 00``, -2.5 -> ``c0 20 00 00``; NaN -> ``7f c0 00 00`` (``Float.NaN``).
-    A Python float is rounded to the nearest binary32 (0.1 reads back as 0.10000000149011612);
-    a finite value beyond binary32's range is refused, not written as infinity."""
+    """4 bytes, IEEE 754 binary32, big-endian (Java ``float``; Kafka: ``Serdes.Float()``).
+
+    As ``Float.floatToRawIntBits``: 1.0 -> ``3f 80 00 00``, -2.5 -> ``c0 20 00 00``; NaN ->
+    ``7f c0 00 00`` (``Float.NaN``). A Python float is rounded to the nearest binary32 (0.1
+    reads back as 0.10000000149011612); a finite value beyond binary32's range is refused, not
+    written as infinity.
+    """
 
     name, size, java, _struct = "float", 4, "Float", struct.Struct(">f")
     nan_bytes = b"\x7f\xc0\x00\x00"
 
 
 class DoubleSerde(_FloatingSerde):
-    """8 bytes, IEEE 754 binary64, big-endian (Java ``double``, ``Double.doubleToLongBits``):
-    1.0 -> ``3f f0 00 00 00 00 00 00``; NaN -> ``7f f8 00 00 00 00 00 00`` (Java's canonical NaN)."""
+    """8 bytes, IEEE 754 binary64, big-endian (Java ``double``; Kafka: ``Serdes.Double()``).
+
+    As ``Double.doubleToLongBits``: 1.0 -> ``3f f0 00 00 00 00 00 00``; NaN ->
+    ``7f f8 00 00 00 00 00 00`` (Java's canonical NaN).
+    """
 
     name, size, java, _struct = "double", 8, "Double", struct.Struct(">d")
     nan_bytes = b"\x7f\xf8" + bytes(6)
@@ -368,23 +452,27 @@ _UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-
 
 
 class UUIDSerde(Serde):
-    """A ``uuid.UUID`` as the UTF-8 bytes of its 36-character string (Kafka's UUIDSerializer,
-    ``UUID.toString()``: lower-case ``8-4-4-4-12`` hex), e.g.
+    """A ``uuid.UUID`` as the UTF-8 bytes of its 36-character string (Kafka: ``Serdes.UUID()``).
+
+    As ``UUID.toString()``: lower-case ``8-4-4-4-12`` hex, e.g.
     ``b"123e4567-e89b-12d3-a456-426614174000"``. Reading accepts that form in either case; anything
     else (another length, other characters, not UTF-8) is refused. Java's ``UUID.fromString``
     also takes shortened groups (``"1-2-3-4-5"``), which Java's serializer never writes; they are
-    refused here."""
+    refused here.
+    """
 
     name = "uuid"
 
-    def serialize(self, value):
+    def serialize(self, value: Any) -> bytes | None:
+        """The text of a ``uuid.UUID`` as bytes; None stays None (raises TypeError for another type)."""
         if value is None:
             return None
         if not isinstance(value, uuid.UUID):
             raise TypeError(f"uuid serde expects uuid.UUID, got {type(value).__name__}")
         return str(value).encode("ascii")
 
-    def deserialize(self, data):
+    def deserialize(self, data: bytes | None) -> Any:
+        """The ``uuid.UUID`` of its text's bytes; None stays None (raises ValueError for another text)."""
         if data is None:
             return None
         try:
@@ -397,9 +485,27 @@ class UUIDSerde(Serde):
 
 
 class Serdes:
-    """Factory, as in Kafka Streams: ``Serdes.string()``, ``.json()``, ``.bytes()``, ``.avro(schema)``,
-    ``.avro(schema, registry=url)``, and Kafka's ``.long()``, ``.integer()``, ``.short()``,
-    ``.float()``, ``.double()``, ``.uuid()`` (their byte layouts are next to their classes)."""
+    """The serdes by name, as Kafka Streams' ``Serdes`` factory.
+
+    ``Serdes.string()``, ``.json()``, ``.bytes()``, ``.avro(schema)``, ``.avro(schema,
+    registry=url)``, and Kafka's ``.long()``, ``.integer()``, ``.short()``, ``.float()``,
+    ``.double()``, ``.uuid()`` (their byte layouts are next to their classes). Pass them as
+    ``key_serde=``/``value_serde=`` to sources, sinks and operators.
+
+    Example:
+        >>> from processor import StreamsBuilder
+        >>> from processor.serde import Serdes
+        >>> from processor.testing import TopologyTestDriver
+        >>> builder = StreamsBuilder()
+        >>> amounts = builder.stream("amounts", key_serde=Serdes.string(), value_serde=Serdes.long())
+        >>> amounts.map_values(lambda cents: cents / 100, value_serde=Serdes.double()).to("euros")
+        >>> with TopologyTestDriver(builder.build()) as driver:
+        ...     driver.pipe_raw("amounts", b"a", Serdes.long().serialize(250), timestamp=1)
+        ...     driver.read_output("euros")[0].value
+        2.5
+        >>> Serdes.string().serialize("Oslo")
+        b'Oslo'
+    """
 
     _string = StringSerde()
     _json = JsonSerde()
@@ -413,14 +519,17 @@ class Serdes:
 
     @staticmethod
     def string() -> StringSerde:
+        """UTF-8 text (Kafka: ``Serdes.String()``); the default key serde."""
         return Serdes._string
 
     @staticmethod
     def json() -> JsonSerde:
+        """Canonical JSON (``JsonSerde``); the default value serde."""
         return Serdes._json
 
     @staticmethod
     def bytes() -> BytesSerde:
+        """Bytes as they are (Kafka: ``Serdes.ByteArray()``)."""
         return Serdes._bytes
 
     @staticmethod
@@ -454,13 +563,27 @@ class Serdes:
         return Serdes._uuid
 
     @staticmethod
-    def avro(schema, schema_id: int | None = None, *, registry=None, auto_register: bool | None = None):
-        """Avro. Without ``registry``: one fixed schema, optionally framed with a fixed
-        ``schema_id`` (``AvroSerde``). With ``registry`` (a URL, ``mock://...`` for the client
-        library's in-memory registry, a dict of Schema Registry client settings, or a
-        ``SchemaRegistryClient``): writers' schemas resolved by id and read into ``schema``,
-        written under the topic's subject, registered when ``auto_register`` (None: the host's
-        ``auto.register.schemas``, else on) (``processor/serde/registry.py``)."""
+    def avro(schema: Any, schema_id: int | None = None, *, registry: Any = None,
+             auto_register: bool | None = None) -> Serde:
+        """Avro, with a fixed schema or through a Schema Registry (Confluent's ``KafkaAvroSerde``).
+
+        Args:
+            schema: The reader's schema: a parsed dict, a path to an ``.avsc`` file, or the name
+                of a file in ``schemas/``.
+            schema_id: Without ``registry``: frame the bytes with this fixed schema id.
+            registry: A URL, ``mock://...`` for the client library's in-memory registry, a dict
+                of Schema Registry client settings, or a ``SchemaRegistryClient``: writers'
+                schemas resolved by id and read into ``schema``, written under the topic's
+                subject (``processor/serde/registry.py``).
+            auto_register: Register the schema when writing (None: the host's
+                ``auto.register.schemas``, else on).
+
+        Returns:
+            An ``AvroSerde`` (no registry) or a ``RegistryAvroSerde``.
+
+        Raises:
+            ValueError: ``auto_register`` without a registry, or ``schema_id`` with one.
+        """
         if registry is None:
             if auto_register is not None:
                 raise ValueError("auto_register needs a registry")
@@ -472,15 +595,34 @@ class Serdes:
         return RegistryAvroSerde(schema, registry, auto_register)
 
     @staticmethod
-    def session_windowed(inner: Serde):
-        """Keys of a session-windowed aggregate: ``{inner key bytes}{8-byte BE end}{8-byte BE start}``."""
+    def session_windowed(inner: Serde) -> Serde:
+        """Keys of a session-windowed aggregate (Kafka Streams: ``SessionWindowedSerde``).
+
+        Layout: ``{inner key bytes}{8-byte BE end}{8-byte BE start}``.
+
+        Args:
+            inner: The grouping key's serde.
+
+        Returns:
+            The serde of ``Windowed(key, start, end)`` keys.
+        """
         from processor.serde.windowed import SessionWindowedSerde
 
         return SessionWindowedSerde(inner)
 
     @staticmethod
-    def windowed(inner: Serde, size_ms: int):
-        """Keys of a windowed aggregate: ``{inner key bytes}{8-byte BE window start}``."""
+    def windowed(inner: Serde, size_ms: int) -> Serde:
+        """Keys of a time-windowed aggregate (Kafka Streams: ``TimeWindowedSerde``).
+
+        Layout: ``{inner key bytes}{8-byte BE window start}``.
+
+        Args:
+            inner: The grouping key's serde.
+            size_ms: The windows' size (the end is start + size).
+
+        Returns:
+            The serde of ``Windowed(key, start, end)`` keys.
+        """
         from processor.serde.windowed import WindowedSerde
 
         return WindowedSerde(inner, size_ms)

@@ -27,6 +27,7 @@ _LEN = struct.Struct(">I")
 
 
 def encode(new: bytes | None, old: bytes | None) -> bytes:
+    """The bytes of a change from the bytes of its sides (the layout is this module's)."""
     flags = (_HAS_NEW if new is not None else 0) | (_HAS_OLD if old is not None else 0)
     parts = [bytes((VERSION, flags))]
     if new is not None:
@@ -38,6 +39,11 @@ def encode(new: bytes | None, old: bytes | None) -> bytes:
 
 
 def decode(data: bytes) -> tuple[bytes | None, bytes | None]:
+    """``(new bytes, old bytes)`` of a change's bytes.
+
+    Raises:
+        ValueError: The bytes are no change record of this version.
+    """
     if len(data) < 2:
         raise ValueError(f"change record too short ({len(data)} bytes)")
     if data[0] != VERSION:
@@ -71,26 +77,29 @@ class ChangeSerde(Serde):
     def __init__(self, inner: Serde):
         self.inner = inner
 
-    def _identity(self):
+    def _identity(self) -> tuple:
         return (self.inner,)
 
-    def for_topic(self, topic, is_key, config=None):
+    def for_topic(self, topic: str, is_key: bool, config: dict | None = None) -> Serde:
+        """This serde with its inner serde bound to ``topic`` (see ``Serde.for_topic``)."""
         inner = self.inner.for_topic(topic, is_key, config)
         return self if inner is self.inner else ChangeSerde(inner)
 
-    def serialize(self, change: Change):
+    def serialize(self, change: Change | None) -> bytes | None:
+        """The bytes of ``Change(new, old)``, each side with the inner serde; None stays None."""
         if change is None:
             return None
         s = self.inner.serialize
         return encode(None if change.new is None else s(change.new),
                       None if change.old is None else s(change.old))
 
-    def deserialize(self, data):
+    def deserialize(self, data: bytes | None) -> Change | None:
+        """The ``Change(new, old)`` of the bytes; None stays None."""
         if data is None:
             return None
         new, old = decode(data)
         d = self.inner.deserialize
         return Change(None if new is None else d(new), None if old is None else d(old))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ChangeSerde({self.inner!r})"

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from processor.errors import ConfigError
@@ -54,10 +55,13 @@ def _settings_key(conf: dict) -> tuple:
     return tuple(sorted((str(k), str(v)) for k, v in conf.items()))
 
 
-def client_for(conf: dict):
-    """The process's Schema Registry client for ``conf`` (``{"url": ...}`` plus the client
-    library's settings: ``basic.auth.user.info``, ``ssl.ca.location``, ...): made once, shared
-    by every serde with the same settings. ``mock://`` URLs give the in-memory registry."""
+def client_for(conf: dict) -> Any:
+    """The process's Schema Registry client for ``conf``, made once and shared.
+
+    ``conf`` is ``{"url": ...}`` plus the client library's settings (``basic.auth.user.info``,
+    ``ssl.ca.location``, ...); every serde with the same settings shares the client. ``mock://``
+    URLs give the in-memory registry.
+    """
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     key = _settings_key(conf)
@@ -68,9 +72,11 @@ def client_for(conf: dict):
         return client
 
 
-def adopt_client(client) -> dict:
-    """Make ``client`` the process's client for its settings (so a serde unpickled in this
-    process finds the very same one, e.g. a ``mock://`` registry); returns the settings."""
+def adopt_client(client: Any) -> dict:
+    """Makes ``client`` the process's client for its settings; returns the settings.
+
+    So a serde unpickled in this process finds the very same one, e.g. a ``mock://`` registry.
+    """
     conf = dict(client.config())
     with _clients_lock:
         _clients.setdefault(_settings_key(conf), client)
@@ -84,7 +90,7 @@ def split_settings(settings: dict) -> tuple[dict, dict]:
     return client, serde
 
 
-def _flag(value, name: str) -> bool:
+def _flag(value: object, name: str) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -110,17 +116,19 @@ def safe_url(url: str) -> str:
 
 
 class RegistryAvroSerde(Serde):
-    """Avro in Confluent wire format with schemas in a Schema Registry (module docstring).
+    """Avro in Confluent wire format with schemas in a Schema Registry (Confluent's ``KafkaAvroSerde``).
 
-    ``schema``: the reader/writer schema, as for ``Serdes.avro`` (dict, path, or a name in
-    ``schemas/``). ``registry``: a URL (``http(s)://...``, ``mock://...``), a dict of client
-    settings (``{"url": ..., "basic.auth.user.info": ...}``), or a ``SchemaRegistryClient``.
-    ``auto_register``: whether writing registers the schema under the topic's subject (None:
-    the host's ``auto.register.schemas``, else True)."""
+    See the module docstring. ``schema``: the reader/writer schema, as for ``Serdes.avro``
+    (dict, path, or a name in ``schemas/``). ``registry``: a URL (``http(s)://...``,
+    ``mock://...``), a dict of client settings (``{"url": ..., "basic.auth.user.info": ...}``),
+    or a ``SchemaRegistryClient``. ``auto_register``: whether writing registers the schema
+    under the topic's subject (None: the host's ``auto.register.schemas``, else True).
+    """
 
     name = "avro"
 
-    def __init__(self, schema, registry, auto_register: bool | None = None, *, _bound=None):
+    def __init__(self, schema: Any, registry: Any, auto_register: bool | None = None, *,
+                 _bound: dict | None = None):
         if _bound is not None:          # a copy bound to a topic (for_topic)
             self.__dict__.update(_bound)
             self._reset()
@@ -140,17 +148,28 @@ class RegistryAvroSerde(Serde):
         self.conf = conf
         self.auto_register = auto_register
         self.normalize = False
-        self.topic = None
+        self.topic: str | None = None
         self.is_key = False
         self._reset()
 
-    def _reset(self):
-        self._serializer = None
-        self._deserializer = None
-        self._ctx = None
+    def _reset(self) -> None:
+        self._serializer: Any = None
+        self._deserializer: Any = None
+        self._ctx: Any = None
 
     # -- binding ----------------------------------------------------------------------------------
     def for_topic(self, topic: str, is_key: bool, config: dict | None = None) -> RegistryAvroSerde:
+        """A copy bound to the subject ``<topic>-key`` or ``<topic>-value``, with the host's settings.
+
+        Args:
+            topic: The topic.
+            is_key: For the topic's keys (else its values).
+            config: The host's Schema Registry settings (client settings, and
+                ``auto.register.schemas``/``normalize.schemas``).
+
+        Returns:
+            This serde when nothing changes, else the bound copy.
+        """
         client_settings, serde_settings = split_settings(config or {})
         conf = {**self.conf, **client_settings}
         auto = self.auto_register
@@ -166,8 +185,13 @@ class RegistryAvroSerde(Serde):
         return RegistryAvroSerde(None, None, _bound=state)
 
     def check_settings(self) -> None:
-        """Make the registry client now (no request is sent): settings it refuses are a
-        configuration error at start, not a failure of every record."""
+        """Makes the registry client now (no request is sent).
+
+        Settings it refuses are a configuration error at start, not a failure of every record.
+
+        Raises:
+            ConfigError: The client library refuses the settings.
+        """
         try:
             client_for(self.conf)
         except (ValueError, TypeError) as exc:
@@ -175,25 +199,28 @@ class RegistryAvroSerde(Serde):
 
     @property
     def subject(self) -> str | None:
+        """The subject the serde is bound to (``<topic>-key``/``<topic>-value``), or None."""
         return None if self.topic is None else f"{self.topic}-{'key' if self.is_key else 'value'}"
 
-    def _unbound(self, what: str):
+    def _unbound(self, what: str) -> ValueError:
         return ValueError(f"{self!r} is bound to no topic, so it cannot {what}: a Schema Registry serde "
                           f"is bound to a topic by the topology (sources, sinks, table sources); it "
                           f"cannot serve as the serde of operator state (aggregates, joins)")
 
-    def _context(self):
+    def _context(self) -> Any:
         if self._ctx is None:
             from confluent_kafka.serialization import MessageField, SerializationContext
 
-            self._ctx = SerializationContext(self.topic, MessageField.KEY if self.is_key else MessageField.VALUE)
+            self._ctx = SerializationContext(cast(str, self.topic),
+                                             MessageField.KEY if self.is_key else MessageField.VALUE)
         return self._ctx
 
     def _schema_str(self) -> str:
         return json.dumps(self.raw_schema)
 
     # -- the serde --------------------------------------------------------------------------------
-    def serialize(self, value):
+    def serialize(self, value: Any) -> bytes | None:
+        """The framed Avro bytes of ``value``, registering its schema when allowed; None stays None."""
         if value is None:
             return None
         ser = self._serializer
@@ -218,7 +245,8 @@ class RegistryAvroSerde(Serde):
                                  f"{safe_url(self.conf['url'])}: {how} ({exc.error_message})") from exc
             raise
 
-    def deserialize(self, data):
+    def deserialize(self, data: bytes | None) -> Any:
+        """The record of framed Avro bytes, read from its writer's schema into ours; None stays None."""
         if data is None:
             return None
         de = self._deserializer
@@ -233,7 +261,7 @@ class RegistryAvroSerde(Serde):
         except Exception as exc:
             raise ValueError(self._read_failure(data, exc)) from exc
 
-    def _read_failure(self, data, exc) -> str:
+    def _read_failure(self, data: bytes, exc: Exception) -> str:
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         if len(data) < 5 or data[0] not in (0, 1):
@@ -256,18 +284,18 @@ class RegistryAvroSerde(Serde):
         return repr(s)
 
     # -- identity, pickling -----------------------------------------------------------------------
-    def _identity(self):
+    def _identity(self) -> tuple:
         return (json.dumps(self.raw_schema, sort_keys=True), _settings_key(self.conf), self.auto_register,
                 self.normalize, self.topic, self.is_key)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("_serializer", "_deserializer", "_ctx")}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         name = self.raw_schema.get("name", "?") if isinstance(self.raw_schema, dict) else "?"
         bound = f", topic={self.topic!r}" if self.topic is not None else ""
         return f"Serdes.avro({name!r}, registry={safe_url(self.conf['url'])!r}{bound})"

@@ -60,24 +60,27 @@ _STORE = struct.Struct(">Bi")
 _PRESENT = 1
 
 
-def _check_version(what, v):
+def _check_version(what: str, v: int) -> None:
     if v != VERSION:
         raise ValueError(f"unknown {what} version {v} (this build reads {VERSION})")
 
 
 class Subscription(NamedTuple):
+    """A decoded subscription: what the left side asks of the right (instruction, its partition, its key)."""
     instruction: int
     primary_partition: int
     pk: bytes
 
 
 def encode_subscription(instruction: int, primary_partition: int, pk: bytes) -> bytes:
+    """The bytes of a subscription (the layout is this module's)."""
     if instruction not in INSTRUCTIONS:
         raise ValueError(f"unknown subscription instruction {instruction:#04x}")
     return _SUB.pack(VERSION, instruction, primary_partition) + pk
 
 
 def decode_subscription(data: bytes) -> Subscription:
+    """The subscription of its bytes (raises ValueError for bytes of another version or layout)."""
     if data is None or len(data) < _SUB.size:
         raise ValueError(f"subscription value too short ({0 if data is None else len(data)} bytes)")
     v, instr, part = _SUB.unpack_from(data)
@@ -87,7 +90,7 @@ def decode_subscription(data: bytes) -> Subscription:
     return Subscription(instr, part, data[_SUB.size:])
 
 
-def subscription_pk(data) -> bytes | None:
+def subscription_pk(data: bytes | None) -> bytes | None:
     """The primary key of a subscription record this build writes (None: it is not one)."""
     if data is None or len(data) < _SUB.size or data[0] != VERSION or data[1] not in INSTRUCTIONS:
         return None
@@ -95,16 +98,19 @@ def subscription_pk(data) -> bytes | None:
 
 
 class Response(NamedTuple):
+    """A decoded response: the foreign key it is about and the right row's value bytes."""
     fk: bytes             # the foreign key (right key bytes) this response is about
     value: bytes | None   # the right row's value bytes; None: no right row
 
 
 def encode_response(fk: bytes, value: bytes | None) -> bytes:
+    """The bytes of a response (the layout is this module's)."""
     head = _RESP.pack(VERSION, _PRESENT if value is not None else 0, len(fk)) + fk
     return head if value is None else head + value
 
 
 def decode_response(data: bytes) -> Response:
+    """The response of its bytes (raises ValueError for bytes of another version or layout)."""
     if data is None or len(data) < _RESP.size:
         raise ValueError(f"response value too short ({0 if data is None else len(data)} bytes)")
     v, flags, n = _RESP.unpack_from(data)
@@ -123,15 +129,18 @@ def decode_response(data: bytes) -> Response:
 
 
 class Subscriber(NamedTuple):
+    """A subscription store entry: the left partition to respond to and the echoed left version."""
     primary_partition: int
     echo: bytes           # the subscription's processor.source header: the left version
 
 
 def encode_subscriber(primary_partition: int, echo: bytes) -> bytes:
+    """The bytes of a subscription store entry."""
     return _STORE.pack(VERSION, primary_partition) + echo
 
 
 def decode_subscriber(data: bytes) -> Subscriber:
+    """The subscription store entry of its bytes (raises ValueError for another version)."""
     if len(data) < _STORE.size:
         raise ValueError(f"subscription store value too short ({len(data)} bytes)")
     v, part = _STORE.unpack_from(data)
@@ -140,6 +149,7 @@ def decode_subscriber(data: bytes) -> Subscriber:
 
 
 def encode_left_version(source: bytes) -> bytes:
+    """The bytes of a left version entry (the key's latest ``processor.source`` bytes)."""
     return bytes([VERSION]) + source
 
 
