@@ -29,6 +29,8 @@ code  meaning                                                         raised as
 
 from __future__ import annotations
 
+from typing import Self
+
 
 class ProcessorError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -74,7 +76,7 @@ class RecordError(ProcessorError):
         prefix = (", ".join(parts) + ": ") if parts else ""
         super().__init__(prefix + message)
 
-    def with_provenance(self, topic, partition, offset) -> RecordError:
+    def with_provenance(self, topic, partition, offset) -> Self:
         """The same error, naming the input record (the runtime adds this at its boundary)."""
         if self.topic is not None:
             return self
@@ -104,7 +106,7 @@ class UserFunctionError(ProcessingError):
         super().__init__(message, **where)
         self.function = function
 
-    def with_provenance(self, topic, partition, offset) -> RecordError:
+    def with_provenance(self, topic, partition, offset) -> Self:
         err = super().with_provenance(topic, partition, offset)
         err.function = self.function
         return err

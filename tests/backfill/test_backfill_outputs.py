@@ -5,8 +5,8 @@ order a backfill task merges its inputs) and with a live ``Worker``:
 - ``--emit-outputs`` (the command, as a subprocess): each sink receives the history's result
   once. A table's sink (``table.filter(...).to_stream().to(t)``) and an aggregate's sink receive
   their final table: exactly the driver's last record per key, a tombstone only for a key the
-  topic held before (records produced there first); a stream sink (``stream.filter(...).to(t)``) exactly the driver's records,
-  in order per key. Nothing goes to the dead-letter topic. The stores equal the driver's.
+  topic held before (records produced there first); a stream sink (``stream.filter(...).to(t)``)
+  exactly the driver's records, in order per key. Nothing goes to the dead-letter topic. The stores equal the driver's.
 - Without it (``backfill.run``, the default) every sink stays empty.
 - Poison records (values that are not JSON, a value that is not UTF-8, a key that is not UTF-8,
   a table record with a null key) under the default on-error policy: the backfill sends exactly

@@ -24,8 +24,8 @@ from tests.conftest import TEST_CONSUMER_CONFIG
 
 
 def _with_rejected(recs):
-    """Order ``same`` (outside the history's keys): A, a value that is not JSON (dead-lettered), A again: its row keeps the
-    first A's timestamp, which a restore applying the rejected record would lose. More poison
+    """Order ``same`` (outside the history's keys): A, a value that is not JSON (dead-lettered), A
+    again: its row keeps the first A's timestamp, which a restore applying the rejected record would lose. More poison
     between the others."""
     a = json.dumps({"amount": 77}).encode()
     recs = list(recs)

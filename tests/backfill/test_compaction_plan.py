@@ -144,8 +144,8 @@ def test_with_emit_outputs_only_sources_whose_sinks_carry_an_empty_table_are_com
     # a sink that already holds records: its tombstones need the history
     refusals = {}
     plan = compaction_plan(topo(), emit_outputs=True, held_outputs={"big"}, refusals=refusals)
-    assert sorted(plan) == ["customers"] and refusals["plain"] == ("every record replayed (--emit-outputs: big already holds "
-                                                "records: its tombstones need the history)")
+    assert sorted(plan) == ["customers"] and refusals["plain"] == (
+        "every record replayed (--emit-outputs: big already holds records: its tombstones need the history)")
     # without outputs the held sinks do not matter
     assert "plain" in compaction_plan(topo(), held_outputs={"big"})
 

@@ -325,7 +325,8 @@ def reliability_scenario(orders_topic: str, customers_topic: str, n: int, seed: 
             if r < 0.07:
                 out.append((orders_topic, k, None))
                 continue
-            fk = None if r < 0.12 else (f"ghost-{rnd.randrange(20)}" if r < 0.2 else f"cust-{rnd.randrange(customers):03d}")
+            fk = (None if r < 0.12
+                  else f"ghost-{rnd.randrange(20)}" if r < 0.2 else f"cust-{rnd.randrange(customers):03d}")
             out.append((orders_topic, k, json.dumps({"customer": fk, "n": i, "amount": rnd.randrange(1, 500)},
                                                     separators=(",", ":")).encode()))
         else:

@@ -106,10 +106,12 @@ def test_broker_frozen_for_20_s_workers_resume_outputs_exact(unique, tmp_path, m
         got = {j: final_table(kafka.read_topic(bootstrap, t, isolation_level="read_uncommitted"))
                for j, t in outs.items()}
         wrong = {j: sorted(k for k in set(got[j]) | set(want[j]) if got[j].get(k) != want[j].get(k)) for j in OUTS}
-        report(f"{guarantee}: broker stopped at {frozen_at:.1f} s for {FREEZE_S:.0f} s; drained after {drained_s:.1f} s; "
+        report(f"{guarantee}: broker stopped at {frozen_at:.1f} s for {FREEZE_S:.0f} s; "
+               f"drained after {drained_s:.1f} s; "
                f"{text.count('assigned ')} assignment(s), {text.count('Kafka error')} Kafka error warning(s), "
                f"{text.count('transaction aborted')} aborted transaction(s); final rows "
-               f"{ {j: len(want[j]) for j in OUTS} }; keys differing from the driver {({j: len(w) for j, w in wrong.items()})}")
+               f"{ {j: len(want[j]) for j in OUTS} }; "
+               f"keys differing from the driver {({j: len(w) for j, w in wrong.items()})}")
         for j in OUTS:
             assert want[j], j
             assert not wrong[j], (j, len(wrong[j]), wrong[j][:5])

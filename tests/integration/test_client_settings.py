@@ -130,14 +130,16 @@ def test_every_backfill_client_gets_the_settings_driver_and_executors(kafka_boot
     assert {"the snapshot of source partitions", "checking the group's committed offsets",
             "committing the group's offsets at the snapshot", "topic administration",
             "sampling source keys (partitioner detection)"} <= driver_roles, sorted(driver_roles)
-    reads = {r for r in executor_roles if re.fullmatch(rf"reading ({orders}|{customers})\[\d\] offsets \[\d+, \d+\)", r)}
+    reads = {r for r in executor_roles
+             if re.fullmatch(rf"reading ({orders}|{customers})\[\d\] offsets \[\d+, \d+\)", r)}
     changelogs = {r for r in executor_roles if re.fullmatch(r"changelogs of task \d+_\d+", r)}
     assert len(reads) == 2 * PARTS and changelogs, sorted(executor_roles)
     assert any("Kafka client settings: consumer: " in ln and "client.id=" + client_id in ln for ln in lines)
     assert any(ln.startswith("rows read 2000") or "rows read 2000" in ln for ln in lines), p.stdout[-2000:]
     assert sorted(d.name for d in (state / app).glob("task-*")), "no task databases installed"
     report(f"backfill: {len(openings)} clients opened ({sum(ex for _, ex in openings)} in executors), every "
-           f"one with the properties file's settings; roles: " + ", ".join(sorted({r.split(' offsets')[0] for r in roles})))
+           f"one with the properties file's settings; roles: "
+           + ", ".join(sorted({r.split(' offsets')[0] for r in roles})))
 
 
 def test_secured_listener_of_the_local_broker_is_probed(report):

@@ -8,8 +8,9 @@ store ``accounts``, aggregated per region into ``by-region`` through a repartiti
    ``/stores/<store>/<key>`` (and a prefix scan) equals a from-scratch computation over the
    input; ``/healthz`` turns 503 while a user function hangs and 200 after it returns;
 2. two workers: every key asked (a sample) is answered 200 by exactly one of them and 404 by the
-   other, the 404 naming the partition the 200 came from (and their scans split the whole table); a worker restarted on a wiped state directory
-   answers ``/readyz`` 503 while it restores (``/metrics`` showing the restore) and 200 after.
+   other, the 404 naming the partition the 200 came from (and their scans split the whole
+   table); a worker restarted on a wiped state directory answers ``/readyz`` 503 while it
+   restores (``/metrics`` showing the restore) and 200 after.
 """
 
 import json
@@ -267,6 +268,7 @@ def test_two_workers_answer_their_keys_and_readyz_follows_a_restore(kafka_bootst
         _stop(list(zip(procs, logs, strict=False)))
     report(f"two workers: {len(accounts)} accounts over {PARTS} partitions and {len(regions)} regions, each answered "
            f"200 by its owner and 404 naming the owner's partition by the other, values equal the from-scratch "
-           f"tables (200 keys one by one, all {len(accounts)} by the two workers' scans); a wiped worker's /readyz: 503 "
+           f"tables (200 keys one by one, all {len(accounts)} by the two workers' scans); "
+           f"a wiped worker's /readyz: 503 "
            f"with tasks restoring in {seen.count('restoring')} polls (up to {int(restoring_metric)} tasks restoring in "
            f"/metrics), then 200, and it answers again")

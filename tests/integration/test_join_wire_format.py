@@ -222,7 +222,8 @@ def test_fk_join_internal_topics_raw(kafka_bootstrap, unique, tmp_path, report):
                 db.close()
         assert sorted(stored) == [O1, O2, O3, O6, O7], j
         assert {pk: stored[pk] for pk in (O1, O2, O3, O7)} == {pk: last_sub[pk][1] for pk in (O1, O2, O3, O7)}, j
-        assert stored[O6] not in by_source_header and provenance.decode(stored[O6])[:2] == (orders, key_partition(O6.encode(), LEFT_PARTS))
+        assert stored[O6] not in by_source_header
+        assert provenance.decode(stored[O6])[:2] == (orders, key_partition(O6.encode(), LEFT_PARTS))
 
         responses, by_cause = [], defaultdict(list)
         for r in resps:
@@ -244,7 +245,8 @@ def test_fk_join_internal_topics_raw(kafka_bootstrap, unique, tmp_path, report):
                 assert (src.partition, src.offset) == (s.partition(), s.offset()), (j, pk, src)
                 kind = "subscription"
                 # max(left, right) timestamps: the customer row as it was when the phase ran
-                rows = [m.timestamp()[1] for m in right_msgs if m.key() == s.key() and m.timestamp()[1] < s.timestamp()[1]]
+                rows = [m.timestamp()[1] for m in right_msgs
+                        if m.key() == s.key() and m.timestamp()[1] < s.timestamp()[1]]
                 assert r.timestamp()[1] == max([s.timestamp()[1]] + rows[-1:]), (j, pk)
             else:                                 # caused by a change of the subscribed customer
                 assert src.topic == customers, (j, pk, src)

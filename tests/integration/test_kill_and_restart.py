@@ -160,7 +160,8 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
         for m in left_msgs + right_msgs:
             driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
         want = driver_store_bytes(driver, TABLES)
-        want_recs = {j: driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()) for j, t in outs.items()}
+        want_recs = {j: driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes())
+                     for j, t in outs.items()}
     want_out = {j: final_table_values(r) for j, r in want_recs.items()}
     want_seqs = {j: _sequences_of_records(r) for j, r in want_recs.items()}
 

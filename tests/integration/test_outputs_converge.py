@@ -10,8 +10,9 @@ broker), must equal the table the broker-free driver computes for the same input
 produced with confluent-kafka's default partitioner (CRC32) for one seed and murmur2 for the
 other, each declared on the sources (the topics are empty when the workers start). The
 aggregation fed by the join is exact because the join's sub-topology, which reads three topics,
-sends its repartition records only after the commit (``Task(stage_internal=True)``). The report gives, per run, what the restarted tasks found in their sinks' tails and what
-they sent again (``processor/engine/sink_convergence.py``).
+sends its repartition records only after the commit (``Task(stage_internal=True)``). The report
+gives, per run, what the restarted tasks found in their sinks' tails and what they sent again
+(``processor/engine/sink_convergence.py``).
 """
 
 import random
@@ -120,7 +121,8 @@ def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, 
         internal = [f"{app}-carriers-repartition", f"{app}-enriched-subscription-registration-topic",
                     f"{app}-enriched-subscription-response-topic"]
         try:
-            wait_until_tasks_committed(kafka_bootstrap, topo, {t: PARTS for t in [orders, customers, shipments] + internal},
+            wait_until_tasks_committed(kafka_bootstrap, topo,
+                                       {t: PARTS for t in [orders, customers, shipments] + internal},
                                        iso, timeout_s=240, check=workers_alive)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{worker_logs()}") from None
@@ -164,7 +166,8 @@ def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, 
     staging = _staged_record_faults(kafka_bootstrap, f"{app}-carriers-repartition")
     report(f"  repartition topic read by the aggregation: {staging}")
     if any(wrong.values()):
-        _dump_topics(kafka_bootstrap, tmp_path / "topics", [orders, customers, shipments] + internal + list(outs.values()))
+        _dump_topics(kafka_bootstrap, tmp_path / "topics",
+                     [orders, customers, shipments] + internal + list(outs.values()))
     for j in OUTS:
         assert want[j], j   # the scenario produces rows in every output
         assert not wrong[j], (j, len(wrong[j]), [(k, got[j].get(k), want[j].get(k)) for k in wrong[j][:5]], staging)
@@ -309,7 +312,8 @@ def test_scale_1_3_1_workers_outputs_equal_driver(kafka_bootstrap, unique, tmp_p
                 for j, t in outs.items()}
     got = {j: final_table(kafka.read_topic(kafka_bootstrap, t, isolation_level=iso)) for j, t in outs.items()}
     wrong = {j: sorted(k for k in set(got[j]) | set(want[j]) if got[j].get(k) != want[j].get(k)) for j in OUTS}
-    report(f"{guarantee}: scaled 1 -> 3 -> 1; three assigned after {scaled_out:.1f} s, drained after {drained_s:.1f} s; "
+    report(f"{guarantee}: scaled 1 -> 3 -> 1; three assigned after {scaled_out:.1f} s, "
+           f"drained after {drained_s:.1f} s; "
            f"records processed per worker {processed}; final rows { {j: len(want[j]) for j in OUTS} }; keys "
            f"differing from the driver { {j: len(w) for j, w in wrong.items()} }")
     for j in OUTS:

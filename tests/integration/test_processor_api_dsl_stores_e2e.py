@@ -103,7 +103,8 @@ def test_a_processor_reading_a_table_of_another_partition_count_is_refused_at_st
 
     t = {n: f"pdsn-{n}-{unique}" for n in ("users", "clicks", "enriched", "stamped", "counted")}
     kafka.create_topics(kafka_bootstrap, {**{v: 3 for v in t.values()}, t["users"]: 2})
-    w = Worker(dsl_stores_topology(t), kafka_bootstrap, f"pdsn-{unique}", tmp_path, consumer_config=TEST_CONSUMER_CONFIG)
+    w = Worker(dsl_stores_topology(t), kafka_bootstrap, f"pdsn-{unique}", tmp_path,
+               consumer_config=TEST_CONSUMER_CONFIG)
     with pytest.raises(ConfigError, match=f"co-partitioned source topics of sub-topology 0 have different partition "
                                           f"counts \\({t['clicks']}=3, {t['users']}=2\\)"):
         w.run(until_drained=True, install_signal_handlers=False)

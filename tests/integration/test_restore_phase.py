@@ -31,7 +31,8 @@ MAX_POLL_MS = 6000
 
 
 def _records(n, keys, seed):
-    return [(f"k{(i * 7919 + seed) % keys:05d}".encode(), json.dumps({"i": i, "seed": seed}).encode()) for i in range(n)]
+    return [(f"k{(i * 7919 + seed) % keys:05d}".encode(), json.dumps({"i": i, "seed": seed}).encode())
+            for i in range(n)]
 
 
 def _run_until_committed(bootstrap, app, state, log, env, inputs, conf=()):
@@ -73,11 +74,12 @@ def test_a_restore_longer_than_max_poll_interval_costs_no_rebalance(kafka_bootst
                          conf=[f"max.poll.interval.ms={MAX_POLL_MS}"])
     text = open(log2).read()
     assigned = re.findall(r"processor\.worker: assigned (.*)", text)
-    resumed = re.findall(r"restored and resumed (.*) after ([\d.]+) s; meanwhile the open tasks processed (\d+) records",
-                         text)
+    resumed = re.findall(r"restored and resumed (.*) after ([\d.]+) s; "
+                         r"meanwhile the open tasks processed (\d+) records", text)
     assert len(resumed) == 2, text[-3000:]    # task 0_0 (local state) first, then the three wiped ones
     assert "[0]@" in resumed[0][0] and "[0]@" not in resumed[1][0], resumed
-    m = re.search(re.escape(resumed[1][0]) + r" after ([\d.]+) s; meanwhile the open tasks processed (\d+) records", text)
+    m = re.search(re.escape(resumed[1][0]) + r" after ([\d.]+) s; meanwhile the open tasks processed (\d+) records",
+                  text)
     restore_s, meanwhile = float(m.group(1)), int(m.group(2))
     restored = sum(int(n) for n in re.findall(r"restored task 0_[123] from its changelogs: (\d+) records", text))
     report(f"restore of {restored} records into 3 wiped tasks (slowed by the test hook) took {restore_s:.1f} s "

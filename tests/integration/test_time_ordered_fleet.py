@@ -58,7 +58,8 @@ def test_a_fleet_with_a_sigkill_over_a_backlog_processes_in_time_order(kafka_boo
     try:
         assert procs[0].wait(120) == -signal.SIGKILL, open(logs[0]).read()[-3000:]
         procs[0] = start_worker_process(kafka_bootstrap, spec, app, dirs[0], logs[0], env)
-        waited = wait_until_group_drained(kafka_bootstrap, app, {t[n]: PARTS for n in ("users", "clicks", "left", "right")},
+        waited = wait_until_group_drained(kafka_bootstrap, app,
+                                          {t[n]: PARTS for n in ("users", "clicks", "left", "right")},
                                           timeout_s=180)
     finally:
         for p in procs:

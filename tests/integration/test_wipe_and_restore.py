@@ -68,7 +68,8 @@ def test_wiped_state_dir_restores_identical_databases(kafka_bootstrap, unique, t
 
     lines = [r.getMessage() for r in caplog.records if r.name == "processor.restore"]
     started = [ln for ln in lines if re.match(r"restoring \d+ task\(s\) from their changelogs: \d+ store records", ln)]
-    progress = [ln for ln in lines if re.match(r"restoring: \d+ records restored, \d+ records/s, (\d+|\?) remaining", ln)]
+    progress = [ln for ln in lines
+                if re.match(r"restoring: \d+ records restored, \d+ records/s, (\d+|\?) remaining", ln)]
     done = [ln for ln in lines if re.match(r"restored task \d+_\d+ from its changelogs: \d+ records", ln)]
     assert started and progress and len(done) == 3 * PARTS, lines[:20]
     total = int(re.search(r": (\d+) store records", started[0]).group(1))

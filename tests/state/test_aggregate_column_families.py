@@ -22,7 +22,8 @@ def test_aggregate_stores_are_column_families_committed_with_the_offsets(tmp_pat
     t.close()
     db = RocksDBDatabase(tmp_path / "task")
     try:
-        assert {"clicks-per-user", "clicks-per-user.emitted", "_bookkeeping", "__task", "__checkpoint"} <= set(db.column_families())
+        assert ({"clicks-per-user", "clicks-per-user.emitted", "_bookkeeping", "__task", "__checkpoint"}
+                <= set(db.column_families()))
         assert db.read_checkpoint() == {("clicks", 0): 1}
         assert db.store("clicks-per-user").get(b"u1") == (5).to_bytes(8, "big") + b"1"
         assert db.store("clicks-per-user.emitted").get(b"u1") == b"\x01\x01" + (5).to_bytes(8, "big") + bytes(8) + b"1"

@@ -38,7 +38,8 @@ class Harness:
         self.open()
 
     def open(self):
-        self.up = Task(self.topo, 0, 0, RocksDBDatabase(self.path / "up"), self.log, lambda: self.wall[0], on_error="fail")
+        self.up = Task(self.topo, 0, 0, RocksDBDatabase(self.path / "up"), self.log, lambda: self.wall[0],
+                       on_error="fail")
         self.down = Task(self.topo, 1, 0, RocksDBDatabase(self.path / "down"), self.log, lambda: self.wall[0],
                          on_error="fail")
 

@@ -9,8 +9,8 @@ fresh ``transactional.id`` and group ids; the probes that read back do so with
 ``isolation.level=read_committed`` through ``assign()`` (no group join) until a record they
 committed last has been seen and the partition then reports EOF (never ``list_offsets``, which
 some brokers get wrong; waiting for that last record covers brokers that write transaction
-markers after ``commit_transaction`` returns). Each probe is bounded by ``timeout_s``. A "no" is an answer, not an exception: a broker or client error makes the
-capability False and its reason lands in ``details``.
+markers after ``commit_transaction`` returns). Each probe is bounded by ``timeout_s``. A "no" is
+an answer, not an exception: a broker or client error makes the capability False and its reason lands in ``details``.
 
 - ``transactions_supported``: ``init_transactions`` / ``begin_transaction`` / ``produce`` /
   ``commit_transaction`` succeed and the committed record is read back by a read_committed

@@ -31,8 +31,8 @@ sets, authentication; any other path is ``404`` with ``error_code`` 404, as Conf
 to an unknown endpoint. Among those, ``GET /associations/resources/...``: the client's default
 subject strategy (confluent-kafka 2.16: ASSOCIATED) asks it once per serializer or
 deserializer and, on the 404 (no associations), falls back to the topic's subject
-(``<topic>-value``), as against a registry that has no associations. Every request is recorded (``requests``: ``(method, path)``) so a test
-can show who asked for what.
+(``<topic>-value``), as against a registry that has no associations. Every request is recorded
+(``requests``: ``(method, path)``) so a test can show who asked for what.
 """
 
 from __future__ import annotations

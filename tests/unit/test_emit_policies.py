@@ -105,7 +105,8 @@ def test_every_then_on_change_is_the_same_policy():
         return out(d)
 
     assert repr(Emit.every(100).on_change()) == "Emit.every(100).on_change()"
-    assert run(Emit.every(100).on_change()) == run(Emit.every(100)) == [("a", 1, 0), ("a", 2, 50), ("a", 1, 130), ("a", 3, 301)]
+    assert (run(Emit.every(100).on_change()) == run(Emit.every(100))
+            == [("a", 1, 0), ("a", 2, 50), ("a", 1, 130), ("a", 3, 301)])
 
 
 def test_pending_emissions_survive_a_restart_of_the_task(tmp_path):

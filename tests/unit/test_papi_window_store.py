@@ -96,7 +96,8 @@ def script_ops(seed, n=600, step=5_000, retention=200_000):
         k = rnd.choice(keys)
         r = rnd.random()
         if r < 0.5:
-            start = max(0, t - rnd.choice([0, 0, 1_000, 30_000, retention - 1, retention, retention + 5, 2 * retention]))
+            start = max(0, t - rnd.choice([0, 0, 1_000, 30_000, retention - 1, retention, retention + 5,
+                                           2 * retention]))
             ops.append((k, {"op": "put", "v": i, "start": start}, t))
         elif r < 0.6:
             start = max(0, t - rnd.choice([0, 5_000, 10_000]))

@@ -48,7 +48,8 @@ class RowStamp(Processor):
         self.store = context.get_state_store("users")
 
     def process(self, record):
-        self.ctx.forward(record._replace(value={"v": record.value, "row": _row(self.store.get_with_timestamp(record.key))}))
+        row = _row(self.store.get_with_timestamp(record.key))
+        self.ctx.forward(record._replace(value={"v": record.value, "row": row}))
 
 
 class CountReader(Processor):
@@ -161,7 +162,8 @@ def test_a_no_op_update_keeps_the_rows_timestamp_and_put_keeps_the_records():
         assert [(r.value, r.timestamp) for r in d.read_output("counted")] == [([1, 30], 30), ([2, 30], 25),
                                                                              ([3, 50], 50)]
         assert [(r.value, r.timestamp) for r in d.read_output("stamped")] == [
-            ({"v": {"tier": "a"}, "row": [{"tier": "a"}, 10]}, 10), ({"v": {"tier": "b"}, "row": [{"tier": "b"}, 40]}, 40)]
+            ({"v": {"tier": "a"}, "row": [{"tier": "a"}, 10]}, 10),
+            ({"v": {"tier": "b"}, "row": [{"tier": "b"}, 40]}, 40)]
         assert d.get_store("users").get_with_timestamp("u1") == ValueAndTimestamp({"tier": "b"}, 40)
         assert d.get_store("users").get_with_timestamp("nobody") is None
 

@@ -23,7 +23,8 @@ def test_repartition_records_carry_the_provenance_of_their_input():
         d.pipe_input("events", "k1", {"g": "x", "n": 1}, timestamp=5)
         d.pipe_input("events", "k2", {"g": "y", "n": 2}, timestamp=6)
         recs = d.read_output(TOPIC, Serdes.string(), Serdes.json())
-        assert [(r.key, r.value, r.timestamp) for r in recs] == [("x", {"g": "x", "n": 1}, 5), ("y", {"g": "y", "n": 2}, 6)]
+        assert [(r.key, r.value, r.timestamp) for r in recs] == [("x", {"g": "x", "n": 1}, 5),
+                                                                 ("y", {"g": "y", "n": 2}, 6)]
         assert [provenance.decode(dict(r.headers)[provenance.HEADER]) for r in recs] == [
             provenance.Provenance("events", 0, 0, 0), provenance.Provenance("events", 0, 1, 0)]
         # the provenance header is internal: output topics do not get it

@@ -228,7 +228,8 @@ def test_a_foreign_key_join_refuses_a_registry_right_table_and_joins_one_mapped_
     with pytest.raises(TopologyError, match="right table's value serde .* Schema Registry serde.*map it"):
         build(mapped=False)
     with TopologyTestDriver(build(mapped=True)) as d:
-        d.pipe_raw("customers", b"c1", writer(url, customer, "customers")({"id": "c1", "name": "Ann", "region": "eu"}), 1)
+        d.pipe_raw("customers", b"c1",
+                   writer(url, customer, "customers")({"id": "c1", "name": "Ann", "region": "eu"}), 1)
         d.pipe_raw("orders", b"o1", json.dumps({"customer": "c1", "n": 5}).encode(), 2)
         assert [(r.key, r.value) for r in d.read_output("out")] == [("o1", {"n": 5, "name": "Ann"})]
         assert d.metrics()["task"]["dead_lettered"] == 0

@@ -40,7 +40,8 @@ def _our_encode(value):
 
 _encodable = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(10 ** 25), max_value=10 ** 25)
-    | st.floats() | st.floats(min_value=-1e-3, max_value=1e-3) | st.text() | st.sampled_from(["e-mail", "null", "0.00001"]),
+    | st.floats() | st.floats(min_value=-1e-3, max_value=1e-3) | st.text()
+    | st.sampled_from(["e-mail", "null", "0.00001"]),
     lambda kids: st.lists(kids, max_size=4) | st.tuples(kids, kids)
     | st.dictionaries(st.text(max_size=5), kids, max_size=4)
     | st.dictionaries(st.integers(0, 3), kids, max_size=2),

@@ -172,7 +172,8 @@ def test_an_aggregate_to_stream_sink_writes_the_stored_bytes_and_old_values_reac
              for name, t in (("plain", plain), ("mapped", mapped), ("filtered", filtered))}
     assert sinks == {"plain": True, "mapped": False, "filtered": True}
     for topo, want in ((plain, [("oslo", {"n": 30}), ("oslo", {"n": 70}), ("oslo", {"n": 30})]),
-                       (mapped, [("oslo", {"n": 30, "x": 1}), ("oslo", {"n": 70, "x": 1}), ("oslo", {"n": 30, "x": 1})]),
+                       (mapped, [("oslo", {"n": 30, "x": 1}), ("oslo", {"n": 70, "x": 1}),
+                                 ("oslo", {"n": 30, "x": 1})]),
                        # 30 fails on both sides: nothing; 70 passes; back to 30 fails on the new side
                        # only, and the old side (70) passes: a tombstone, which needs the old value
                        (filtered, [("oslo", {"n": 70}), ("oslo", None)])):

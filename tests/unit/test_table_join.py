@@ -107,7 +107,8 @@ def test_every_step_forwards_exactly_the_change_of_the_from_scratch_join(ups, ho
                 t[k] = (v, ts)
             after = from_scratch(tables["left"], tables["right"], how)
             other = tables["right" if topic == "left" else "left"].get(k)
-            want = [] if before.get(k) == after.get(k) else [(k, after.get(k), ts if other is None else max(ts, other[1]))]
+            want = ([] if before.get(k) == after.get(k)
+                    else [(k, after.get(k), ts if other is None else max(ts, other[1]))])
             d.pipe_input(topic, k, v, timestamp=ts)
             assert out(d) == want
 
