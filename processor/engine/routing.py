@@ -173,8 +173,8 @@ def decide_partitioners(topology, partition_counts: dict[str, int],
         if t not in relevant:
             continue
         if t in declared and resolve(declared[t]).name != fam:
-            raise PartitioningError(
-                f"topic {t} is declared with partitioner {declared[t]!r}, but {REMEDY_ROUTED.replace('that partitioner', f'partitioner {fam}', 1)}")
+            remedy = REMEDY_ROUTED.replace('that partitioner', f'partitioner {fam}', 1)
+            raise PartitioningError(f"topic {t} is declared with partitioner {declared[t]!r}, but {remedy}")
         declared[t] = fam
     cands: dict[str, list[Partitioner]] = {}
     how: dict[str, str] = {}

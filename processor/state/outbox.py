@@ -46,7 +46,8 @@ def encode(records) -> bytes:
     out = [bytes([VERSION]), _U32.pack(len(records))]
     for topic, key, value, ts, headers, partition in records:
         t = topic.encode("utf-8")
-        out += [_U16.pack(len(t)), t, _I32.pack(-1 if partition is None else partition), _blob(key), _blob(value), _TS.pack(ts), _U16.pack(len(headers or ()))]
+        out += [_U16.pack(len(t)), t, _I32.pack(-1 if partition is None else partition), _blob(key), _blob(value),
+                _TS.pack(ts), _U16.pack(len(headers or ()))]
         for name, hv in headers or ():
             n = name.encode("utf-8")
             out += [_U16.pack(len(n)), n, _blob(hv)]
