@@ -4,7 +4,14 @@ The worker, the test driver and the backfill all run records through this class,
 the same operator code against the same store layout. A Task does no Kafka I/O: records come in
 as bytes with their provenance, results leave through a collector (``send(topic, key, value,
 timestamp, headers)``), and state lives in a store provider (``store(name)``, ``commit(offsets)``,
-``read_checkpoint()``).
+``read_checkpoint()``): the host protocols of ``processor/engine/protocols.py``.
+
+Task is the record loop; each of its other jobs lives in its own module, which states its rule:
+the dead-letter policy and KIP-1034 headers (``dead_letters.py``), record-size accounting
+(``record_size.py``), provenance de-duplication (``replay_filter.py``), the key placement check
+(``routing.py``), the outbox entries in the task store (``processor/state/stored_outbox.py``),
+foreign-key record coalescing (``fk_join_coalescing.py``) and sink convergence
+(``sink_convergence.py``). The per-record path binds their checks once, at open.
 
 Invariants:
 - ``positions`` holds, per input topic-partition, the next offset to process; it advances only

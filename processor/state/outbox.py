@@ -11,7 +11,7 @@ the same commit interval wait behind it, so per-partition order is kept. A sub-t
 reads several topics sends all its repartition records this way (``Task(stage_internal=True)``:
 its replay is not deterministic, see ``processor/engine/task.py``). An outbox larger than
 ``OUTBOX_CHUNK_BYTES`` is kept in several entries (``outbox``, ``outbox/1``, ...), each in this
-layout.
+layout (``processor/state/stored_outbox.py`` keeps the entries).
 
 Layout::
 
