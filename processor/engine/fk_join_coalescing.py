@@ -96,7 +96,7 @@ class ForeignKeyJoinRecordCoalescer:
         ``records`` without each one that a later one of the same pair follows, the others in
         their order."""
         topics = self.topics
-        last = {}       # pair -> the index of its last record
+        last: dict[tuple, int] = {}   # pair -> the index of its last record
         superseded = []
         for i, r in enumerate(records):
             kind = topics.get(r[0])

@@ -5,11 +5,14 @@ with librdkafka's ``partitioner=name`` (or Java's default partitioner, for ``mur
 record with the non-null key bytes ``key`` on, in a topic of ``n`` partitions. Checked against
 librdkafka itself in ``tests/integration/test_partitioners_librdkafka.py``.
 
-| family       | librdkafka names                    | placement of a non-null key              |
-|--------------|-------------------------------------|------------------------------------------|
-| ``murmur2``  | ``murmur2``, ``murmur2_random``      | ``(murmur2(key) & 0x7fffffff) % n`` (Java) |
-| ``consistent`` | ``consistent``, ``consistent_random`` (librdkafka's default) | ``crc32(key) % n`` (``_random``: an empty key is spread like NULL) |
-| ``fnv1a``    | ``fnv1a``, ``fnv1a_random``          | ``fnv1a_32(key) % n``                    |
+| family         | librdkafka names                          | placement of a non-null key                |
+|----------------|-------------------------------------------|--------------------------------------------|
+| ``murmur2``    | ``murmur2``, ``murmur2_random``           | ``(murmur2(key) & 0x7fffffff) % n`` (Java) |
+| ``consistent`` | ``consistent``, ``consistent_random`` (1) | ``crc32(key) % n`` (2)                     |
+| ``fnv1a``      | ``fnv1a``, ``fnv1a_random``               | ``fnv1a_32(key) % n``                      |
+
+(1) ``consistent_random`` is librdkafka's default. (2) ``consistent_random``: an empty key is
+spread like NULL.
 
 The ``*_random`` variants differ only for NULL keys (spread at random instead of one partition),
 so for keyed records each family is one placement. ``random`` places nothing by key and is not

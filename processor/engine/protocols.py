@@ -1,30 +1,43 @@
 """What a host gives the engine: a store provider, a record collector and a wall clock.
 
-The worker (``processor/runtime``: RocksDB databases, a Kafka producer), the test driver
-(``processor/testing.py``: memory stores, in-memory topics) and the Spark backfill
-(``backfill/task_run.py``: memory stores written out as SST files, rows for other tasks) each
-implement these; ``Task`` and the operators see nothing else, so the three run the same code.
+The worker (``processor/runtime``: RocksDB databases behind change-logging stores, a Kafka
+producer), the test driver (``processor/testing.py``: memory stores, in-memory topics) and the
+Spark backfill (``backfill/task_run.py``: memory stores written out as SST files, rows for other
+tasks) each implement these; ``Task`` and the operators see nothing else, so the three run the
+same code. ``Task``'s constructor is annotated with them, and the block at the end of this module
+has mypy check that each host's classes provide them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from processor.state.store import KeyValueStore
+
+
+class JournaledStore(KeyValueStore, Protocol):
+    """A store a task can undo one record's writes in: before each write it appends
+    ``(store, key, previous entry)`` to ``journal`` (when not None), and ``undo(key, previous)``
+    puts the entry back."""
+
+    journal: list | None
+
+    def undo(self, key: bytes, previous: object) -> None: ...
 
 
 class StoreProvider(Protocol):
     """One task's stores (one column family each in the worker) and its local checkpoint."""
 
-    writer: object  # provenance (topic, partition, offset) of the record in hand, for changelog headers
+    # provenance (topic, partition, offset) of the record in hand, for changelog headers
+    writer: tuple | None
     stores: dict    # name -> the stores opened so far
     # None, or the task's journal: every store (opened so far and from now on) appends
     # ``(store, key, previous entry)`` to it before a write, and ``store.undo(key, previous)``
     # puts the entry back (a failed record leaves no write behind)
     journal: list | None
 
-    def store(self, name: str) -> KeyValueStore: ...
+    def store(self, name: str) -> JournaledStore: ...
 
     def read_checkpoint(self) -> dict[tuple[str, int], int]: ...
 
@@ -44,3 +57,18 @@ class RecordCollector(Protocol):
 
 
 WallClock = Callable[[], int]   # milliseconds since the epoch
+
+
+if TYPE_CHECKING:   # each host provides the protocols (checked by mypy, never run)
+    from backfill.rows import RowCollector
+    from processor.runtime.collector import KafkaCollector
+    from processor.state.change_logging import ChangeLoggingStores
+    from processor.state.memory import MemoryStores
+    from processor.testing import _MemoryCollector
+
+    def _hosts_provide_the_protocols(worker_stores: ChangeLoggingStores, worker_collector: KafkaCollector,
+                                     driver_and_backfill_stores: MemoryStores, driver_collector: _MemoryCollector,
+                                     backfill_collector: RowCollector) -> None:
+        stores: list[StoreProvider] = [worker_stores, driver_and_backfill_stores]
+        collectors: list[RecordCollector] = [worker_collector, driver_collector, backfill_collector]
+        del stores, collectors

@@ -87,6 +87,36 @@ class Routing:
         return out
 
 
+PLACEMENT_CACHE = 100_000   # keys per checked topic whose placement is remembered
+
+
+class KeyPlacementCheck:
+    """Every consumed key of a checked topic must be where its topic's partitioner puts it (one
+    hash per new key: table keys repeat, so a bounded cache of placements saves most of them).
+    ``topics``: ``{topic: (partitioner, partition count, choice, cache)}``, empty when no topic
+    is checked."""
+
+    __slots__ = ("topics",)
+
+    def __init__(self, checks: dict[str, tuple[Partitioner, int, PartitionerChoice]]):
+        self.topics: dict[str, tuple[Partitioner, int, PartitionerChoice, dict[bytes, int]]] = {
+            t: (*c, {}) for t, c in checks.items()}
+
+    def check(self, topic: str, partition: int, offset, key: bytes) -> None:
+        """Raise ``PartitioningError`` for a key of ``topic[partition]`` its partitioner puts elsewhere."""
+        p, n, choice, cache = self.topics[topic]
+        expected = cache.get(key)
+        if expected is None:
+            if not p.places(key):
+                return
+            expected = p.partition(key, n)
+            if len(cache) >= PLACEMENT_CACHE:
+                cache.clear()
+            cache[key] = expected
+        if expected != partition:
+            raise misplaced_key(topic, partition, offset, key, expected, choice)
+
+
 def misplaced_key(topic: str, partition: int, offset, key: bytes, expected: int,
                   choice: PartitionerChoice) -> PartitioningError:
     return PartitioningError(
@@ -143,8 +173,8 @@ def decide_partitioners(topology, partition_counts: dict[str, int],
         if t not in relevant:
             continue
         if t in declared and resolve(declared[t]).name != fam:
-            raise PartitioningError(
-                f"topic {t} is declared with partitioner {declared[t]!r}, but {REMEDY_ROUTED.replace('that partitioner', f'partitioner {fam}', 1)}")
+            remedy = REMEDY_ROUTED.replace('that partitioner', f'partitioner {fam}', 1)
+            raise PartitioningError(f"topic {t} is declared with partitioner {declared[t]!r}, but {remedy}")
         declared[t] = fam
     cands: dict[str, list[Partitioner]] = {}
     how: dict[str, str] = {}

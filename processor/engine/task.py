@@ -4,7 +4,14 @@ The worker, the test driver and the backfill all run records through this class,
 the same operator code against the same store layout. A Task does no Kafka I/O: records come in
 as bytes with their provenance, results leave through a collector (``send(topic, key, value,
 timestamp, headers)``), and state lives in a store provider (``store(name)``, ``commit(offsets)``,
-``read_checkpoint()``).
+``read_checkpoint()``): the host protocols of ``processor/engine/protocols.py``.
+
+Task is the record loop; each of its other jobs lives in its own module, which states its rule:
+the dead-letter policy and KIP-1034 headers (``dead_letters.py``), record-size accounting
+(``record_size.py``), provenance de-duplication (``replay_filter.py``), the key placement check
+(``routing.py``), the outbox entries in the task store (``processor/state/stored_outbox.py``),
+foreign-key record coalescing (``fk_join_coalescing.py``) and sink convergence
+(``sink_convergence.py``). The per-record path binds their checks once, at open.
 
 Invariants:
 - ``positions`` holds, per input topic-partition, the next offset to process; it advances only
@@ -53,12 +60,24 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
-import traceback
+from collections.abc import Callable
+from typing import Any, Literal
 
 from processor import provenance
+from processor.engine.dead_letters import DLQ_HEADERS, STACKTRACE_LIMIT, DeadLetters, dead_letter_headers, dlq_topic_for
 from processor.engine.fk_join_coalescing import ForeignKeyJoinRecordCoalescer
-from processor.engine.routing import Routing, misplaced_key
+from processor.engine.protocols import RecordCollector, StoreProvider, WallClock
+from processor.engine.record_size import (
+    DEFAULT_MAX_RECORD_BYTES,
+    DirectSends,
+    check_sizes,
+    max_record_bytes_of,
+    room_beside,
+    room_for,
+)
+from processor.engine.record_size import wire_size as _wire_size
+from processor.engine.replay_filter import Mark, ReplayFilter
+from processor.engine.routing import KeyPlacementCheck, Routing
 from processor.engine.sink_convergence import SinkConvergence
 from processor.errors import (
     DeserializationError,
@@ -69,75 +88,29 @@ from processor.errors import (
     SerializationError,
     UserFunctionError,
 )
-from processor.logs import record_fields
 from processor.operators.base import Processor, ProcessorContext
-from processor.state import outbox as outbox_codec
 from processor.state import source_changelog
 from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
+from processor.state.stored_outbox import OUTBOX_CHUNK_BYTES, StoredOutbox
 
-log = logging.getLogger("processor.task")
+# the names importers take from this module (the worker, the driver, the backfill, tests)
+__all__ = ["DEFAULT_MAX_RECORD_BYTES", "DLQ_HEADERS", "ERROR_POLICIES", "OUTBOX_CHUNK_BYTES", "STACKTRACE_LIMIT",
+           "UNORDERED", "Task", "_wire_size", "dead_letter_headers", "dlq_topic_for", "max_record_bytes_of"]
 
 ERROR_POLICIES = ("dlq", "skip", "fail")
 
-# Dead-letter record headers (values UTF-8), after them the input record's own headers first:
-# KIP-1034's names, then the step that failed (a processor node's name).
-DLQ_HEADERS = ("__streams.errors.exception", "__streams.errors.message", "__streams.errors.stacktrace",
-               "__streams.errors.topic", "__streams.errors.partition", "__streams.errors.offset",
-               "processor.errors.step")
-STACKTRACE_LIMIT = 8192   # bytes of the stack trace header kept (its tail: the innermost frames)
-
-# librdkafka's default ``message.max.bytes``: the largest record a producer sends
-DEFAULT_MAX_RECORD_BYTES = 1_000_000
-_RECORD_OVERHEAD = 36     # librdkafka's most a v2 record adds to key + value + headers
-_OWN_HEADERS_BOUND = 4096  # more than the headers this product adds to an output ever take
-
-
-def max_record_bytes_of(producer_config: dict) -> int:
-    """The largest record the host's producer sends (its ``message.max.bytes``)."""
-    value = (producer_config or {}).get("message.max.bytes")
-    return DEFAULT_MAX_RECORD_BYTES if value is None else int(value)
-
-
-_PLACEMENT_CACHE = 100_000   # keys per checked topic whose placement is remembered
-
-_OUTBOX = b"outbox"
-# An outbox larger than this is kept in several entries (``outbox``, ``outbox/1``, ...): each is
-# one changelog record, far below message.max.bytes.
-OUTBOX_CHUNK_BYTES = 256 * 1024
-
-
-def _outbox_key(i: int) -> bytes:
-    return _OUTBOX if i == 0 else _OUTBOX + b"/%d" % i
-
-
-def _outbox_chunks(records):
-    chunk, size = [], 0
-    for r in records:
-        n = 64 + len(r[0]) + (len(r[1]) if r[1] else 0) + (len(r[2]) if r[2] else 0) + \
-            sum(len(h[0]) + (len(h[1]) if h[1] else 0) + 8 for h in r[4] or ())
-        if chunk and size + n > OUTBOX_CHUNK_BYTES:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(r)
-        size += n
-    if chunk:
-        yield chunk
-_OUTBOX_COUNTER = b"outbox_counter"
 # Task.event_time of a record whose extraction fails: ordered before every other
 UNORDERED = -1
 _STREAM_TIME = b"stream_time"    # _bookkeeping: the task's stream time (8 bytes, signed big-endian)
 
 
-def dlq_topic_for(application_id: str) -> str:
-    return f"{application_id}-dlq"
-
-
 class Task:
-    def __init__(self, topology, sub_id: int, partition: int, stores, collector, wall_clock,
-                 on_error: str = "dlq", dlq_topic: str | None = None, routing: Routing | None = None,
-                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, journal: bool | None = None,
-                 origin: str | None = None, stage_internal: bool = False,
-                 coalesce_fk_records: bool = False, topic_exists=None, global_stores: dict | None = None):
+    def __init__(self, topology, sub_id: int, partition: int, stores: StoreProvider, collector: RecordCollector,
+                 wall_clock: WallClock, on_error: str = "dlq", dlq_topic: str | None = None,
+                 routing: Routing | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 journal: bool | None = None, origin: str | None = None, stage_internal: bool = False,
+                 coalesce_fk_records: bool = False, topic_exists: Callable[[str], bool] | None = None,
+                 global_stores: dict | None = None):
         if on_error not in ERROR_POLICIES:
             raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {on_error!r}")
         if on_error == "dlq" and not dlq_topic:
@@ -150,6 +123,7 @@ class Task:
         self.collector = collector
         self.on_error = on_error
         self.dlq_topic = dlq_topic
+        self._dead_letters = DeadLetters(on_error, dlq_topic, collector, self.id)
         self.context = ProcessorContext(self.id, stores, collector, wall_clock, partition)
         self.routing = self.context.routing = routing or Routing()
         if topic_exists is not None:   # the host's view of which user topics exist (to(extractor))
@@ -165,21 +139,22 @@ class Task:
         # contract: the high-water marks (the outbox counter is host-local: it counts commits)
         self.bookkeeping = stores.store(BOOKKEEPING_STORE)
         self.max_record_bytes = max_record_bytes
-        self._room = max_record_bytes - _RECORD_OVERHEAD - _OWN_HEADERS_BOUND   # see _check_sizes
+        # the key + value bytes an output may take without an exact count (record_size.py)
+        self.output_room = room_for(max_record_bytes)
         # each record's outputs are buffered until it is processed (and checked against
         # max_record_bytes); under dlq and skip its store writes are journaled too. A host that
         # throws the task's state away when a record fails (``failed_in_processing``) and runs it
         # again with the journal may start without it (``journal=False``: the backfill).
         self._atomic = on_error != "fail" if journal is None else journal
         self._journal: list = []
-        self._direct = None
+        self._direct: DirectSends | None = None
         if journal is False:
             # a host that throws the task away when a record fails needs no held outputs either
-            self.context.sends = self._direct = _DirectSends(self)
+            self.context.sends = self._direct = DirectSends(self)
         self._record_sends = self.context.sends
         self._retired_metrics: dict[str, dict[str, int]] = {}
-        self.internal_topics = set()          # deduplicated by provenance
-        self._internal_sources = set()        # every internal topic: never dead-lettered
+        self.internal_topics: set[str] = set()     # deduplicated by provenance
+        self._internal_sources: set[str] = set()   # every internal topic: never dead-lettered
         for n in topology.subtopologies[sub_id]:
             if n.source_topic:
                 # Internal topics are deduplicated by provenance, except where applying a record
@@ -190,10 +165,11 @@ class Task:
                     self._internal_sources.add(n.source_topic)
         raw = self.bookkeeping.get(_STREAM_TIME)
         self.context.stream_time = -1 if raw is None else int.from_bytes(raw, "big", signed=True)
+        self.ops: dict[str, Any] = {}   # node name -> its operator (a Processor subclass)
         self._build_operators()
         # foreign-key join records held until the commit, a later one of the same pair replacing
         # an earlier (processor/engine/fk_join_coalescing.py)
-        self._coalescer = None
+        self._coalescer: ForeignKeyJoinRecordCoalescer | None = None
         self._send = collector.send
         if coalesce_fk_records and journal is not False:
             topics = {n.sink_topic: n.attrs.coalesce for n in topology.subtopologies[sub_id]
@@ -207,13 +183,15 @@ class Task:
                 n.sink_topic for n in topology.subtopologies[sub_id]
                 if n.sink_topic and n.attrs.internal and n.sink_topic in deduplicated)
         # topics whose every key is checked against its partitioner (docs/semantics.md "Partitioning")
-        self._placement_checks = {t: (*c, {}) for t, c in self.routing.checks(self.sources).items()}
+        placement = KeyPlacementCheck(self.routing.checks(self.sources))
+        self._placement_checks = placement.topics
+        self._check_placement = placement.check
+        # internal records already applied are dropped (replay_filter.py)
+        self._check_provenance = ReplayFilter(self.bookkeeping, f"task {self.id}").check
         self.store_specs = topology.stores_of(sub_id)
         # the local checkpoint also holds changelog end offsets: keep the input partitions only
         self.positions: dict[tuple[str, int], int] = {
             tp: off for tp, off in stores.read_checkpoint().items() if tp[0] in self.sources}
-        self.dead_lettered = 0
-        self.skipped_poison = 0
         # per input topic: records that deserialized but failed later (a user function, an output)
         self.failed_in_processing: dict[str, int] = {}
         # user topics that are a table's changelog -> its store: each rejected record's offset and
@@ -226,25 +204,17 @@ class Task:
         self.enforced_processing = 0
         self.idle_waits = 0
         self.buffer_pauses = 0
-        raw = self.task_store.get(_OUTBOX_COUNTER)
-        self._outbox_counter = 0 if raw is None else int.from_bytes(raw, "big")
-        self._outbox_unconfirmed = False
+        # (OUTBOX_CHUNK_BYTES is read here, from this module: tests make it small)
+        self._stored_outbox = StoredOutbox(self.task_store, OUTBOX_CHUNK_BYTES)
         self._punctuation_sequence = 0
-        self._outbox_keys: list[bytes] = []
-        records = []
-        for i in range(1 << 30):   # the entry and its chunks (_outbox_key)
-            raw = self.task_store.get(_outbox_key(i))
-            if raw is None:
-                break
-            self._outbox_keys.append(_outbox_key(i))
-            records += outbox_codec.decode(raw)
+        records = self._stored_outbox.load()
         if records:  # sent before a crash, maybe not delivered: send again
             self._send_outbox(records)
 
     def _build_operators(self) -> None:
         """Instantiate the sub-topology's operators over the task's stores (at open, and after a
         failed record's writes were undone: operators keep no state the stores do not hold)."""
-        if getattr(self, "ops", None):
+        if getattr(self, "ops", None):   # (none yet at open)
             for name, op in self.ops.items():
                 if op.closes_on_rebuild:   # a user processor: its instance is replaced
                     op.close()
@@ -284,7 +254,7 @@ class Task:
         ctx.in_record = True
         record_timestamp = timestamp
         self.stores.writer = (topic, partition, offset)
-        mark = None
+        mark: Mark | Literal[False] | None = None
         if self._placement_checks and key is not None and topic in self._placement_checks:
             self._check_placement(topic, partition, offset, key)
         sends = self._record_sends
@@ -295,7 +265,7 @@ class Task:
         outbox_len = len(ctx.outbox)
         if self._atomic:
             self._journal.clear()
-        advanced = False
+        advanced: list | bool = False   # (the stream punctuators, empty, or whether time moved)
         try:
             if topic in self.internal_topics:
                 mark = self._check_provenance(topic, headers)
@@ -313,12 +283,12 @@ class Task:
                 ctx.stream_time = timestamp
             for source in self.sources[topic]:
                 source.process_bytes(key, value, timestamp)
-            if mark is not None:
+            if mark:   # (a mark entry: not None, not False)
                 self.bookkeeping.put(*mark)
             if sends:   # (the hot path of _check_sizes, inline)
-                room = self._room
+                room = self.output_room
                 if headers:
-                    room = self._room_beside(headers)
+                    room = room_beside(room, headers)
                 for r in sends:
                     k, v = r[1], r[2]
                     if (len(v) if v else 0) + (len(k) if k else 0) > room:
@@ -407,10 +377,12 @@ class Task:
             self._undo_record(outbox_len)
         else:
             self._record_sends.clear()
-        self._poison(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers)
+        self._dead_letters.reject(exc.with_provenance(topic, partition, offset), key, value, timestamp, headers,
+                                  self.max_record_bytes)
         if topic in self._reused_sources:
             row = None if key is None else self.stores.store(self._reused_sources[topic]).get(key)
-            self.task_store.put(source_changelog.failed_key(topic, partition, offset), source_changelog.encode_failed(row))
+            self.task_store.put(source_changelog.failed_key(topic, partition, offset),
+                                source_changelog.encode_failed(row))
 
     def _send_record_outputs(self) -> None:
         if self._convergence is not None:
@@ -422,28 +394,9 @@ class Task:
 
     def _check_sizes(self, headers, records=None) -> None:
         """Every record this input record produces must fit the producer's ``message.max.bytes``
-        (counted as librdkafka counts it), or none is sent (``OutputError``)."""
-        # An output's headers are the input record's (``headers``) plus this product's own (a
-        # provenance header, a foreign-key join's offset headers: far below _OWN_HEADERS_BOUND),
-        # so key + value against one bound per input record settles almost every output; the
-        # exact count runs only near the limit.
-        limit = self.max_record_bytes
-        room = self._room_beside(headers) if headers else self._room
-        for r in (self._record_sends if records is None else records):
-            k, v = r[1], r[2]
-            if (len(v) if v else 0) + (len(k) if k else 0) > room:
-                size = _wire_size(k, v, r[4])
-                if size > limit:
-                    raise OutputError(f"an output record to {r[0]!r} is {size} bytes, more than the producer's "
-                                      f"message.max.bytes ({limit})", step=f"sink to {r[0]}")
-
-    def _room_beside(self, headers) -> int:
-        """The most key + value bytes an output may take without an exact count, next to
-        ``headers`` (at most 10 bytes of varints per header)."""
-        room = self._room
-        for name, hv in headers:
-            room -= len(name) + (len(hv) if hv else 0) + 10
-        return room
+        (counted as librdkafka counts it), or none is sent (``OutputError``; record_size.py)."""
+        room = room_beside(self.output_room, headers) if headers else self.output_room
+        check_sizes(self._record_sends if records is None else records, room, self.max_record_bytes)
 
     def _undo_record(self, outbox_len: int) -> None:
         """Leave no trace of the record in hand: undo its store writes (newest first), drop its
@@ -459,37 +412,6 @@ class Task:
         if changed:
             self._build_operators()
 
-    def _check_placement(self, topic, partition, offset, key) -> None:
-        """The key must be where its topic's partitioner puts it (one hash per new key: table
-        keys repeat, so a bounded cache of placements saves most of them)."""
-        p, n, choice, cache = self._placement_checks[topic]
-        expected = cache.get(key)
-        if expected is None:
-            if not p.places(key):
-                return
-            expected = p.partition(key, n)
-            if len(cache) >= _PLACEMENT_CACHE:
-                cache.clear()
-            cache[key] = expected
-        if expected != partition:
-            raise misplaced_key(topic, partition, offset, key, expected, choice)
-
-    def _check_provenance(self, topic, headers):
-        """``False`` for a record already applied; else the high-water mark entry to write once
-        it is processed (None when the record carries no provenance)."""
-        raw = provenance.find(headers)
-        if raw is None:
-            return None
-        try:
-            src = provenance.decode(raw)
-        except ValueError as exc:
-            raise DeserializationError(f"bad {provenance.HEADER} header: {exc}", step=f"task {self.id}") from exc
-        mk = provenance.mark_key(topic, src.topic, src.partition)
-        seen = self.bookkeeping.get(mk)
-        if seen is not None and (src.offset, src.sequence) <= provenance.decode_mark(seen):
-            return False
-        return mk, provenance.encode_mark(src.offset, src.sequence)
-
     def _outside_record(self, what: str, fn) -> None:
         """Run a punctuation or flush: no input record is in hand. Its provenance is synthetic,
         ``("__punctuation:<sub>", partition, <the outbox counter of the commit that will persist
@@ -498,7 +420,7 @@ class Task:
         ctx = self.context
         ctx.topic = f"__punctuation:{self.sub_id}"
         ctx.partition = self.partition
-        ctx.offset = self._outbox_counter + 1
+        ctx.offset = self._stored_outbox.counter + 1
         ctx.sequence = self._punctuation_sequence
         ctx.in_record = False
         ctx.headers = None
@@ -537,26 +459,15 @@ class Task:
                     op.flush()
             self._outside_record("flush", run)
 
-    def _poison(self, exc: RecordError, key, value, timestamp, headers) -> None:
-        if self.on_error == "fail":
-            raise exc
-        if self.on_error == "skip":
-            self.skipped_poison += 1
-            log.warning("skipped poison record (on_error=skip): %s", exc, extra={"task": self.id, **record_fields(exc)})
-            return
-        dlq_headers = list(headers or ()) + dead_letter_headers(exc)
-        if _wire_size(key, value, dlq_headers) > self.max_record_bytes:
-            # an input near the limit: keep the names and the position, drop the long texts
-            dlq_headers = [(n, v[:512] if n in ("__streams.errors.message", "__streams.errors.stacktrace") else v)
-                           for n, v in dlq_headers]
-            if _wire_size(key, value, dlq_headers) > self.max_record_bytes:
-                raise OutputError(f"cannot dead-letter this record: with its dead-letter headers it is larger "
-                                  f"than message.max.bytes ({self.max_record_bytes}); it failed with: {exc.reason}",
-                                  topic=exc.topic, partition=exc.partition, offset=exc.offset, step=exc.step)
-        self.collector.send(self.dlq_topic, key, value, timestamp, dlq_headers)
-        self.dead_lettered += 1
-        log.warning("dead-lettered poison record to %s: %s", self.dlq_topic, exc,
-                    extra={"task": self.id, **record_fields(exc)})
+    @property
+    def dead_lettered(self) -> int:
+        """Input records sent to the dead-letter topic."""
+        return self._dead_letters.dead_lettered
+
+    @property
+    def skipped_poison(self) -> int:
+        """Input records skipped under ``on_error='skip'``."""
+        return self._dead_letters.skipped
 
     # -- lifecycle ----------------------------------------------------------------------------
     def commit(self) -> dict[tuple[str, int], int]:
@@ -604,30 +515,24 @@ class Task:
         if self._coalescer is not None:
             self._coalescer.flush()   # before the positions of the records that caused them commit
         pos = dict(self.positions)
-        self.stores.writer = (f"__commit:{self.sub_id}", self.partition, self._outbox_counter + 1)
-        if self._outbox_unconfirmed:  # the host flushed the collector before this commit
-            for k in self._outbox_keys:
-                self.task_store.delete(k)
-            self._outbox_keys = []
-            self._outbox_unconfirmed = False
+        stored = self._stored_outbox
+        self.stores.writer = (f"__commit:{self.sub_id}", self.partition, stored.counter + 1)
+        stored.confirm()   # the host flushed the collector before this commit
         records = self.context.outbox
         self._punctuation_sequence = 0
         if records:
             self.context.outbox = []
             if self._coalescer is not None:
                 records = self._coalescer.supersede(records)
-            self._outbox_counter += 1
+            counter = stored.counter + 1
             source = f"__punctuation:{self.sub_id}"
             n = 0
             for i, (topic, key, value, ts, headers, part) in enumerate(records):
                 if provenance.find(headers) is None:
-                    prov = provenance.encode(source, self.partition, self._outbox_counter, n)
+                    prov = provenance.encode(source, self.partition, counter, n)
                     records[i] = (topic, key, value, ts, list(headers or ()) + [(provenance.HEADER, prov)], part)
                     n += 1
-            for i, chunk in enumerate(_outbox_chunks(records)):
-                self.task_store.put(_outbox_key(i), outbox_codec.encode(chunk))
-                self._outbox_keys.append(_outbox_key(i))
-            self.task_store.put(_OUTBOX_COUNTER, self._outbox_counter.to_bytes(8, "big"))
+            stored.persist(records, counter)
         return pos, records
 
     def finish_commit(self, pos, records, changelog_ends=None) -> None:
@@ -640,7 +545,7 @@ class Task:
     def _send_outbox(self, records) -> None:
         for topic, key, value, ts, headers, part in records:
             self.collector.send(topic, key, value, ts, headers, part)
-        self._outbox_unconfirmed = True
+        self._stored_outbox.unconfirmed = True
 
     def metrics(self) -> dict[str, dict[str, int]]:
         out = {name: m for name, op in self.ops.items() if (m := op.metrics())}
@@ -677,74 +582,3 @@ class Task:
         if error is not None:
             raise error
 
-
-class _DirectSends(list):
-    """``ProcessorContext.sends`` of a task built with ``journal=False``: each record goes to the
-    collector at once, after the same size check (an ``OutputError`` follows the policy and
-    counts in ``failed_in_processing``, so the host runs the task again with the journal). It
-    stays empty (a list, so the task's ``if sends`` costs nothing): nothing to send or drop after
-    a record. ``room`` is reset by the task for each record (its headers change the bound)."""
-
-    __slots__ = ("task", "send", "room")
-
-    def __init__(self, task):
-        super().__init__()
-        self.task = task
-        self.send = task.collector.send
-        self.room = None
-
-    def append(self, r) -> None:
-        k, v = r[1], r[2]
-        room = self.room
-        if room is None:
-            task = self.task
-            headers = task.context.headers
-            room = self.room = task._room_beside(headers) if headers else task._room
-        if (len(v) if v else 0) + (len(k) if k else 0) > room:
-            task = self.task
-            size = _wire_size(k, v, r[4])
-            if size > task.max_record_bytes:
-                raise OutputError(f"an output record to {r[0]!r} is {size} bytes, more than the producer's "
-                                  f"message.max.bytes ({task.max_record_bytes})", step=f"sink to {r[0]}")
-        self.send(*r)
-
-
-def _wire_size(k, v, headers) -> int:
-    """A record's size as librdkafka counts it against ``message.max.bytes``."""
-    size = _RECORD_OVERHEAD + (len(k) if k else 0) + (len(v) if v else 0)
-    for name, hv in headers or ():
-        n, m = len(name.encode() if isinstance(name, str) else name), (len(hv) if hv else 0)
-        size += n + m + _varint_size(n) + _varint_size(m)
-    return size
-
-
-def _varint_size(n: int) -> int:
-    z, size = n << 1, 1    # zigzag of a non-negative length
-    while z >= 0x80:
-        z >>= 7
-        size += 1
-    return size
-
-
-def dead_letter_headers(exc: RecordError) -> list[tuple[str, bytes]]:
-    """KIP-1034's dead-letter headers for ``exc`` (which names the input record), then the step.
-    ``exception`` is the class of what was raised first (the user function's exception, the
-    serde's); ``message`` is this product's one-line error (record, step, function, cause)."""
-    cause = exc.__cause__
-    cls = type(exc if cause is None else cause)
-    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    if cause is None:   # raised by this product, not by user code: its reason is the whole story
-        trace = f"{name}: {exc.reason}\n".encode("utf-8", "replace")
-    else:
-        trace = "".join(traceback.format_exception(cause)).encode("utf-8", "replace")
-    if len(trace) > STACKTRACE_LIMIT:
-        trace = b"...\n" + trace[-STACKTRACE_LIMIT:]
-    return [
-        ("__streams.errors.exception", name.encode()),
-        ("__streams.errors.message", str(exc).encode("utf-8", "replace")),
-        ("__streams.errors.stacktrace", trace),
-        ("__streams.errors.topic", str(exc.topic).encode()),
-        ("__streams.errors.partition", str(exc.partition).encode()),
-        ("__streams.errors.offset", str(exc.offset).encode()),
-        ("processor.errors.step", str(exc.step).encode()),
-    ]

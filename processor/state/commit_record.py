@@ -70,26 +70,29 @@ def decode(data: bytes) -> CommitRecord:
         raise ValueError(f"unknown commit record version {data[0] if data else None} (this build reads {_READS})")
     version, unit = _HEAD.unpack_from(data)
     pos = _HEAD.size
-    maps = []
-    for i in range(3):
-        if i == 2:
-            if version == 1 or data[pos] == 0:
-                pos += version != 1
-                maps.append(None)
-                break
-            pos += 1
-        (n,) = _U16.unpack_from(data, pos)
-        pos += 2
-        m = {}
-        for _ in range(n):
-            (tl,) = _U16.unpack_from(data, pos)
-            pos += 2
-            topic = data[pos:pos + tl].decode("utf-8")
-            pos += tl
-            part, off = _ENTRY.unpack_from(data, pos)
-            pos += _ENTRY.size
-            m[(topic, part)] = off
-        maps.append(m)
+    positions, pos = _decode_map(data, pos)
+    changelog_ends, pos = _decode_map(data, pos)
+    sink_ends: dict | None = None
+    if version == 1 or data[pos] == 0:   # (version 1 has no sink ends; else a flag byte)
+        pos += version != 1
+    else:
+        sink_ends, pos = _decode_map(data, pos + 1)
     if pos != len(data):
         raise ValueError(f"{len(data) - pos} trailing bytes after the commit record")
-    return CommitRecord(unit, maps[0], maps[1], maps[2])
+    return CommitRecord(unit, positions, changelog_ends, sink_ends)
+
+
+def _decode_map(data: bytes, pos: int) -> tuple[dict, int]:
+    """The map encoded at ``pos`` (``_encode_map``) and the position after it."""
+    (n,) = _U16.unpack_from(data, pos)
+    pos += 2
+    m = {}
+    for _ in range(n):
+        (tl,) = _U16.unpack_from(data, pos)
+        pos += 2
+        topic = data[pos:pos + tl].decode("utf-8")
+        pos += tl
+        part, off = _ENTRY.unpack_from(data, pos)
+        pos += _ENTRY.size
+        m[(topic, part)] = off
+    return m, pos

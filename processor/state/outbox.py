@@ -11,7 +11,7 @@ the same commit interval wait behind it, so per-partition order is kept. A sub-t
 reads several topics sends all its repartition records this way (``Task(stage_internal=True)``:
 its replay is not deterministic, see ``processor/engine/task.py``). An outbox larger than
 ``OUTBOX_CHUNK_BYTES`` is kept in several entries (``outbox``, ``outbox/1``, ...), each in this
-layout.
+layout (``processor/state/stored_outbox.py`` keeps the entries).
 
 Layout::
 
@@ -46,7 +46,8 @@ def encode(records) -> bytes:
     out = [bytes([VERSION]), _U32.pack(len(records))]
     for topic, key, value, ts, headers, partition in records:
         t = topic.encode("utf-8")
-        out += [_U16.pack(len(t)), t, _I32.pack(-1 if partition is None else partition), _blob(key), _blob(value), _TS.pack(ts), _U16.pack(len(headers or ()))]
+        out += [_U16.pack(len(t)), t, _I32.pack(-1 if partition is None else partition), _blob(key), _blob(value),
+                _TS.pack(ts), _U16.pack(len(headers or ()))]
         for name, hv in headers or ():
             n = name.encode("utf-8")
             out += [_U16.pack(len(n)), n, _blob(hv)]

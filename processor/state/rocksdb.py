@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TypedDict
 
 import rocksdict
 from sortedcontainers import SortedList
@@ -40,7 +41,14 @@ _MISSING = object()
 
 _block_cache = None
 DEFAULT_BLOCK_CACHE_MB = 128
-_memory = {"block_cache_mb": DEFAULT_BLOCK_CACHE_MB, "write_buffer_mb": None}
+
+
+class _Memory(TypedDict):
+    block_cache_mb: int
+    write_buffer_mb: int | None
+
+
+_memory: _Memory = {"block_cache_mb": DEFAULT_BLOCK_CACHE_MB, "write_buffer_mb": None}
 
 
 def configure_memory(block_cache_mb: int | None = None, write_buffer_mb: int | None = None) -> None:
@@ -55,7 +63,8 @@ def configure_memory(block_cache_mb: int | None = None, write_buffer_mb: int | N
     cache_mb = DEFAULT_BLOCK_CACHE_MB if block_cache_mb is None else block_cache_mb
     if cache_mb != _memory["block_cache_mb"]:
         _block_cache = None
-    _memory.update(block_cache_mb=cache_mb, write_buffer_mb=write_buffer_mb)
+    _memory["block_cache_mb"] = cache_mb
+    _memory["write_buffer_mb"] = write_buffer_mb
 
 
 def _options() -> rocksdict.Options:
@@ -192,7 +201,7 @@ class RocksDBDatabase:
             self._db = rocksdict.Rdict(str(self.path), self._opts, column_families=cfs)
         except Exception as exc:
             raise StateError(f"cannot open state database {self.path}: {exc}") from exc
-        self._cfs: dict[str, object] = {}
+        self._cfs: dict[str, rocksdict.Rdict] = {}   # column family handles
         self.stores: dict[str, RocksDBStore] = {}
         self.journal: list | None = None   # given to every store opened (see RocksDBStore)
         meta = self._cf(_META)
