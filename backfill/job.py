@@ -94,7 +94,8 @@ class BackfillReport:
     snapshot: dict[tuple[str, int], tuple[int, int]]   # (topic, partition) -> (start, end)
     rows_read: int = 0                           # input records read from history
     rows_replayed: int = 0                       # of those, fed to the tasks (after compaction)
-    compaction: dict[str, str] = field(default_factory=dict)   # source topic -> mode (docs/backfill.md "What it does", step 4)
+    # source topic -> mode (docs/backfill.md "What it does", step 4)
+    compaction: dict[str, str] = field(default_factory=dict)
     global_records: int = 0                      # global table records read (to the snapshot)
     global_latest: dict[str, int] = field(default_factory=dict)   # global store -> the latest timestamp applied
     records_processed: int = 0                   # every record a task processed (incl. internal)

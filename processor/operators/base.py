@@ -85,12 +85,14 @@ class ProcessorContext:
 
     def origin(self) -> bytes:
         """The ``processor.origin`` header of a record caused by what is being processed."""
-        if not self.in_record:
-            return provenance.encode_origin(self.origin_head, self.origin_app, b"", -1)
-        tb = self._origin_topics.get(self.topic)
+        head, topic, offset = self.origin_head, self.topic, self.offset
+        assert head is not None, "origin() is called only by a task whose table sinks mark their records"
+        if not self.in_record or topic is None or offset is None:
+            return provenance.encode_origin(head, self.origin_app, b"", -1)
+        tb = self._origin_topics.get(topic)
         if tb is None:
-            tb = self._origin_topics[self.topic] = self.topic.encode("utf-8")
-        return provenance.encode_origin(self.origin_head, self.origin_app, tb, self.offset)
+            tb = self._origin_topics[topic] = topic.encode("utf-8")
+        return provenance.encode_origin(head, self.origin_app, tb, offset)
 
     def get_store(self, name: str):
         return self._stores.store(name)

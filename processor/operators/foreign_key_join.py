@@ -147,7 +147,9 @@ class ForeignKeyJoinSubscriptionSender(_LeftSide):
     def _version(self) -> bytes:
         """The provenance the next internal record sent now will carry (the sink stamps it)."""
         ctx = self.context
-        return provenance.encode(ctx.topic, ctx.partition, ctx.offset, ctx.sequence)
+        topic, partition, offset = ctx.topic, ctx.partition, ctx.offset
+        assert topic is not None and partition is not None and offset is not None, "sent while a record is in hand"
+        return provenance.encode(topic, partition, offset, ctx.sequence)
 
     def _send(self, fkb, instruction, pk, ts):
         data = wire.encode_subscription(instruction, self.context.task_partition, pk)
