@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from processor.config import StreamsConfig
 from processor.engine.task import Task, dlq_topic_for
 from processor.errors import ConfigError
 from processor.records import OutputRecord
@@ -91,7 +92,9 @@ class TopologyTestDriver:
     def __init__(self, topology, application_id: str = "test-app", on_error: str = "dlq",
                  initial_wall_clock_ms: int = 0, topics=None):
         """``topics``: the user topics that exist, for a topic extractor's sink (``to(extractor)``
-        sends only to one that does; default: every topic exists, as in Kafka Streams' driver)."""
+        sends only to one that does; default: every topic exists, as in Kafka Streams' driver).
+        ``on_error`` is validated as the worker's (``processor.config.StreamsConfig``)."""
+        on_error = StreamsConfig(on_error=on_error).on_error
         topology = topology.for_application(application_id)
         self.topology = topology
         self.application_id = application_id

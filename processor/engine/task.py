@@ -57,6 +57,7 @@ import logging
 import traceback
 
 from processor import provenance
+from processor.config import ON_ERROR_POLICIES
 from processor.engine.fk_join_coalescing import ForeignKeyJoinRecordCoalescer
 from processor.engine.routing import Routing, misplaced_key
 from processor.engine.sink_convergence import SinkConvergence
@@ -77,7 +78,7 @@ from processor.state.store import BOOKKEEPING_STORE, TASK_STORE
 
 log = logging.getLogger("processor.task")
 
-ERROR_POLICIES = ("dlq", "skip", "fail")
+ERROR_POLICIES = ON_ERROR_POLICIES   # defined once, in processor/config.py
 
 # Dead-letter record headers (values UTF-8), after them the input record's own headers first:
 # KIP-1034's names, then the step that failed (a processor node's name).
