@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from processor.errors import BrokerUnreachable, ConfigError, KafkaIOError
@@ -159,24 +160,18 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0,
     conf["group.id"] = f"reader-{topic}-{time.time_ns()}"
     conf["isolation.level"] = isolation_level
     conf["fetch.wait.max.ms"] = 50   # a one-off reader: reach partition EOF quickly
+    from processor.kafka.read_to_end import PartitionsToEnd
+
     c = new_consumer(conf, f"reading {topic}")
     by_part: dict[int, list] = {p: [] for p in range(parts)}
     try:
-        assign(c, [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(parts)])
-        done: set[int] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(done) < parts:
-            if time.monotonic() > deadline:
-                raise KafkaIOError(f"reading {topic!r} did not reach the end of partitions "
-                                  f"{sorted(set(range(parts)) - done)} within {timeout_s:.0f} s")
-            for m in c.consume(1000, 0.2):
-                err = m.error()
-                if err is None:
-                    by_part[m.partition()].append(m)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    done.add(m.partition())
-                else:
-                    raise KafkaIOError(f"reading {topic!r}: {err.str()}")
+        reader = PartitionsToEnd(c, {(topic, p): 0 for p in range(parts)})
+        for m in reader.records(
+                timeout_s,
+                error=lambda tp, err: KafkaIOError(f"reading {topic!r}: {err}"),
+                timeout=lambda pending: KafkaIOError(f"reading {topic!r} did not reach the end of partitions "
+                                                     f"{[p for _, p in pending]} within {timeout_s:.0f} s")):
+            by_part[cast(int, m.partition())].append(m)
     finally:
         c.close()
     return [m for p in range(parts) for m in by_part[p]]
@@ -194,26 +189,20 @@ def partitions_with_records_from(bootstrap_servers: str, positions: dict[tuple[s
     conf["group.id"] = f"probe-{time.time_ns()}"
     conf["isolation.level"] = isolation_level
     conf["fetch.wait.max.ms"] = 50
+    from processor.kafka.read_to_end import PartitionsToEnd
+
     c = new_consumer(conf, "probing partition ends")
     more: set[tuple[str, int]] = set()
     try:
-        assign(c, [TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in positions.items()])
-        done: set[tuple[str, int]] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(done) < len(positions):
-            if time.monotonic() > deadline:
-                raise KafkaIOError(f"probing {sorted(set(positions) - done)} did not reach the end "
-                                  f"within {timeout_s:.0f} s")
-            for m in c.consume(100, 0.2):
-                key = (m.topic(), m.partition())
-                err = m.error()
-                if err is None:
-                    more.add(key)
-                    done.add(key)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    done.add(key)
-                else:
-                    raise KafkaIOError(f"probing {key[0]}[{key[1]}]: {err.str()}")
+        reader = PartitionsToEnd(c, positions)
+        for m in reader.records(
+                timeout_s, batch=100,
+                error=lambda tp, err: KafkaIOError(f"probing {tp[0]}[{tp[1]}]: {err}"),
+                timeout=lambda pending: KafkaIOError(f"probing {pending} did not reach the end "
+                                                     f"within {timeout_s:.0f} s")):
+            key = cast(tuple[str, int], (m.topic(), m.partition()))
+            more.add(key)           # one record there is enough
+            reader.finish(key)
     finally:
         c.close()
     return more
