@@ -44,7 +44,7 @@ import time
 
 from processor.config import ON_ERROR_POLICIES, PROCESSING_GUARANTEES, StreamsConfig
 from processor.errors import ConfigError, ProcessorError
-from processor.kafka.client_config import ClientConfig
+from processor.kafka.client_config import ClientConfig, parse_pairs
 
 
 def resolve_topology(spec: str):
@@ -61,6 +61,8 @@ def resolve_topology(spec: str):
             if not os.path.exists(module_name):
                 raise ConfigError(f"cannot load {module_name!r}: no such file")
             loaded = importlib.util.spec_from_file_location("_processor_app", module_name)
+            if loaded is None or loaded.loader is None:
+                raise ConfigError(f"cannot load {module_name!r}: not a Python file")
             module = importlib.util.module_from_spec(loaded)
             loaded.loader.exec_module(module)
         else:
@@ -223,7 +225,6 @@ def add_topic_arguments(p: argparse.ArgumentParser) -> None:
 
 def topic_settings_from_args(args) -> dict:
     """``replication_factor`` and ``topic_configs`` keyword arguments from the topic flags."""
-    from processor.kafka.client_config import parse_pairs
     from processor.kafka.topic_kinds import check_kind_configs
 
     if args.replication_factor is not None and args.replication_factor < 1:
@@ -295,24 +296,15 @@ def run_backfill_command(args) -> int:
         logging.getLogger("processor.backfill").info("Kafka client settings: %s", config.describe())
     report = backfill.run(topology, bootstrap_servers=args.bootstrap_servers,
                           application_id=args.application_id, state_dir=args.state_dir,
-                          emit_outputs=args.emit_outputs, archives=_kv(args.archive), force=args.force,
-                          compaction=not args.no_compaction, master=args.master,
-                          config=streams_config_from_args(args, config), spark_conf=_kv(args.conf),
+                          emit_outputs=args.emit_outputs, archives=parse_pairs(args.archive, "--archive"),
+                          force=args.force, compaction=not args.no_compaction, master=args.master,
+                          config=streams_config_from_args(args, config),
+                          spark_conf=parse_pairs(args.conf, "--conf"),
                           py_files=[p for arg in args.py_files for p in arg.split(",") if p],
                           executor_timeout_s=args.executor_timeout)
     for line in report.lines():
         print(line, flush=True)
     return 0
-
-
-def _kv(pairs: list[str]) -> dict:
-    out = {}
-    for p in pairs:
-        k, sep, v = p.partition("=")
-        if not sep:
-            raise ConfigError(f"expected KEY=VALUE, got {p!r}")
-        out[k] = v
-    return out
 
 
 ENV_PREFIX = "PROCESSOR_"

@@ -35,6 +35,7 @@ No confluent_kafka import here: the settings are plain data (they travel to Spar
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -201,7 +202,10 @@ def build_client_config(config_files=(), config_pairs=(), consumer_pairs=(), pro
     return ClientConfig(common=common, ignored=tuple(dict.fromkeys(ignored)), registry=registry, **kinds)
 
 
-def parse_pairs(pairs, flag: str) -> dict:
+def parse_pairs(pairs: Iterable[str], flag: str) -> dict[str, str]:
+    """``KEY=VALUE`` strings (of the repeatable flag ``flag``) -> ``{key: value}``, later wins; the
+    one definition of the syntax (client settings, topic settings, ``--conf``, ``--archive``). A
+    malformed entry is refused naming the flag, its value hidden (it may be a secret)."""
     out = {}
     for p in pairs:
         k, sep, v = p.partition("=")

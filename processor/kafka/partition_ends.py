@@ -28,6 +28,7 @@ gives no event there within ``JUMP_WAIT_S`` (``read_committed`` with a transacti
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
@@ -95,7 +96,7 @@ def to_ranges(offsets: dict[TopicPartitionKey, tuple[int, int]]) -> dict[str, di
     ``backfill.kafka_source.read_history`` takes."""
     out: dict[str, dict[int, tuple[int, int]]] = {}
     for (topic, partition), rng in sorted(offsets.items()):
-        out.setdefault(topic, {})[partition] = tuple(rng)
+        out.setdefault(topic, {})[partition] = (rng[0], rng[1])
     return out
 
 
@@ -113,7 +114,7 @@ def _first_events(c: Consumer, positions: dict[TopicPartitionKey, int], deadline
             raise ConfigError("snapshot: no record or end of partition seen within the timeout on "
                               + ", ".join(_where(k) for k in sorted(set(positions) - set(out))))
         for m in c.consume(1000, 0.02):   # (consume() waits its whole timeout unless the batch fills)
-            key = (m.topic(), m.partition())
+            key = cast(TopicPartitionKey, (m.topic(), m.partition()))   # (set on these events)
             if key in out:
                 continue
             err = m.error()
@@ -148,9 +149,9 @@ def _eof_offsets(c: Consumer, positions: dict[TopicPartitionKey, int], deadline:
             err = m.error()
             if err is None:
                 continue
-            key = (m.topic(), m.partition())
+            key = cast(TopicPartitionKey, (m.topic(), m.partition()))   # (set on these events)
             if err.code() == KafkaError._PARTITION_EOF:
-                out.setdefault(key, m.offset())
+                out.setdefault(key, cast(int, m.offset()))
             else:
                 raise ConfigError(f"snapshot of {_where(key)}: {err.str()}")
     return out
