@@ -177,6 +177,11 @@ class KafkaCluster:
         return f"KafkaCluster({self.bootstrap_servers!r}, {self.config!r})"
 
 
+# where a Kafka helper connects: a bootstrap string (default client settings) or a cluster with
+# the user's settings (``processor.kafka.clients.cluster_of`` turns either into a cluster)
+Cluster = str | KafkaCluster
+
+
 def build_client_config(config_files=(), config_pairs=(), consumer_pairs=(), producer_pairs=(),
                         admin_pairs=(), registry_url: str | None = None, registry_pairs=()) -> ClientConfig:
     """The CLI's settings -> ClientConfig. ``*_pairs`` are ``KEY=VALUE`` strings (later wins);

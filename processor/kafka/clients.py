@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from processor.errors import BrokerUnreachable, ConfigError, KafkaIOError
-from processor.kafka.client_config import ClientConfig, KafkaCluster, describe_settings, is_secret
+from processor.kafka.client_config import ClientConfig, Cluster, KafkaCluster, describe_settings, is_secret
 
 # Explicit retention on every topic we create: some brokers (Tansu) report back only the
 # settings given at creation, and tools break on a missing retention key.
@@ -75,7 +75,7 @@ def assign(consumer: Consumer, partitions: list, timeout_s: float = 10.0) -> Non
     consumer.assign(partitions)
 
 
-def consumer_defaults(bootstrap_servers: str | KafkaCluster) -> dict:
+def consumer_defaults(bootstrap_servers: Cluster) -> dict:
     """A consumer's settings: the defaults below, then the cluster's common and consumer settings."""
     cluster = cluster_of(bootstrap_servers)
     return {**{
@@ -93,7 +93,7 @@ def consumer_defaults(bootstrap_servers: str | KafkaCluster) -> dict:
     }, **cluster.config.for_kind("consumer")}
 
 
-def producer_defaults(bootstrap_servers: str | KafkaCluster) -> dict:
+def producer_defaults(bootstrap_servers: Cluster) -> dict:
     """A producer's settings: the defaults below, then the cluster's common and producer settings."""
     cluster = cluster_of(bootstrap_servers)
     return {**{
@@ -111,14 +111,14 @@ def producer_defaults(bootstrap_servers: str | KafkaCluster) -> dict:
     }, **cluster.config.for_kind("producer")}
 
 
-def admin(bootstrap_servers: str | KafkaCluster, role: str = "topic administration") -> AdminClient:
+def admin(bootstrap_servers: Cluster, role: str = "topic administration") -> AdminClient:
     cluster = cluster_of(bootstrap_servers)
     return _open(AdminClient, "admin client", {"bootstrap.servers": cluster.bootstrap_servers,
                                                "logger": KAFKA_LOGGER, **cluster.config.for_kind("admin")},
                  role)
 
 
-def topic_partitions(bootstrap_servers: str, timeout_s: float = 10.0) -> dict[str, int]:
+def topic_partitions(bootstrap_servers: Cluster, timeout_s: float = 10.0) -> dict[str, int]:
     """Partition counts of every topic; BrokerUnreachable (one line) if the broker does not answer."""
     try:
         md = admin(bootstrap_servers).list_topics(timeout=timeout_s)
@@ -128,7 +128,7 @@ def topic_partitions(bootstrap_servers: str, timeout_s: float = 10.0) -> dict[st
     return {name: len(t.partitions) for name, t in md.topics.items() if not t.error}
 
 
-def create_topics(bootstrap_servers: str, topics: dict[str, int], exist_ok: bool = True,
+def create_topics(bootstrap_servers: Cluster, topics: dict[str, int], exist_ok: bool = True,
                   timeout_s: float = 15.0, config: dict | None = None, replication_factor: int = 1) -> None:
     """Create ``{topic: partitions}`` (explicit retention, or ``config``)."""
     if not topics:
@@ -147,7 +147,7 @@ def create_topics(bootstrap_servers: str, topics: dict[str, int], exist_ok: bool
             raise ConfigError(f"cannot create topic {topic!r}: {err.str()}") from None
 
 
-def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0,
+def read_topic(bootstrap_servers: Cluster, topic: str, timeout_s: float = 30.0,
                isolation_level: str = "read_committed") -> list:
     """Every record of ``topic`` from the beginning to its current end, partition by partition
     (a list of confluent_kafka Messages, ordered by partition then offset). Uses partition EOF,
@@ -177,7 +177,7 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0,
     return [m for p in range(parts) for m in by_part[p]]
 
 
-def partitions_with_records_from(bootstrap_servers: str, positions: dict[tuple[str, int], int],
+def partitions_with_records_from(bootstrap_servers: Cluster, positions: dict[tuple[str, int], int],
                                  timeout_s: float = 30.0,
                                  isolation_level: str = "read_uncommitted") -> set[tuple[str, int]]:
     """Which of ``{(topic, partition): offset}`` hold a record at or after ``offset`` (found by

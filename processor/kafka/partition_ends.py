@@ -33,6 +33,7 @@ from typing import cast
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from processor.errors import ConfigError
+from processor.kafka.client_config import Cluster
 from processor.kafka.clients import assign, consumer_defaults, new_consumer, topic_partitions
 
 TopicPartitionKey = tuple[str, int]
@@ -40,7 +41,7 @@ TopicPartitionKey = tuple[str, int]
 JUMP_WAIT_S = 2.0   # how long a partition positioned at hw - 1 may stay silent before the full read
 
 
-def snapshot_offsets(bootstrap_servers: str, topics, timeout_s: float = 30.0,
+def snapshot_offsets(bootstrap_servers: Cluster, topics, timeout_s: float = 30.0,
                      consumer_config: dict | None = None) -> dict[TopicPartitionKey, tuple[int, int]]:
     """``{(topic, partition): (start, end)}`` for every partition of ``topics``.
 
@@ -79,13 +80,13 @@ def snapshot_offsets(bootstrap_servers: str, topics, timeout_s: float = 30.0,
     return {k: (start[k], end[k]) for k in keys}
 
 
-def snapshot_end_offsets(bootstrap_servers: str, topics, timeout_s: float = 30.0,
+def snapshot_end_offsets(bootstrap_servers: Cluster, topics, timeout_s: float = 30.0,
                          consumer_config: dict | None = None) -> dict[TopicPartitionKey, int]:
     """``{(topic, partition): end}``: see ``snapshot_offsets``."""
     return {k: e for k, (_, e) in snapshot_offsets(bootstrap_servers, topics, timeout_s, consumer_config).items()}
 
 
-def snapshot_start_offsets(bootstrap_servers: str, topics, timeout_s: float = 30.0,
+def snapshot_start_offsets(bootstrap_servers: Cluster, topics, timeout_s: float = 30.0,
                            consumer_config: dict | None = None) -> dict[TopicPartitionKey, int]:
     """``{(topic, partition): start}`` (earliest offset a consumer reads): see ``snapshot_offsets``."""
     return {k: s for k, (s, _) in snapshot_offsets(bootstrap_servers, topics, timeout_s, consumer_config).items()}

@@ -11,6 +11,7 @@ from typing import cast
 from processor.engine.routing import PartitionerChoice, decide_partitioners
 from processor.errors import ConfigError, KafkaIOError
 from processor.kafka import clients as kafka
+from processor.kafka.client_config import Cluster
 from processor.kafka.read_to_end import PartitionsToEnd
 
 log = logging.getLogger("processor.partitioning")
@@ -18,7 +19,7 @@ log = logging.getLogger("processor.partitioning")
 SAMPLE_PER_PARTITION = 1000
 
 
-def sample_keys(bootstrap_servers: str, topics: dict[str, int], per_partition: int = SAMPLE_PER_PARTITION,
+def sample_keys(bootstrap_servers: Cluster, topics: dict[str, int], per_partition: int = SAMPLE_PER_PARTITION,
                 consumer_config: dict | None = None, timeout_s: float = 30.0) -> dict[str, list]:
     """``{topic: [(key, partition, offset)]}``: the first ``per_partition`` records of every
     partition of ``topics`` (``{topic: partition count}``), read up to partition EOF."""
@@ -49,7 +50,7 @@ def sample_keys(bootstrap_servers: str, topics: dict[str, int], per_partition: i
     return out
 
 
-def determine_partitioners(topology, bootstrap_servers: str, partition_counts: dict[str, int],
+def determine_partitioners(topology, bootstrap_servers: Cluster, partition_counts: dict[str, int],
                            consumer_config: dict | None = None,
                            application_id: str | None = None) -> dict[str, PartitionerChoice]:
     """Declared, recorded or detected partitioner of every source topic a join depends on; logs
@@ -82,7 +83,7 @@ def partitioning_topic(application_id: str) -> str:
     return f"{application_id}-partitioning"
 
 
-def read_recorded(bootstrap_servers: str, application_id: str, existing: dict[str, int]) -> dict[str, str]:
+def read_recorded(bootstrap_servers: Cluster, application_id: str, existing: dict[str, int]) -> dict[str, str]:
     """``{topic: partitioner family}`` recorded for the application (empty before its first start)."""
     topic = partitioning_topic(application_id)
     if topic not in existing:
@@ -106,7 +107,7 @@ def read_recorded(bootstrap_servers: str, application_id: str, existing: dict[st
     return out
 
 
-def record_decisions(bootstrap_servers: str, application_id: str, choices: dict[str, PartitionerChoice],
+def record_decisions(bootstrap_servers: Cluster, application_id: str, choices: dict[str, PartitionerChoice],
                      recorded: dict[str, str], existing: dict[str, int]) -> None:
     """Record the partitioner of every routing topic not recorded yet."""
     new = {t: c for t, c in choices.items() if c.routes and t not in recorded}
