@@ -41,11 +41,16 @@ def test_each_bad_value_is_refused_naming_it(setting, value, named):
     assert exc.value.exit_code == 2
 
 
-def test_the_defaults_are_valid():
+def test_the_defaults_are_valid_and_it_travels_by_pickle():
+    import pickle
+
     c = StreamsConfig()
     assert (c.processing_guarantee, c.on_error, c.commit_interval_ms, c.max_task_idle_ms) == \
         ("at_least_once", "dlq", 1000, 0)
     assert c.topic_configs == {} and c.replication_factor is None
+    given = StreamsConfig(processing_guarantee="exactly_once", clients=ClientConfig(common={"a": "b"}),
+                          topic_configs={"changelog": {"retention.ms": "1"}})
+    assert pickle.loads(pickle.dumps(given)) == given      # (the backfill ships settings to executors)
 
 
 @pytest.mark.parametrize("guarantee, consumer, want", [
