@@ -113,29 +113,22 @@ def write_task(ctx, sub, partition, stores, t0) -> dict:
 
 def existing_keys(bootstrap_servers, topic, partition, end) -> list[bytes]:
     """The keys of ``topic[partition]`` below ``end`` (a changelog an earlier run wrote)."""
-    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
-
     from processor.kafka import clients as kafka
+    from processor.kafka.read_to_end import PartitionsToEnd
 
     conf = kafka.consumer_defaults(bootstrap_servers)
     conf.update({"group.id": f"backfill-keys-{time.time_ns()}", "fetch.wait.max.ms": 50})
     c = kafka.new_consumer(conf, f"reading the keys of changelog {topic}[{partition}]")
     keys: dict[bytes, None] = {}
     try:
-        kafka.assign(c, [TopicPartition(topic, partition, OFFSET_BEGINNING)])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for m in c.consume(1000, 0.2):
-                err = m.error()
-                if err is None:
-                    key, offset = m.key(), m.offset()
-                    if key is not None:
-                        keys[key] = None
-                    if offset is not None and offset + 1 >= end:
-                        return list(keys)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    return list(keys)
-        raise ConfigError(f"backfill: reading the earlier records of {topic}[{partition}] did not finish in 60 s")
+        # (error events are left to librdkafka's retries)
+        for m in PartitionsToEnd(c, {(topic, partition): 0}, {(topic, partition): end}).records(
+                60, error=None, timeout=lambda _: ConfigError(
+                    f"backfill: reading the earlier records of {topic}[{partition}] did not finish in 60 s")):
+            key = m.key()
+            if key is not None:
+                keys[key] = None
+        return list(keys)
     finally:
         c.close()
 

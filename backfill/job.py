@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 from backfill.compaction import compaction_plan, last_changes  # noqa: F401 (the job's public names)
 from backfill.items import RunRecord
+from processor.config import StreamsConfig
 from processor.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -84,7 +85,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("processor.backfill")
 
-PROCESSING_GUARANTEES = ("at_least_once", "exactly_once")
 EXECUTOR_TIMEOUT_S = 120.0    # how long a cluster may take to give the job its first executor
 
 @dataclass
@@ -185,30 +185,20 @@ class ClientSettings:
     registry: Any                      # the Schema Registry settings (ClientConfig.registry)
 
 
-def client_settings(bootstrap_servers, client_config, consumer_config: dict | None,
-                    producer_config: dict | None, processing_guarantee: str) -> ClientSettings:
-    """The job's client settings (``ClientSettings``); ConfigError for an unknown
-    ``processing_guarantee``."""
+def client_settings(bootstrap_servers, settings: StreamsConfig) -> ClientSettings:
+    """The job's client settings (``ClientSettings``) from the validated ``settings``."""
     from processor.kafka import clients as kafka
-    from processor.kafka.client_config import ClientConfig
 
-    if processing_guarantee not in PROCESSING_GUARANTEES:
-        raise ConfigError(f"processing_guarantee must be one of {', '.join(PROCESSING_GUARANTEES)}, "
-                          f"not {processing_guarantee!r}")
-    config = ((client_config or ClientConfig()).with_kind("consumer", consumer_config)
-              .with_kind("producer", producer_config))
     # partitioner detection samples as the worker does: at the level the user gave, else
     # read_uncommitted (processor/kafka/partitioning.py), so both decide on the same records
-    sampling_config = {"isolation.level": "read_uncommitted", **config.for_kind("consumer")}
-    if "isolation.level" not in config.for_kind("consumer"):
-        # the worker's rule (processor/runtime/worker.py), for every other consumer below
-        config = config.with_kind("consumer", {"isolation.level": "read_committed" if processing_guarantee
-                                               == "exactly_once" else "read_uncommitted"})
+    sampling_config = {"isolation.level": "read_uncommitted", **settings.clients.for_kind("consumer")}
+    # every other consumer below reads at the worker's isolation level (StreamsConfig.isolation_level)
+    clients = settings.clients_at_isolation_level()
     # every client below, in the driver and (through the job context) the executors, gets them
-    bootstrap_servers = kafka.cluster_of(bootstrap_servers, config)
-    consumer_config = config.for_kind("consumer") or None
-    producer_config = config.for_kind("producer") or None
-    return ClientSettings(bootstrap_servers, consumer_config, producer_config, sampling_config, config.registry)
+    bootstrap_servers = kafka.cluster_of(bootstrap_servers, clients)
+    consumer_config = clients.for_kind("consumer") or None
+    producer_config = clients.for_kind("producer") or None
+    return ClientSettings(bootstrap_servers, consumer_config, producer_config, sampling_config, clients.registry)
 
 
 @dataclass
@@ -263,6 +253,7 @@ class BackfillJob:
         application in the state directory and no committed offsets of its group. A killed run's
         build root is removed."""
         from processor.kafka import clients as kafka
+        from processor.kafka import startup_checks
 
         topo, bootstrap_servers, application_id = self.topo, self.bootstrap_servers, self.application_id
         emit_outputs, archives, state_dir = self.emit_outputs, self.archives, self.state_dir
@@ -271,10 +262,7 @@ class BackfillJob:
         sources = self.sources = list(dict.fromkeys(topo.external_source_topics()))
         wanted = sources + (topo.sink_topics(internal=False) if emit_outputs else [])
         wanted += topo.global_topics()
-        missing = sorted({t for t in wanted if t not in counts})
-        if missing:
-            raise ConfigError(f"topic(s) {', '.join(missing)} do not exist on {bootstrap_servers}; "
-                              f"create them before backfilling application {application_id!r}")
+        startup_checks.require_topics(bootstrap_servers, counts, wanted, application_id, "backfilling")
         for topic, path in (archives or {}).items():
             if topic not in sources:
                 raise ConfigError(f"archive given for topic {topic!r}, which this topology does not read "
@@ -285,12 +273,8 @@ class BackfillJob:
                 raise ConfigError(f"archive given for topic {topic!r}, which is a table's changelog "
                                   f"(reuse_source_topics): a restore from the topic could not rebuild the "
                                   f"archived history; build the topology without reuse_source_topics")
-        for i in range(len(topo.subtopologies)):
-            ext = {t: counts[t] for t in topo.source_topics(i) if t in sources}
-            if len(set(ext.values())) > 1:
-                listing = ", ".join(f"{t}={n}" for t, n in sorted(ext.items()))
-                raise ConfigError(f"co-partitioned source topics of sub-topology {i} have different "
-                                  f"partition counts ({listing}); they must be equal")
+        # (the external sources: internal topics are created to match, below)
+        startup_checks.check_co_partitioning(topo, {t: counts[t] for t in sources})
         if not self.force:
             _refuse_existing(bootstrap_servers, application_id, state_dir, sources, counts, self.consumer_config)
         if state_dir is not None:
@@ -351,8 +335,7 @@ class BackfillJob:
         """1. The internal topics as the worker creates them (and checks them), the dead-letter
         topic under ``on_error="dlq"``; their partition counts join ``counts``."""
         from processor.engine.task import dlq_topic_for
-        from processor.kafka import clients as kafka
-        from processor.kafka import internal_topics
+        from processor.kafka import internal_topics, startup_checks
 
         topo, bootstrap_servers, application_id, counts = self.topo, self.bootstrap_servers, \
             self.application_id, self.counts
@@ -363,10 +346,7 @@ class BackfillJob:
         internal_counts = self.internal_counts = {t: n for t, (n, kind) in wanted.items() if kind != "changelog"}
         counts.update(internal_counts)
         dlq = self.dlq = dlq_topic_for(application_id)
-        if on_error == "dlq" and dlq not in counts:
-            rf = (replication_factor if replication_factor is not None
-                  else internal_topics.default_replication_factor(bootstrap_servers))
-            kafka.create_topics(bootstrap_servers, {dlq: 1}, replication_factor=rf)
+        startup_checks.create_dead_letter_topic(bootstrap_servers, on_error, dlq, counts, replication_factor)
         self.changelog_topics = topo.changelog_topic_partitions(counts)
 
     def take_snapshot(self) -> Snapshot:
@@ -532,7 +512,7 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         client_config=None, replication_factor: int | None = None,
         topic_configs: dict | None = None, processing_guarantee: str = "at_least_once",
         spark_conf: dict | None = None, py_files=(), executor_timeout_s: float = EXECUTOR_TIMEOUT_S,
-        compaction: bool = True) -> BackfillReport:
+        compaction: bool = True, config: StreamsConfig | None = None) -> BackfillReport:
     """Rebuild every task's stores of ``topology`` for ``application_id`` from topic history and
     hand over to the worker (see the module docstring): the changelogs, commit records and group
     offsets always; the worker's layout in ``state_dir`` when one is given. ``client_config``
@@ -547,11 +527,20 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
     aborted one, on a broker that hides them) gets into the stores. ``spark_conf``: Spark
     settings of the session the job creates (``--conf``); ``py_files``: more code for the
     executors (the topology's own module is shipped without it: ``backfill.code_shipping``).
-    ``compaction=False`` replays every record of every source (``backfill.compaction``)."""
+    ``compaction=False`` replays every record of every source (``backfill.compaction``).
+    ``config``: a ``processor.config.StreamsConfig`` instead of the settings keywords
+    (``processing_guarantee``, ``on_error``, ``client_config``, ``replication_factor``,
+    ``topic_configs``); either way they are validated before anything else is done."""
     from backfill import code_shipping
 
-    clients = client_settings(bootstrap_servers, client_config, consumer_config, producer_config,
-                              processing_guarantee)
+    # the shared settings, validated once (processor/config.py)
+    settings = StreamsConfig.of(config, client_config=client_config, consumer_config=consumer_config,
+                                producer_config=producer_config, processing_guarantee=processing_guarantee,
+                                on_error=on_error, replication_factor=replication_factor,
+                                topic_configs=topic_configs)
+    on_error, replication_factor = settings.on_error, settings.replication_factor
+    topic_configs = dict(settings.topic_configs)
+    clients = client_settings(bootstrap_servers, settings)
     job = BackfillJob(topology, clients, application_id, state_dir, emit_outputs, archives, force, on_error,
                       compaction)
     job.check()

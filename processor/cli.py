@@ -42,7 +42,9 @@ import signal
 import sys
 import time
 
+from processor.config import ON_ERROR_POLICIES, PROCESSING_GUARANTEES, StreamsConfig
 from processor.errors import ConfigError, ProcessorError
+from processor.kafka.client_config import ClientConfig, parse_pairs
 
 
 def resolve_topology(spec: str):
@@ -59,6 +61,8 @@ def resolve_topology(spec: str):
             if not os.path.exists(module_name):
                 raise ConfigError(f"cannot load {module_name!r}: no such file")
             loaded = importlib.util.spec_from_file_location("_processor_app", module_name)
+            if loaded is None or loaded.loader is None:
+                raise ConfigError(f"cannot load {module_name!r}: not a Python file")
             module = importlib.util.module_from_spec(loaded)
             loaded.loader.exec_module(module)
         else:
@@ -109,13 +113,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--application-id", required=True)
     r.add_argument("--state-dir", required=True)
     r.add_argument("--commit-interval-ms", type=int, default=1000)
-    r.add_argument("--on-error", choices=["dlq", "skip", "fail"], default="dlq",
+    r.add_argument("--on-error", choices=ON_ERROR_POLICIES, default="dlq",
                    help="what to do with a record that fails: it does not deserialize, a user function "
                         "raises, an output does not serialize or is too large (default: dlq: to "
                         "<application-id>-dlq; skip: count and log; fail: stop, exit 6)")
     add_client_arguments(r)
     add_topic_arguments(r)
-    r.add_argument("--processing-guarantee", choices=["at_least_once", "exactly_once"],
+    r.add_argument("--processing-guarantee", choices=PROCESSING_GUARANTEES,
                    default="at_least_once",
                    help="exactly_once: outputs, changelogs and input offsets of each commit in one "
                         "Kafka transaction (state is effectively once either way)")
@@ -199,9 +203,9 @@ def add_backfill_arguments(bf: argparse.ArgumentParser) -> None:
     bf.add_argument("--archive", action="append", default=[], metavar="TOPIC=PATH",
                     help="Parquet archive (Spark kafka schema) of records older than the topic's earliest offset")
     bf.add_argument("--force", action="store_true", help="replace existing state / ignore committed group offsets")
-    bf.add_argument("--on-error", choices=["dlq", "skip", "fail"], default="dlq",
+    bf.add_argument("--on-error", choices=ON_ERROR_POLICIES, default="dlq",
                     help="the worker's policy for a record that fails (see processor run --help)")
-    bf.add_argument("--processing-guarantee", choices=["at_least_once", "exactly_once"],
+    bf.add_argument("--processing-guarantee", choices=PROCESSING_GUARANTEES,
                     default="at_least_once",
                     help="the guarantee of the worker that continues: under exactly_once the history "
                          "is read read_committed, as that worker reads it (an open transaction's "
@@ -221,8 +225,7 @@ def add_topic_arguments(p: argparse.ArgumentParser) -> None:
 
 def topic_settings_from_args(args) -> dict:
     """``replication_factor`` and ``topic_configs`` keyword arguments from the topic flags."""
-    from processor.kafka.client_config import parse_pairs
-    from processor.kafka.internal_topics import check_kind_configs
+    from processor.kafka.topic_kinds import check_kind_configs
 
     if args.replication_factor is not None and args.replication_factor < 1:
         raise ConfigError(f"--replication-factor must be at least 1, not {args.replication_factor}")
@@ -248,6 +251,15 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schema-registry-config", action="append", default=[], metavar="KEY=VALUE",
                    help="Schema Registry client setting (e.g. basic.auth.user.info=KEY:SECRET, ssl.ca.location=...) "
                         "or auto.register.schemas=true|false for outputs (repeatable; secrets are redacted in logs)")
+
+
+def streams_config_from_args(args: argparse.Namespace, clients: ClientConfig) -> StreamsConfig:
+    """The ``StreamsConfig`` of ``processor run`` / ``processor backfill``'s arguments (the
+    worker's commit interval and idle time: their defaults for the backfill, which has no such
+    flags), with the client settings of ``client_config_from_args``."""
+    extra = {name: getattr(args, name) for name in ("commit_interval_ms", "max_task_idle_ms") if hasattr(args, name)}
+    return StreamsConfig(processing_guarantee=args.processing_guarantee, on_error=args.on_error, clients=clients,
+                         **topic_settings_from_args(args), **extra)
 
 
 def client_config_from_args(args):
@@ -284,24 +296,15 @@ def run_backfill_command(args) -> int:
         logging.getLogger("processor.backfill").info("Kafka client settings: %s", config.describe())
     report = backfill.run(topology, bootstrap_servers=args.bootstrap_servers,
                           application_id=args.application_id, state_dir=args.state_dir,
-                          emit_outputs=args.emit_outputs, archives=_kv(args.archive), force=args.force,
-                          compaction=not args.no_compaction, master=args.master, on_error=args.on_error, client_config=config,
-                          processing_guarantee=args.processing_guarantee, spark_conf=_kv(args.conf),
+                          emit_outputs=args.emit_outputs, archives=parse_pairs(args.archive, "--archive"),
+                          force=args.force, compaction=not args.no_compaction, master=args.master,
+                          config=streams_config_from_args(args, config),
+                          spark_conf=parse_pairs(args.conf, "--conf"),
                           py_files=[p for arg in args.py_files for p in arg.split(",") if p],
-                          executor_timeout_s=args.executor_timeout, **topic_settings_from_args(args))
+                          executor_timeout_s=args.executor_timeout)
     for line in report.lines():
         print(line, flush=True)
     return 0
-
-
-def _kv(pairs: list[str]) -> dict:
-    out = {}
-    for p in pairs:
-        k, sep, v = p.partition("=")
-        if not sep:
-            raise ConfigError(f"expected KEY=VALUE, got {p!r}")
-        out[k] = v
-    return out
 
 
 ENV_PREFIX = "PROCESSOR_"
@@ -385,13 +388,10 @@ def main(argv: list[str] | None = None) -> int:
 
             configure_memory(args.state_block_cache_mb, args.state_write_buffer_mb)
             worker = Worker(topology, args.bootstrap_servers, args.application_id, args.state_dir,
-                            commit_interval_ms=args.commit_interval_ms, on_error=args.on_error,
-                            client_config=config, **topic_settings_from_args(args),
+                            config=streams_config_from_args(args, config),
                             startup_timeout_s=args.startup_timeout_s,
-                            processing_guarantee=args.processing_guarantee,
                             static_membership=args.static_membership, http_port=args.http_port,
-                            http_host=args.http_host, health_timeout_s=args.health_timeout_s,
-                            max_task_idle_ms=args.max_task_idle_ms)
+                            http_host=args.http_host, health_timeout_s=args.health_timeout_s)
             worker.run()
             logging.getLogger("processor.worker").info(
                 "stopped after %d records; fetch gaps read again: %d, accepted: %d; counters: %s",

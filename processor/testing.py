@@ -15,6 +15,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
+from processor.config import StreamsConfig
 from processor.engine.task import Task, dlq_topic_for
 from processor.errors import ConfigError
 from processor.graph import SinkAttrs
@@ -159,7 +160,12 @@ class TopologyTestDriver:
             topics: The user topics that exist, for a topic extractor's sink (``to(extractor)``
                 sends only to one that does; default: every topic exists, as in Kafka Streams'
                 driver).
+
+        Raises:
+            ConfigError: ``on_error`` is not a policy (validated as the worker's:
+                ``processor.config.StreamsConfig``).
         """
+        on_error = StreamsConfig(on_error=on_error).on_error
         topology = topology.for_application(application_id)
         self.topology = topology
         self.application_id = application_id

@@ -64,6 +64,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from processor import provenance
+from processor.config import ON_ERROR_POLICIES
 from processor.engine.dead_letters import DLQ_HEADERS, STACKTRACE_LIMIT, DeadLetters, dead_letter_headers, dlq_topic_for
 from processor.engine.fk_join_coalescing import ForeignKeyJoinRecordCoalescer
 from processor.engine.protocols import RecordCollector, StoreProvider, WallClock
@@ -97,7 +98,7 @@ from processor.state.stored_outbox import OUTBOX_CHUNK_BYTES, StoredOutbox
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "DLQ_HEADERS", "ERROR_POLICIES", "OUTBOX_CHUNK_BYTES", "STACKTRACE_LIMIT",
            "UNORDERED", "Task", "_wire_size", "dead_letter_headers", "dlq_topic_for", "max_record_bytes_of"]
 
-ERROR_POLICIES = ("dlq", "skip", "fail")
+ERROR_POLICIES = ON_ERROR_POLICIES   # defined once, in processor/config.py
 
 # Task.event_time of a record whose extraction fails: ordered before every other
 UNORDERED = -1

@@ -35,6 +35,7 @@ No confluent_kafka import here: the settings are plain data (they travel to Spar
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,6 +177,11 @@ class KafkaCluster:
         return f"KafkaCluster({self.bootstrap_servers!r}, {self.config!r})"
 
 
+# where a Kafka helper connects: a bootstrap string (default client settings) or a cluster with
+# the user's settings (``processor.kafka.clients.cluster_of`` turns either into a cluster)
+Cluster = str | KafkaCluster
+
+
 def build_client_config(config_files=(), config_pairs=(), consumer_pairs=(), producer_pairs=(),
                         admin_pairs=(), registry_url: str | None = None, registry_pairs=()) -> ClientConfig:
     """The CLI's settings -> ClientConfig. ``*_pairs`` are ``KEY=VALUE`` strings (later wins);
@@ -201,7 +207,10 @@ def build_client_config(config_files=(), config_pairs=(), consumer_pairs=(), pro
     return ClientConfig(common=common, ignored=tuple(dict.fromkeys(ignored)), registry=registry, **kinds)
 
 
-def parse_pairs(pairs, flag: str) -> dict:
+def parse_pairs(pairs: Iterable[str], flag: str) -> dict[str, str]:
+    """``KEY=VALUE`` strings (of the repeatable flag ``flag``) -> ``{key: value}``, later wins; the
+    one definition of the syntax (client settings, topic settings, ``--conf``, ``--archive``). A
+    malformed entry is refused naming the flag, its value hidden (it may be a secret)."""
     out = {}
     for p in pairs:
         k, sep, v = p.partition("=")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from processor.errors import BrokerUnreachable, ConfigError, KafkaIOError
-from processor.kafka.client_config import ClientConfig, KafkaCluster, describe_settings, is_secret
+from processor.kafka.client_config import ClientConfig, Cluster, KafkaCluster, describe_settings, is_secret
 
 # Explicit retention on every topic we create: some brokers (Tansu) report back only the
 # settings given at creation, and tools break on a missing retention key.
@@ -74,7 +75,7 @@ def assign(consumer: Consumer, partitions: list, timeout_s: float = 10.0) -> Non
     consumer.assign(partitions)
 
 
-def consumer_defaults(bootstrap_servers: str | KafkaCluster) -> dict:
+def consumer_defaults(bootstrap_servers: Cluster) -> dict:
     """A consumer's settings: the defaults below, then the cluster's common and consumer settings."""
     cluster = cluster_of(bootstrap_servers)
     return {**{
@@ -92,7 +93,7 @@ def consumer_defaults(bootstrap_servers: str | KafkaCluster) -> dict:
     }, **cluster.config.for_kind("consumer")}
 
 
-def producer_defaults(bootstrap_servers: str | KafkaCluster) -> dict:
+def producer_defaults(bootstrap_servers: Cluster) -> dict:
     """A producer's settings: the defaults below, then the cluster's common and producer settings."""
     cluster = cluster_of(bootstrap_servers)
     return {**{
@@ -110,14 +111,14 @@ def producer_defaults(bootstrap_servers: str | KafkaCluster) -> dict:
     }, **cluster.config.for_kind("producer")}
 
 
-def admin(bootstrap_servers: str | KafkaCluster, role: str = "topic administration") -> AdminClient:
+def admin(bootstrap_servers: Cluster, role: str = "topic administration") -> AdminClient:
     cluster = cluster_of(bootstrap_servers)
     return _open(AdminClient, "admin client", {"bootstrap.servers": cluster.bootstrap_servers,
                                                "logger": KAFKA_LOGGER, **cluster.config.for_kind("admin")},
                  role)
 
 
-def topic_partitions(bootstrap_servers: str, timeout_s: float = 10.0) -> dict[str, int]:
+def topic_partitions(bootstrap_servers: Cluster, timeout_s: float = 10.0) -> dict[str, int]:
     """Partition counts of every topic; BrokerUnreachable (one line) if the broker does not answer."""
     try:
         md = admin(bootstrap_servers).list_topics(timeout=timeout_s)
@@ -127,7 +128,7 @@ def topic_partitions(bootstrap_servers: str, timeout_s: float = 10.0) -> dict[st
     return {name: len(t.partitions) for name, t in md.topics.items() if not t.error}
 
 
-def create_topics(bootstrap_servers: str, topics: dict[str, int], exist_ok: bool = True,
+def create_topics(bootstrap_servers: Cluster, topics: dict[str, int], exist_ok: bool = True,
                   timeout_s: float = 15.0, config: dict | None = None, replication_factor: int = 1) -> None:
     """Create ``{topic: partitions}`` (explicit retention, or ``config``)."""
     if not topics:
@@ -146,7 +147,7 @@ def create_topics(bootstrap_servers: str, topics: dict[str, int], exist_ok: bool
             raise ConfigError(f"cannot create topic {topic!r}: {err.str()}") from None
 
 
-def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0,
+def read_topic(bootstrap_servers: Cluster, topic: str, timeout_s: float = 30.0,
                isolation_level: str = "read_committed") -> list:
     """Every record of ``topic`` from the beginning to its current end, partition by partition
     (a list of confluent_kafka Messages, ordered by partition then offset). Uses partition EOF,
@@ -159,30 +160,24 @@ def read_topic(bootstrap_servers: str, topic: str, timeout_s: float = 30.0,
     conf["group.id"] = f"reader-{topic}-{time.time_ns()}"
     conf["isolation.level"] = isolation_level
     conf["fetch.wait.max.ms"] = 50   # a one-off reader: reach partition EOF quickly
+    from processor.kafka.read_to_end import PartitionsToEnd
+
     c = new_consumer(conf, f"reading {topic}")
     by_part: dict[int, list] = {p: [] for p in range(parts)}
     try:
-        assign(c, [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(parts)])
-        done: set[int] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(done) < parts:
-            if time.monotonic() > deadline:
-                raise KafkaIOError(f"reading {topic!r} did not reach the end of partitions "
-                                  f"{sorted(set(range(parts)) - done)} within {timeout_s:.0f} s")
-            for m in c.consume(1000, 0.2):
-                err = m.error()
-                if err is None:
-                    by_part[m.partition()].append(m)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    done.add(m.partition())
-                else:
-                    raise KafkaIOError(f"reading {topic!r}: {err.str()}")
+        reader = PartitionsToEnd(c, {(topic, p): 0 for p in range(parts)})
+        for m in reader.records(
+                timeout_s,
+                error=lambda tp, err: KafkaIOError(f"reading {topic!r}: {err}"),
+                timeout=lambda pending: KafkaIOError(f"reading {topic!r} did not reach the end of partitions "
+                                                     f"{[p for _, p in pending]} within {timeout_s:.0f} s")):
+            by_part[cast(int, m.partition())].append(m)
     finally:
         c.close()
     return [m for p in range(parts) for m in by_part[p]]
 
 
-def partitions_with_records_from(bootstrap_servers: str, positions: dict[tuple[str, int], int],
+def partitions_with_records_from(bootstrap_servers: Cluster, positions: dict[tuple[str, int], int],
                                  timeout_s: float = 30.0,
                                  isolation_level: str = "read_uncommitted") -> set[tuple[str, int]]:
     """Which of ``{(topic, partition): offset}`` hold a record at or after ``offset`` (found by
@@ -194,26 +189,20 @@ def partitions_with_records_from(bootstrap_servers: str, positions: dict[tuple[s
     conf["group.id"] = f"probe-{time.time_ns()}"
     conf["isolation.level"] = isolation_level
     conf["fetch.wait.max.ms"] = 50
+    from processor.kafka.read_to_end import PartitionsToEnd
+
     c = new_consumer(conf, "probing partition ends")
     more: set[tuple[str, int]] = set()
     try:
-        assign(c, [TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in positions.items()])
-        done: set[tuple[str, int]] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(done) < len(positions):
-            if time.monotonic() > deadline:
-                raise KafkaIOError(f"probing {sorted(set(positions) - done)} did not reach the end "
-                                  f"within {timeout_s:.0f} s")
-            for m in c.consume(100, 0.2):
-                key = (m.topic(), m.partition())
-                err = m.error()
-                if err is None:
-                    more.add(key)
-                    done.add(key)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    done.add(key)
-                else:
-                    raise KafkaIOError(f"probing {key[0]}[{key[1]}]: {err.str()}")
+        reader = PartitionsToEnd(c, positions)
+        for m in reader.records(
+                timeout_s, batch=100,
+                error=lambda tp, err: KafkaIOError(f"probing {tp[0]}[{tp[1]}]: {err}"),
+                timeout=lambda pending: KafkaIOError(f"probing {pending} did not reach the end "
+                                                     f"within {timeout_s:.0f} s")):
+            key = cast(tuple[str, int], (m.topic(), m.partition()))
+            more.add(key)           # one record there is enough
+            reader.finish(key)
     finally:
         c.close()
     return more

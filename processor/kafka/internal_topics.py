@@ -23,14 +23,12 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 
 from processor.errors import ConfigError, KafkaIOError
 from processor.kafka import clients as kafka
+from processor.kafka.topic_kinds import KINDS, NEEDS_COMPACT, check_kind_configs, is_compact, need
 
 log = logging.getLogger("processor.topics")
 
-KINDS = ("changelog", "repartition", "foreign-key")
 DEFAULT_CONFIGS = {"changelog": kafka.CHANGELOG_TOPIC_CONFIG, "repartition": kafka.TOPIC_CONFIG,
                    "foreign-key": kafka.TOPIC_CONFIG}
-# what each kind's cleanup.policy must (not) hold
-_NEEDS_COMPACT = {"changelog": True, "repartition": False, "foreign-key": False}
 
 
 def wanted_topics(topology, partitions: dict[str, int]) -> dict[str, tuple[int, str]]:
@@ -42,19 +40,6 @@ def wanted_topics(topology, partitions: dict[str, int]) -> dict[str, tuple[int, 
     counts = {**partitions, **internal}
     out.update({t: (n, "changelog") for t, n in topology.changelog_topic_partitions(counts).items()})
     return out
-
-
-def check_kind_configs(configs: dict[str, dict] | None) -> dict[str, dict]:
-    """The user's per-kind topic settings, refusing one that breaks the kind's contract."""
-    configs = dict(configs or {})
-    for kind, conf in configs.items():
-        if kind not in KINDS:
-            raise ConfigError(f"internal topic kind must be one of {KINDS}, not {kind!r}")
-        policy = conf.get("cleanup.policy")
-        if policy is not None and _is_compact(policy) != _NEEDS_COMPACT[kind]:
-            raise ConfigError(f"--{kind}-topic-config cleanup.policy={policy}: {kind} topics need "
-                              f"{_need(kind)}")
-    return configs
 
 
 def default_replication_factor(cluster) -> int:
@@ -90,9 +75,9 @@ def check_existing(cluster, application_id: str, wanted: dict[str, tuple[int, st
             # a topic created without the setting reports nothing on some brokers (Tansu): the
             # broker's default, delete
             policy = described.get(t, {}).get("cleanup.policy", "delete")
-            if _is_compact(policy) != _NEEDS_COMPACT[kind]:
+            if is_compact(policy) != NEEDS_COMPACT[kind]:
                 raise ConfigError(f"{kind} topic {t} has cleanup.policy={policy}, but application "
-                                  f"{application_id!r} needs {_need(kind)}; delete it or reset the application")
+                                  f"{application_id!r} needs {need(kind)}; delete it or reset the application")
 
 
 def create_missing(cluster, wanted: dict[str, tuple[int, str]], existing: dict[str, int],
@@ -125,7 +110,7 @@ def warn_deleting_sources(cluster, topics: list[str]) -> list[str]:
     for t in topics:
         conf = described.get(t, {})
         policy, retention = conf.get("cleanup.policy"), conf.get("retention.ms")
-        if policy is not None and _is_compact(policy) and "delete" not in str(policy):
+        if policy is not None and is_compact(policy) and "delete" not in str(policy):
             continue
         if policy is not None and str(retention) == "-1" and str(conf.get("retention.bytes", "-1")) == "-1":
             continue
@@ -149,11 +134,3 @@ def describe(cluster, topics: list[str]) -> dict[str, dict[str, str]]:
         except KafkaException as exc:
             raise KafkaIOError(f"describing topic {res.name}: {exc.args[0].str() if exc.args else exc}") from None
     return out
-
-
-def _is_compact(policy: str) -> bool:
-    return "compact" in {p.strip() for p in str(policy).split(",")}
-
-
-def _need(kind: str) -> str:
-    return "cleanup.policy=compact" if _NEEDS_COMPACT[kind] else "cleanup.policy=delete (not compacted)"

@@ -28,10 +28,12 @@ gives no event there within ``JUMP_WAIT_S`` (``read_committed`` with a transacti
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from processor.errors import ConfigError
+from processor.kafka.client_config import Cluster
 from processor.kafka.clients import assign, consumer_defaults, new_consumer, topic_partitions
 
 TopicPartitionKey = tuple[str, int]
@@ -39,7 +41,7 @@ TopicPartitionKey = tuple[str, int]
 JUMP_WAIT_S = 2.0   # how long a partition positioned at hw - 1 may stay silent before the full read
 
 
-def snapshot_offsets(bootstrap_servers: str, topics, timeout_s: float = 30.0,
+def snapshot_offsets(bootstrap_servers: Cluster, topics, timeout_s: float = 30.0,
                      consumer_config: dict | None = None) -> dict[TopicPartitionKey, tuple[int, int]]:
     """``{(topic, partition): (start, end)}`` for every partition of ``topics``.
 
@@ -78,13 +80,13 @@ def snapshot_offsets(bootstrap_servers: str, topics, timeout_s: float = 30.0,
     return {k: (start[k], end[k]) for k in keys}
 
 
-def snapshot_end_offsets(bootstrap_servers: str, topics, timeout_s: float = 30.0,
+def snapshot_end_offsets(bootstrap_servers: Cluster, topics, timeout_s: float = 30.0,
                          consumer_config: dict | None = None) -> dict[TopicPartitionKey, int]:
     """``{(topic, partition): end}``: see ``snapshot_offsets``."""
     return {k: e for k, (_, e) in snapshot_offsets(bootstrap_servers, topics, timeout_s, consumer_config).items()}
 
 
-def snapshot_start_offsets(bootstrap_servers: str, topics, timeout_s: float = 30.0,
+def snapshot_start_offsets(bootstrap_servers: Cluster, topics, timeout_s: float = 30.0,
                            consumer_config: dict | None = None) -> dict[TopicPartitionKey, int]:
     """``{(topic, partition): start}`` (earliest offset a consumer reads): see ``snapshot_offsets``."""
     return {k: s for k, (s, _) in snapshot_offsets(bootstrap_servers, topics, timeout_s, consumer_config).items()}
@@ -95,7 +97,7 @@ def to_ranges(offsets: dict[TopicPartitionKey, tuple[int, int]]) -> dict[str, di
     ``backfill.kafka_source.read_history`` takes."""
     out: dict[str, dict[int, tuple[int, int]]] = {}
     for (topic, partition), rng in sorted(offsets.items()):
-        out.setdefault(topic, {})[partition] = tuple(rng)
+        out.setdefault(topic, {})[partition] = (rng[0], rng[1])
     return out
 
 
@@ -113,7 +115,7 @@ def _first_events(c: Consumer, positions: dict[TopicPartitionKey, int], deadline
             raise ConfigError("snapshot: no record or end of partition seen within the timeout on "
                               + ", ".join(_where(k) for k in sorted(set(positions) - set(out))))
         for m in c.consume(1000, 0.02):   # (consume() waits its whole timeout unless the batch fills)
-            key = (m.topic(), m.partition())
+            key = cast(TopicPartitionKey, (m.topic(), m.partition()))   # (set on these events)
             if key in out:
                 continue
             err = m.error()
@@ -148,9 +150,9 @@ def _eof_offsets(c: Consumer, positions: dict[TopicPartitionKey, int], deadline:
             err = m.error()
             if err is None:
                 continue
-            key = (m.topic(), m.partition())
+            key = cast(TopicPartitionKey, (m.topic(), m.partition()))   # (set on these events)
             if err.code() == KafkaError._PARTITION_EOF:
-                out.setdefault(key, m.offset())
+                out.setdefault(key, cast(int, m.offset()))
             else:
                 raise ConfigError(f"snapshot of {_where(key)}: {err.str()}")
     return out

@@ -6,19 +6,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from typing import cast
 
 from processor.engine.routing import PartitionerChoice, decide_partitioners
 from processor.errors import ConfigError, KafkaIOError
 from processor.kafka import clients as kafka
+from processor.kafka.client_config import Cluster
+from processor.kafka.read_to_end import PartitionsToEnd
 
 log = logging.getLogger("processor.partitioning")
 
 SAMPLE_PER_PARTITION = 1000
 
 
-def sample_keys(bootstrap_servers: str, topics: dict[str, int], per_partition: int = SAMPLE_PER_PARTITION,
+def sample_keys(bootstrap_servers: Cluster, topics: dict[str, int], per_partition: int = SAMPLE_PER_PARTITION,
                 consumer_config: dict | None = None, timeout_s: float = 30.0) -> dict[str, list]:
     """``{topic: [(key, partition, offset)]}``: the first ``per_partition`` records of every
     partition of ``topics`` (``{topic: partition count}``), read up to partition EOF."""
@@ -32,37 +33,24 @@ def sample_keys(bootstrap_servers: str, topics: dict[str, int], per_partition: i
     c = kafka.new_consumer(conf, "sampling source keys (partitioner detection)")
     out: dict[str, list] = {t: [] for t in topics}
     counts: dict[tuple[str, int], int] = {}
-    tps = [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in topics.items() for p in range(n)]
-    done: set[tuple[str, int]] = set()
     try:
-        kafka.assign(c, tps)
-        deadline = time.monotonic() + timeout_s
-        while len(done) < len(tps):
-            if time.monotonic() > deadline:
-                raise KafkaIOError(f"sampling keys of {sorted(topics)} for their partitioner did not "
-                                  f"reach the end of {sorted(set((tp.topic, tp.partition) for tp in tps) - done)} "
-                                  f"within {timeout_s:.0f} s")
-            for m in c.consume(1000, 0.05):   # waits all of it unless the batch fills
-                tp = (m.topic(), m.partition())
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        done.add(tp)
-                        continue
-                    raise KafkaIOError(f"sampling {tp[0]}[{tp[1]}] for its partitioner: {err.str()}")
-                if tp in done:
-                    continue
-                out[tp[0]].append((m.key(), tp[1], m.offset()))
-                counts[tp] = counts.get(tp, 0) + 1
-                if counts[tp] >= per_partition:
-                    done.add(tp)
-                    c.pause([TopicPartition(*tp)])
+        reader = PartitionsToEnd(c, {(t, p): 0 for t, n in topics.items() for p in range(n)})
+        for m in reader.records(
+                timeout_s, wait_s=0.05,
+                error=lambda tp, err: KafkaIOError(f"sampling {tp[0]}[{tp[1]}] for its partitioner: {err}"),
+                timeout=lambda pending: KafkaIOError(f"sampling keys of {sorted(topics)} for their partitioner "
+                                                     f"did not reach the end of {pending} within {timeout_s:.0f} s")):
+            tp = cast(tuple[str, int], (m.topic(), m.partition()))
+            out[tp[0]].append((m.key(), tp[1], m.offset()))
+            counts[tp] = counts.get(tp, 0) + 1
+            if counts[tp] >= per_partition:
+                reader.finish(tp)
     finally:
         c.close()
     return out
 
 
-def determine_partitioners(topology, bootstrap_servers: str, partition_counts: dict[str, int],
+def determine_partitioners(topology, bootstrap_servers: Cluster, partition_counts: dict[str, int],
                            consumer_config: dict | None = None,
                            application_id: str | None = None) -> dict[str, PartitionerChoice]:
     """Declared, recorded or detected partitioner of every source topic a join depends on; logs
@@ -95,12 +83,12 @@ def partitioning_topic(application_id: str) -> str:
     return f"{application_id}-partitioning"
 
 
-def read_recorded(bootstrap_servers: str, application_id: str, existing: dict[str, int]) -> dict[str, str]:
+def read_recorded(bootstrap_servers: Cluster, application_id: str, existing: dict[str, int]) -> dict[str, str]:
     """``{topic: partitioner family}`` recorded for the application (empty before its first start)."""
     topic = partitioning_topic(application_id)
     if topic not in existing:
         return {}
-    out = {}
+    out: dict[str, str] = {}
     for m in kafka.read_topic(bootstrap_servers, topic, isolation_level="read_uncommitted"):
         if m.key() is None:
             continue
@@ -119,7 +107,7 @@ def read_recorded(bootstrap_servers: str, application_id: str, existing: dict[st
     return out
 
 
-def record_decisions(bootstrap_servers: str, application_id: str, choices: dict[str, PartitionerChoice],
+def record_decisions(bootstrap_servers: Cluster, application_id: str, choices: dict[str, PartitionerChoice],
                      recorded: dict[str, str], existing: dict[str, int]) -> None:
     """Record the partitioner of every routing topic not recorded yet."""
     new = {t: c for t, c in choices.items() if c.routes and t not in recorded}

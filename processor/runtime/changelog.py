@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from processor import provenance
 from processor.errors import ChangelogMismatch, KafkaIOError
 from processor.kafka import clients as kafka
+from processor.kafka.read_to_end import PartitionsToEnd
 from processor.state import commit_record, source_changelog
 from processor.state.change_logging import ChangeLoggingStores
 from processor.state.store import TASK_STORE
@@ -667,19 +669,15 @@ def _end_offset(conf: dict, tp) -> int:
     """The end of a partition, read from its beginning to partition EOF (no latest-offset query)."""
     c = kafka.new_consumer({**conf, "auto.offset.reset": "earliest"}, "finding a changelog's end")
     try:
-        kafka.assign(c, [TopicPartition(tp[0], tp[1], OFFSET_BEGINNING)])
-        deadline = time.monotonic() + STALL_S
-        end = 0
-        while time.monotonic() < deadline:
-            for m in c.consume(5000, 0.05):
-                err = m.error()
-                if err is None:
-                    end = m.offset() + 1
-                elif err.code() == _EOF:
-                    return m.offset()
-                else:
-                    raise KafkaIOError(f"reading {tp[0]}[{tp[1]}] to its end: {err.str()}")
-        raise KafkaIOError(f"reading {tp[0]}[{tp[1]}] to its end took more than {STALL_S:.0f} s (at {end})")
+        reader = PartitionsToEnd(c, {tp: 0})
+        read_to = [0]   # after the last record read (named if the end is not reached)
+        for m in reader.records(
+                STALL_S, batch=5000, wait_s=0.05,
+                error=lambda _, err: KafkaIOError(f"reading {tp[0]}[{tp[1]}] to its end: {err}"),
+                timeout=lambda _: KafkaIOError(f"reading {tp[0]}[{tp[1]}] to its end took more than "
+                                               f"{STALL_S:.0f} s (at {read_to[0]})")):
+            read_to[0] = cast(int, m.offset()) + 1
+        return reader.eof[tp]
     finally:
         c.close()
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import logging
 import time
-
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from typing import cast
 
 from processor import provenance
 from processor.errors import KafkaIOError
 from processor.kafka import clients as kafka
 from processor.kafka.partition_ends import snapshot_end_offsets
+from processor.kafka.read_to_end import PartitionsToEnd
 
 log = logging.getLogger("processor.restore")
 
@@ -72,48 +72,34 @@ def read_tails(bootstrap_servers, consumer_config: dict, application_id: str,
     c = kafka.new_consumer(conf, "reading table sinks after a crash")
     read = 0
     try:
-        kafka.assign(c, [TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING) for (t, p), off in lows.items()])
-        pending = set(lows)
-        deadline = time.monotonic() + READ_TIMEOUT_S
-        while pending:
-            if time.monotonic() > deadline:
-                raise KafkaIOError(f"reading table sinks after a crash: {sorted(pending)} did not reach their "
-                                   f"ends within {READ_TIMEOUT_S:.0f} s")
-            for m in c.consume(2000, 0.05):
-                tp = (m.topic(), m.partition())
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(tp)
-                        continue
-                    raise KafkaIOError(f"reading table sink {tp[0]}[{tp[1]}] after a crash: {err.str()}")
-                off = m.offset()
-                if off >= ends[tp]:
-                    pending.discard(tp)
-                    continue
-                if off + 1 >= ends[tp]:
-                    pending.discard(tp)
-                read += 1
-                raw = provenance.find_origin(m.headers())
-                if raw is None:
-                    continue
-                try:
-                    origin = provenance.decode_origin(raw)
-                except ValueError:
-                    continue      # not ours to judge: a newer build's or someone else's header
-                if origin.application_id != application_id:
-                    continue
-                key = (origin.sub_topology, origin.partition)
-                mine = starts.get(key)
-                if mine is None or off < mine.get(tp, 0):
-                    continue
-                tail = out[key]
-                tail.records += 1
-                tail.tails.setdefault(tp[0], {})[m.key()] = m.value()
-                if origin.offset >= 0:
-                    itp = (origin.topic, origin.partition)
-                    if tail.targets.get(itp, 0) <= origin.offset:
-                        tail.targets[itp] = origin.offset + 1
+        for m in PartitionsToEnd(c, lows, ends).records(
+                READ_TIMEOUT_S, batch=2000, wait_s=0.05,
+                error=lambda tp, err: KafkaIOError(f"reading table sink {tp[0]}[{tp[1]}] after a crash: {err}"),
+                timeout=lambda pending: KafkaIOError(f"reading table sinks after a crash: {pending} did not reach "
+                                                     f"their ends within {READ_TIMEOUT_S:.0f} s")):
+            tp = cast(tuple[str, int], (m.topic(), m.partition()))
+            off = cast(int, m.offset())
+            read += 1
+            raw = provenance.find_origin(m.headers())
+            if raw is None:
+                continue
+            try:
+                origin = provenance.decode_origin(raw)
+            except ValueError:
+                continue      # not ours to judge: a newer build's or someone else's header
+            if origin.application_id != application_id:
+                continue
+            key = (origin.sub_topology, origin.partition)
+            mine = starts.get(key)
+            if mine is None or off < mine.get(tp, 0):
+                continue
+            tail = out[key]
+            tail.records += 1
+            tail.tails.setdefault(tp[0], {})[m.key()] = m.value()
+            if origin.offset >= 0:
+                itp = (origin.topic, origin.partition)
+                if tail.targets.get(itp, 0) <= origin.offset:
+                    tail.targets[itp] = origin.offset + 1
     finally:
         c.close()
     found = sum(t.records for t in out.values())

@@ -37,12 +37,13 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, TopicPartition
 
+from processor.config import StreamsConfig
 from processor.engine.routing import Routing
 from processor.engine.task import dlq_topic_for
 from processor.errors import ConfigError
 from processor.graph import AggregateAttrs, UserProcessorAttrs
 from processor.kafka import clients as kafka
-from processor.kafka import internal_topics
+from processor.kafka import internal_topics, startup_checks
 from processor.kafka.client_config import ClientConfig
 from processor.kafka.partitioning import determine_partitioners
 from processor.runtime.changelog import RestoreInterrupted
@@ -65,7 +66,6 @@ log = logging.getLogger("processor.worker")
 _EOF = KafkaError._PARTITION_EOF
 
 
-GUARANTEES = ("at_least_once", "exactly_once")
 # a gap in an internal partition that persists this long and over this many fetches is accepted
 GAP_ACCEPT_S = 5.0
 GAP_RETRIES = 20
@@ -84,48 +84,42 @@ class Worker(TaskManagement, CommitUnit):
                  replication_factor: int | None = None, topic_configs: dict[str, dict] | None = None,
                  static_membership: bool = False, http_port: int | None = None, http_host: str = "0.0.0.0",
                  health_timeout_s: float = 60.0, coalesce_fk_records: bool = True,
-                 max_task_idle_ms: int = 0):
-        if processing_guarantee not in GUARANTEES:
-            raise ConfigError(f"processing_guarantee must be one of {GUARANTEES}, not {processing_guarantee!r}")
-        self.processing_guarantee = processing_guarantee
-        if not isinstance(max_task_idle_ms, int) or isinstance(max_task_idle_ms, bool) or max_task_idle_ms < -1:
-            raise ConfigError(f"max_task_idle_ms must be an integer >= -1 (-1: never wait for an empty "
-                              f"partition; 0: only for one known to have data), not {max_task_idle_ms!r}")
+                 max_task_idle_ms: int = 0, config: StreamsConfig | None = None):
+        # the shared settings, validated once (processor/config.py); ``config=`` or the keywords
+        self.config = config = StreamsConfig.of(
+            config, client_config=client_config, consumer_config=consumer_config, producer_config=producer_config,
+            processing_guarantee=processing_guarantee, on_error=on_error, commit_interval_ms=commit_interval_ms,
+            max_task_idle_ms=max_task_idle_ms, replication_factor=replication_factor, topic_configs=topic_configs)
+        self.processing_guarantee = processing_guarantee = config.processing_guarantee
         # a task with several input partitions processes them in time order
         # (processor/runtime/partition_group.py)
-        self.max_task_idle_ms = max_task_idle_ms
+        self.max_task_idle_ms = config.max_task_idle_ms
         self._groups: dict[tuple[int, int], PartitionGroup] = {}
         # group.instance.id = <application id>-<worker id> (kept in the state directory), unless
         # the consumer config names one
         self.static_membership = static_membership
         # internal topics created with these (processor/kafka/internal_topics.py); None: min(3, brokers)
-        self.replication_factor = replication_factor
-        self.topic_configs = internal_topics.check_kind_configs(topic_configs)
+        self.replication_factor = config.replication_factor
+        self.topic_configs = dict(config.topic_configs)
         # every client below is opened with the user's settings: common (client_config), then
         # per kind (consumer_config / producer_config layered over client_config's)
-        config = ((client_config or ClientConfig()).with_kind("consumer", consumer_config)
-                  .with_kind("producer", producer_config))
+        clients = config.clients
         # serdes bound to their topics; Schema Registry serdes get the registry settings
-        topology = topology.for_application(application_id, config.registry)
+        topology = topology.for_application(application_id, clients.registry)
         topology.check_serde_settings()
         self.topology = topology
-        self.bootstrap_servers = kafka.cluster_of(bootstrap_servers, config)   # str(): the servers
+        self.bootstrap_servers = kafka.cluster_of(bootstrap_servers, clients)   # str(): the servers
         self.application_id = application_id
         self.state_dir = Path(state_dir) / application_id
-        self.commit_interval_s = commit_interval_ms / 1000.0
-        self.on_error = on_error
+        self.commit_interval_s = config.commit_interval_ms / 1000.0
+        self.on_error = config.on_error
         self.dlq_topic = dlq_topic_for(application_id)
         self.batch_size = batch_size
         self.startup_timeout_s = startup_timeout_s
-        self._consumer_config = config.for_kind("consumer")
-        # As in Kafka Streams: read_committed under exactly_once, read_uncommitted otherwise;
-        # a consumer-config ``isolation.level`` overrides it for every consumer the worker opens
-        # (group, restore, end-of-partition probes). On a broker whose read_committed hides no
-        # aborted record and whose last stable offset can stay behind a transaction it never
-        # completes (Tansu: docs/semantics.md "Isolation level"), read_uncommitted loses nothing and cannot block.
-        self.isolation_level = self._consumer_config.get(
-            "isolation.level", "read_committed" if processing_guarantee == "exactly_once" else "read_uncommitted")
-        self._producer_config = config.for_kind("producer")
+        self._consumer_config = clients.for_kind("consumer")
+        # for every consumer the worker opens (group, restore, end-of-partition probes)
+        self.isolation_level = config.isolation_level
+        self._producer_config = clients.for_kind("producer")
         # foreign-key join subscriptions and responses wait for the commit, a later one of the
         # same pair replacing an earlier (processor/engine/fk_join_coalescing.py)
         self.coalesce_fk_records = coalesce_fk_records
@@ -206,30 +200,21 @@ class Worker(TaskManagement, CommitUnit):
         """Refuse to start, with one clear message, on a missing topic or a partition mismatch."""
         parts = kafka.topic_partitions(self.bootstrap_servers, self.startup_timeout_s)
         topo = self.topology
-        missing = [t for t in topo.external_source_topics() + topo.sink_topics(internal=False) + topo.global_topics()
-                   if t not in parts]
-        if missing:
-            raise ConfigError(f"topic(s) {', '.join(sorted(set(missing)))} do not exist on "
-                              f"{self.bootstrap_servers}; create them before starting "
-                              f"application {self.application_id!r}")
+        startup_checks.require_topics(
+            self.bootstrap_servers, parts,
+            topo.external_source_topics() + topo.sink_topics(internal=False) + topo.global_topics(),
+            self.application_id, "starting")
         wanted = internal_topics.wanted_topics(topo, parts)
         internal = {t: n for t, (n, kind) in wanted.items() if kind != "changelog"}
         # existing internal topics first (one with another partition count is named as such),
-        # then co-partitioning; only then is anything created
+        # then co-partitioning (internal sources included); only then is anything created
         internal_topics.check_existing(self.bootstrap_servers, self.application_id, wanted, parts)
-        for i in range(len(self.topology.subtopologies)):
-            counts = {t: parts.get(t, internal.get(t)) for t in self.topology.source_topics(i)}
-            if len(set(counts.values())) > 1:
-                listing = ", ".join(f"{t}={n}" for t, n in sorted(counts.items()))
-                raise ConfigError(f"co-partitioned source topics of sub-topology {i} have different "
-                                  f"partition counts ({listing}); they must be equal")
+        startup_checks.check_co_partitioning(self.topology, {**internal, **parts})
         created = internal_topics.create_missing(self.bootstrap_servers, wanted, parts,
                                                  self.replication_factor, self.topic_configs)
         internal_topics.warn_deleting_sources(self.bootstrap_servers, sorted(topo.reused_source_topics()))
-        if self.on_error == "dlq" and self.dlq_topic not in parts:
-            rf = (self.replication_factor if self.replication_factor is not None
-                  else internal_topics.default_replication_factor(self.bootstrap_servers))
-            kafka.create_topics(self.bootstrap_servers, {self.dlq_topic: 1}, replication_factor=rf)
+        startup_checks.create_dead_letter_topic(self.bootstrap_servers, self.on_error, self.dlq_topic, parts,
+                                                self.replication_factor)
         if created:
             parts = {**parts, **{t: wanted[t][0] for t in created}}
         # which partitioner placed each source a join depends on (docs/semantics.md "Partitioning")

@@ -1,0 +1,93 @@
+"""Reading partitions from a start offset to their end, written once: ``PartitionsToEnd``.
+
+Invariant: ``records()`` yields, per partition in offset order, every record at or after the
+partition's start offset and below its end, then stops once every partition is *finished*:
+
+- at its partition-EOF event (the consumer is opened with ``enable.partition.eof``, as every
+  consumer of ``processor.kafka.clients.consumer_defaults`` is): the end is where the broker's
+  fetch ends at the consumer's isolation level (the high watermark under ``read_uncommitted``,
+  the last stable offset under ``read_committed``), found by fetching, never by a
+  list-offsets query (wrong on some brokers: ``processor.kafka.partition_ends``);
+- or, where the caller knows the end offset (``ends``), at the record just below it: records at
+  or past it are not yielded;
+- or when the caller says so (``finish``: it has read what it needs of that partition).
+
+A finished partition is paused and its later records are not yielded. A start offset of 0 or
+less reads from the beginning (``OFFSET_BEGINNING``: whatever retention left). An error event
+other than EOF raises the caller's error for it (``KafkaIOError`` naming the partition and what
+was being read, as a rule; without one the event is left to librdkafka, which retries); not
+finishing within ``timeout_s`` raises the caller's error naming the partitions still pending.
+The consumer is the caller's to open and close.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import cast
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+
+from processor.kafka import clients as kafka
+
+TopicPartitionKey = tuple[str, int]
+# (topic, partition), the error event's text -> the error to raise
+ReadFailed = Callable[[TopicPartitionKey, str], Exception]
+# the partitions not finished, sorted -> the error to raise
+EndNotReached = Callable[[list[TopicPartitionKey]], Exception]
+
+
+class PartitionsToEnd:
+    """The partitions ``starts`` (``{(topic, partition): start offset}``) of ``consumer``, read to
+    their ends (see the module docstring). Assigns them when made."""
+
+    def __init__(self, consumer: Consumer, starts: Mapping[TopicPartitionKey, int],
+                 ends: Mapping[TopicPartitionKey, int] | None = None) -> None:
+        self.consumer = consumer
+        self.ends: Mapping[TopicPartitionKey, int] = ends or {}
+        self.pending: set[TopicPartitionKey] = set(starts)
+        # partition -> the offset of its EOF event (the end), for the partitions finished by one
+        self.eof: dict[TopicPartitionKey, int] = {}
+        kafka.assign(consumer, [TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING)
+                                for (t, p), off in starts.items()])
+        for tp, end in self.ends.items():
+            if tp in self.pending and end <= starts[tp]:
+                self.finish(tp)
+
+    def finish(self, tp: TopicPartitionKey) -> None:
+        """Read no further in ``tp``."""
+        if tp in self.pending:
+            self.pending.discard(tp)
+            self.consumer.pause([TopicPartition(*tp)])
+
+    def records(self, timeout_s: float, *, error: ReadFailed | None, timeout: EndNotReached,
+                batch: int = 1000, wait_s: float = 0.2) -> Iterator[Message]:
+        """The records (see the module docstring), fetched ``batch`` at a time, each fetch
+        waiting up to ``wait_s`` (``consume`` waits all of it unless the batch fills)."""
+        pending, ends = self.pending, self.ends
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise timeout(sorted(pending))
+            for m in self.consumer.consume(batch, wait_s):
+                # (confluent_kafka types topic, partition and offset optional: set on these events)
+                tp = cast(TopicPartitionKey, (m.topic(), m.partition()))
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if tp in pending:
+                            self.eof[tp] = cast(int, m.offset())
+                            self.finish(tp)
+                    elif error is not None:
+                        raise error(tp, err.str())
+                    continue
+                if tp not in pending:
+                    continue
+                end = ends.get(tp)
+                if end is not None:
+                    off = cast(int, m.offset())
+                    if off >= end - 1:
+                        self.finish(tp)
+                        if off >= end:
+                            continue
+                yield m
