@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
@@ -127,7 +129,7 @@ class ChangelogWriter:
         for name, store in self.db.stores.items():
             if not store.changes:
                 continue
-            records = []
+            records: list[tuple] = []
             append = records.append
             for k, v, w in store.changed():
                 if w is None:
@@ -213,8 +215,8 @@ class RestoreTarget:
         self.store_restored = 0
         # filled in by the restore
         self._unit: dict[bytes, bytes | None] = {}
-        self._last_commit_end = None
-        self.commit = None
+        self._last_commit_end: int | None = None
+        self.commit: commit_record.CommitRecord | None = None
         self.ends: dict = {}
         self.task_end = 0
         self.starts: dict = {}
@@ -448,7 +450,7 @@ def _restore_from_sources(targets: list[RestoreTarget], reader: _Reader):
     for t in targets:
         if not t.from_sources:
             continue
-        committed = t.commit.positions if t.commit else {}
+        committed: dict[tuple[str, int], int] = t.commit.positions if t.commit else {}
         for name, topic in t.from_sources.items():
             tp = (topic, t.partition)
             s, e = max(t.local.get(tp, 0), t.source_floor.get(name, 0)), committed.get(tp, 0)
@@ -566,7 +568,7 @@ class _Reader:
         self.stop = stop
         self.eof: dict[tuple[str, int], int] = {}
         self.expected = 0
-        self.detail = None       # per task progress for the log line
+        self.detail: Callable[[], str] | None = None       # per task progress for the log line
 
     def expect(self, n: int) -> None:
         self.expected = n
@@ -671,7 +673,8 @@ def _end_offset(conf: dict, tp) -> int:
         deadline = time.monotonic() + STALL_S
         end = 0
         while time.monotonic() < deadline:
-            for m in c.consume(5000, 0.05):
+            msgs: list[Any] = c.consume(5000, 0.05)   # (the stubs: offset() may be None; not here)
+            for m in msgs:
                 err = m.error()
                 if err is None:
                     end = m.offset() + 1

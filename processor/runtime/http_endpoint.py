@@ -96,7 +96,8 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/healthz":
                 ok, age = ep.healthy()
                 self._json(200 if ok else 503, {"status": "ok" if ok else "main loop stuck",
-                                                "main_loop_age_s": math.ceil(age * 1000) / 1000,  # up: a 503 never shows the timeout itself
+                                                # up: a 503 never shows the timeout itself
+                                                "main_loop_age_s": math.ceil(age * 1000) / 1000,
                                                 "timeout_s": ep.health_timeout_s})
             elif path == "/readyz":
                 ok, age = ep.healthy()

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from typing import Any
 
 from processor.errors import ProcessorError
 from processor.runtime.state_inspect import decode_entry
@@ -71,13 +73,17 @@ class StoreQueries:
     def pending(self) -> bool:
         return not self._queue.empty()
 
-    def serve(self) -> None:
-        """Main loop: answer every query waiting."""
+    def _waiting(self) -> Iterator[tuple[Callable[[], Any], Future]]:
+        """The queries waiting, taken off the queue one by one until it is empty."""
         while True:
             try:
-                fn, fut = self._queue.get_nowait()
+                yield self._queue.get_nowait()
             except queue.Empty:
                 return
+
+    def serve(self) -> None:
+        """Main loop: answer every query waiting."""
+        for fn, fut in self._waiting():
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
@@ -87,11 +93,7 @@ class StoreQueries:
 
     def fail_waiting(self) -> None:
         """The loop stopped: every query still waiting gets ``StoreNotReady``."""
-        while True:
-            try:
-                _, fut = self._queue.get_nowait()
-            except queue.Empty:
-                return
+        for _, fut in self._waiting():
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(StoreNotReady("the worker is not running"))
 
@@ -160,6 +162,10 @@ class StoreView:
     def owner_partition(self, kb: bytes) -> int | None:
         if self.is_global:
             return None
+        return self._partition_of(kb)
+
+    def _partition_of(self, kb: bytes) -> int:
+        """The partition of a key of a task store (not a global one)."""
         w = self.worker
         # the user topics first: foreign-key subscription and response topics follow their
         # readers' partitioning, not the internal partitioner routing names for them
@@ -176,7 +182,7 @@ class StoreView:
             raw = self._global_store().get(kb)
             return None if raw is None else {**decode_entry(self.spec, kb, raw), "partition": None,
                                              "task": GLOBAL_TASK}
-        part = self.owner_partition(kb)
+        part = self._partition_of(kb)
         task_id = f"{self.sub}_{part}"
         task = w.tasks.get((self.sub, part))
         if task is None:
@@ -209,7 +215,7 @@ class StoreView:
 
     def _scan(self, pb: bytes, limit: int) -> list[dict]:
         w = self.worker
-        out = []
+        out: list[dict] = []
         if self.is_global:
             for k, v in self._global_store().prefix(pb):
                 if v is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
@@ -79,7 +80,8 @@ def read_tails(bootstrap_servers, consumer_config: dict, application_id: str,
             if time.monotonic() > deadline:
                 raise KafkaIOError(f"reading table sinks after a crash: {sorted(pending)} did not reach their "
                                    f"ends within {READ_TIMEOUT_S:.0f} s")
-            for m in c.consume(2000, 0.05):
+            msgs: list[Any] = c.consume(2000, 0.05)   # (the stubs: topic() may be None; not here)
+            for m in msgs:
                 tp = (m.topic(), m.partition())
                 err = m.error()
                 if err is not None:

@@ -9,7 +9,7 @@ its inputs from the positions in that commit; a group offset beyond them means t
 lost data: ``ChangelogMismatch``, never a silent skip.
 
 The restore is a phase of the main loop, not of the assignment callback: the new tasks'
-partitions stay paused while the loop calls ``_restore_step`` (``RESTORE_STEP_S`` of whole
+partitions stay paused while the loop calls ``restore_step`` (``RESTORE_STEP_S`` of whole
 restore batches) between polls, so the group sees a live member however long it takes (no
 ``max.poll.interval.ms`` expiry), a revocation or a stop aborts it cleanly (what it restored up to
 its last intermediate commit is kept locally), and the tasks already open keep processing.

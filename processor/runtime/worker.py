@@ -225,6 +225,15 @@ class Worker:
     def _restore_consumer_config(self) -> dict:
         return self.task_manager.restore_consumer_config()
 
+    @property
+    def _kill_at_commit(self) -> int | None:
+        """Test hook (``PROCESSOR_TEST_KILL_BEFORE_COMMIT``): SIGKILL at this commit with records."""
+        return self.committer.kill_at_commit
+
+    @_kill_at_commit.setter
+    def _kill_at_commit(self, n: int | None) -> None:
+        self.committer.kill_at_commit = n
+
     # -- startup checks -----------------------------------------------------------------------
     def check_topics(self) -> dict[str, int]:
         """Refuse to start, with one clear message, on a missing topic or a partition mismatch."""

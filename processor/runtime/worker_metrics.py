@@ -70,7 +70,8 @@ class WorkerMetrics:
         """Main loop only: a snapshot of what a scrape reports."""
         self.published_at = now
         tasks: dict[str, dict[str, dict[str, int]]] = {}
-        for task_id, m in [*worker.finished_tasks_metrics.items(), *((t.id, t.metrics()) for t in worker.tasks.values())]:
+        for task_id, m in [*worker.finished_tasks_metrics.items(),
+                           *((t.id, t.metrics()) for t in worker.tasks.values())]:
             add_counters(tasks.setdefault(task_id, {}), m)
         lag = {}
         consumer = getattr(worker, "consumer", None)
