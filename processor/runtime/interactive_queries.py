@@ -28,10 +28,13 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from processor.errors import ProcessorError
 from processor.runtime.state_inspect import decode_entry
+
+if TYPE_CHECKING:
+    from processor.runtime.worker import Worker
 
 QUERYABLE_KINDS = ("kv", "aggregate", "window", "session")
 WINDOWED_KINDS = ("window", "session")
@@ -65,7 +68,7 @@ class StoreNotReady(QueryError):
 class StoreQueries:
     """The queue between querying threads and the main loop."""
 
-    def __init__(self, worker):
+    def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.loop_thread: threading.Thread | None = None   # set by the worker's run()
@@ -115,7 +118,7 @@ class StoreQueries:
 class StoreView:
     """``worker.store(name)``: reads of one store across this worker's tasks."""
 
-    def __init__(self, worker, name: str):
+    def __init__(self, worker: Worker, name: str) -> None:
         topo = worker.topology
         spec = topo.stores.get(name) or topo.global_stores.get(name)
         queryable = sorted([n for n, s in topo.stores.items() if s.kind in QUERYABLE_KINDS] + list(topo.global_stores))
@@ -182,11 +185,13 @@ class StoreView:
             raw = self._global_store().get(kb)
             return None if raw is None else {**decode_entry(self.spec, kb, raw), "partition": None,
                                              "task": GLOBAL_TASK}
+        sub = self.sub
+        assert sub is not None   # a task store's view (a global one returned above)
         part = self._partition_of(kb)
-        task_id = f"{self.sub}_{part}"
-        task = w.tasks.get((self.sub, part))
+        task_id = f"{sub}_{part}"
+        task = w.tasks.get((sub, part))
         if task is None:
-            if any((self.sub, part) in r.keys for r in w._restoring):
+            if any((sub, part) in r.keys for r in w._restoring):
                 raise StoreNotReady(f"store {self.name!r}: task {task_id} (partition {part}) is being restored")
             raise KeyNotHosted(f"store {self.name!r}: the key belongs to partition {part} (task {task_id}), "
                                f"which this worker does not run", part, task_id)

@@ -29,9 +29,13 @@ Metric names (README "Metrics"):
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from processor.runtime.worker import Worker
 
 # the main loop publishes a snapshot this often
 PUBLISH_INTERVAL_S = 1.0
@@ -66,7 +70,7 @@ class WorkerMetrics:
         self.commit_latency.observe(now - started)
         self.last_commit_at = now
 
-    def publish(self, worker, now: float) -> None:
+    def publish(self, worker: Worker, now: float) -> None:
         """Main loop only: a snapshot of what a scrape reports."""
         self.published_at = now
         tasks: dict[str, dict[str, dict[str, int]]] = {}
