@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
@@ -129,7 +130,7 @@ class ChangelogWriter:
         for name, store in self.db.stores.items():
             if not store.changes:
                 continue
-            records = []
+            records: list[tuple] = []
             append = records.append
             for k, v, w in store.changed():
                 if w is None:
@@ -215,8 +216,8 @@ class RestoreTarget:
         self.store_restored = 0
         # filled in by the restore
         self._unit: dict[bytes, bytes | None] = {}
-        self._last_commit_end = None
-        self.commit = None
+        self._last_commit_end: int | None = None
+        self.commit: commit_record.CommitRecord | None = None
         self.ends: dict = {}
         self.task_end = 0
         self.starts: dict = {}
@@ -450,7 +451,7 @@ def _restore_from_sources(targets: list[RestoreTarget], reader: _Reader):
     for t in targets:
         if not t.from_sources:
             continue
-        committed = t.commit.positions if t.commit else {}
+        committed: dict[tuple[str, int], int] = t.commit.positions if t.commit else {}
         for name, topic in t.from_sources.items():
             tp = (topic, t.partition)
             s, e = max(t.local.get(tp, 0), t.source_floor.get(name, 0)), committed.get(tp, 0)
@@ -568,7 +569,7 @@ class _Reader:
         self.stop = stop
         self.eof: dict[tuple[str, int], int] = {}
         self.expected = 0
-        self.detail = None       # per task progress for the log line
+        self.detail: Callable[[], str] | None = None       # per task progress for the log line
 
     def expect(self, n: int) -> None:
         self.expected = n

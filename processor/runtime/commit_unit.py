@@ -10,9 +10,10 @@ changelog ends to RocksDB as one batch and sends its outbox. The changelogs up t
 commit record are the truth: a crash anywhere leaves a state that a restore rebuilds exactly,
 with the input positions it belongs to.
 
-A mixin of ``processor.runtime.worker.Worker``: it uses the worker's tasks and writers
-(``processor/runtime/task_manager.py``), its collector and consumer, and keeps
-``_group_offsets`` and ``_skipped_offsets``.
+``Committer`` runs the units over the tasks, writers, clients and group offsets of the worker's
+``TaskManager`` (``processor/runtime/task_manager.py``) and keeps the group offsets a rebalance
+made it skip (at least once). Invariant: a group offset never moves backwards, and is committed
+only after the commit records of the units it belongs to are durable.
 """
 
 from __future__ import annotations
@@ -21,11 +22,16 @@ import logging
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.errors import ConfigError
-from processor.runtime import sink_tails
+
+if TYPE_CHECKING:
+    from processor.runtime.fetch_gaps import FetchGaps
+    from processor.runtime.task_manager import TaskManager
+    from processor.runtime.worker_metrics import WorkerMetrics
 
 log = logging.getLogger("processor.worker")
 
@@ -35,26 +41,40 @@ SINK_ENDS_REFRESH_S = 30.0
 _REBALANCING = (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
 
 
-class CommitUnit:
-    def commit(self) -> None:
-        """One commit unit for every task that has work (see the module docstring). Never after
-        a fatal error, and never moves a group offset backwards. (Every record sent belongs to
-        a unit: outputs advance positions; outbox records leave the outbox entry to delete.)"""
-        if self._fatal is not None:
-            return
-        if self.global_tables is not None:
-            self.global_tables.commit()
-        if self._resumed and time.monotonic() - self._resumed_at > 5.0:
-            self._resumed.clear()   # (worker.py: the loop's guard after a restore)
-        if time.monotonic() - self._sink_floors_at > SINK_ENDS_REFRESH_S:
+class Committer:
+    """The commit unit of one worker (see the module docstring)."""
+
+    def __init__(self, tasks: TaskManager, fetch_gaps: FetchGaps, metrics: WorkerMetrics,
+                 kill_at_commit: int | None = None) -> None:
+        self.tasks = tasks
+        self.fetch_gaps = fetch_gaps
+        self.metrics = metrics
+        self.skipped_offsets: dict[tuple[str, int], int] = {}   # at least once, see commit()
+        self.sink_floors_at = time.monotonic()   # the table sinks' floors refreshed
+        # test hook (worker.py): SIGKILL at the N-th commit with new records
+        self.kill_at_commit = kill_at_commit
+        self.commits_with_records = 0
+        self.processed_at_last_commit = 0
+
+    def commit(self, records_processed: int) -> None:
+        """One commit unit for every task that has work (see the module docstring); never moves
+        a group offset backwards. (Every record sent belongs to a unit: outputs advance
+        positions; outbox records leave the outbox entry to delete.)"""
+        tm = self.tasks
+        if tm.global_tables is not None:
+            tm.global_tables.commit()
+        if tm.resumed and time.monotonic() - tm.resumed_at > 5.0:
+            tm.resumed.clear()   # (worker.py: the loop's guard after a restore)
+        if time.monotonic() - self.sink_floors_at > SINK_ENDS_REFRESH_S:
             self._refresh_sink_floors()
-        collector = self.collector
+        collector = tm.collector
         units = []
         delivered = collector.delivered_ends
         now = time.monotonic()
-        for key, task in self.tasks.items():
+        writers = tm.writers
+        for key, task in tm.tasks.items():
             pos, outbox = task.prepare_commit()
-            writer = self._writers[key]
+            writer = writers[key]
             if writer.has_work(pos) or outbox or task.converged_in_unit or \
                     writer.sink_ends_stale(delivered, now, SINK_ENDS_REFRESH_S):
                 task.converged_in_unit = False
@@ -66,23 +86,24 @@ class CommitUnit:
         for _task, writer, _pos, _outbox in units:
             writer.write_pending()
         collector.flush()               # outputs, internal records, changelog records durable
-        if self._kill_at_commit is not None and self.records_processed > self._processed_at_last_commit:
-            self._commits_with_records += 1
-            if self._commits_with_records >= self._kill_at_commit:
+        if self.kill_at_commit is not None and records_processed > self.processed_at_last_commit:
+            self.commits_with_records += 1
+            if self.commits_with_records >= self.kill_at_commit:
                 log.warning("test hook: SIGKILL after forwarding, before committing")
                 os.kill(os.getpid(), signal.SIGKILL)
-        self._processed_at_last_commit = self.records_processed
+        self.processed_at_last_commit = records_processed
         for task, writer, pos, _outbox in units:
             writer.settle_sink_ends(delivered, task.convergence_pending)
             writer.write_commit_record(pos)
+        group_offsets = tm.group_offsets
         offsets = []
         for _task, _writer, pos, _outbox in units:
             for (topic, part), off in pos.items():
-                if off > self._group_offsets.get((topic, part), 0):
+                if off > group_offsets.get((topic, part), 0):
                     offsets.append(TopicPartition(topic, part, off))
         if collector.transactional:
             try:
-                collector.commit_transaction(offsets, self.consumer.consumer_group_metadata())
+                collector.commit_transaction(offsets, tm.consumer.consumer_group_metadata())
             except KafkaException as exc:
                 self._transaction_failed(exc)
                 return
@@ -90,11 +111,11 @@ class CommitUnit:
             collector.flush()           # the commit records: the units are durable now
             offsets = self._commit_group_offsets(offsets)
         for tp in offsets:
-            self._group_offsets[(tp.topic, tp.partition)] = tp.offset
+            group_offsets[(tp.topic, tp.partition)] = tp.offset
         collector.begin()               # outbox records below go into the next transaction
         for task, writer, pos, outbox in units:
             task.finish_commit(pos, outbox, writer.committed_ends(pos))
-        self.metrics_state.observe_commit(started)
+        self.metrics.observe_commit(started)
 
     def _refresh_sink_floors(self) -> None:
         """Every ``SINK_ENDS_REFRESH_S``: the table sinks' ends now (high watermarks) become the
@@ -102,21 +123,20 @@ class CommitUnit:
         this is always a valid floor; without it a partition this worker never writes would keep
         the floor of the task's opening, and a reopening after a crash would read everything the
         other workers wrote there since."""
-        self._sink_floors_at = time.monotonic()
-        writers = [w for w in self._writers.values() if w.sink_partitions]
+        self.sink_floors_at = time.monotonic()
+        writers = [w for w in self.tasks.writers.values() if w.sink_partitions]
         if not writers:
             return
         topics = sorted({tp[0] for w in writers for tp in w.sink_partitions})
         try:
-            ends = sink_tails.partition_ends(self.bootstrap_servers, topics,
-                                             {**self._restore_consumer_config(), "isolation.level": "read_uncommitted"})
+            ends = self.tasks.sink_ends(topics)
         except Exception as exc:   # an optimization: the floors kept are still valid
             log.warning("refreshing the table sinks' ends failed (kept the previous ones): %s", exc)
             return
         for w in writers:
             w.sink_floor = {tp: max(w.sink_floor.get(tp, 0), ends.get(tp, 0)) for tp in w.sink_partitions}
 
-    def _commit_group_offsets(self, offsets: list) -> list:
+    def _commit_group_offsets(self, offsets: list[TopicPartition]) -> list[TopicPartition]:
         """At least once: commit the group offsets of durable units; returns those committed.
         The units are durable in the changelogs (the truth about positions), so a group that
         rebalances under us loses nothing: the next owner resumes from the commit records. Only
@@ -125,28 +145,30 @@ class CommitUnit:
         if not offsets:
             return []
         try:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
+            self.tasks.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
             if exc.args[0].code() not in _REBALANCING:
                 raise
             log.warning("group offset commit skipped (%s): the group is rebalancing; the "
                         "commit units are durable in the changelogs", exc.args[0].name())
             for tp in offsets:
-                self._skipped_offsets[(tp.topic, tp.partition)] = tp.offset
+                self.skipped_offsets[(tp.topic, tp.partition)] = tp.offset
             return []
         for tp in offsets:
-            self._skipped_offsets.pop((tp.topic, tp.partition), None)
+            self.skipped_offsets.pop((tp.topic, tp.partition), None)
         return offsets
 
     def _retry_skipped_offsets(self) -> None:
         """Group offsets skipped during a rebalance, of partitions still assigned here."""
-        retry = [TopicPartition(t, p, off) for (t, p), off in sorted(self._skipped_offsets.items())
-                 if (t, p) in self._assigned and off > self._group_offsets.get((t, p), 0)]
-        self._skipped_offsets = {tp: off for tp, off in self._skipped_offsets.items() if tp in self._assigned}
+        assigned = self.tasks.assigned
+        group_offsets = self.tasks.group_offsets
+        retry = [TopicPartition(t, p, off) for (t, p), off in sorted(self.skipped_offsets.items())
+                 if (t, p) in assigned and off > group_offsets.get((t, p), 0)]
+        self.skipped_offsets = {tp: off for tp, off in self.skipped_offsets.items() if tp in assigned}
         for tp in self._commit_group_offsets(retry):
-            self._group_offsets[(tp.topic, tp.partition)] = tp.offset
+            group_offsets[(tp.topic, tp.partition)] = tp.offset
 
-    def _transaction_failed(self, exc) -> None:
+    def _transaction_failed(self, exc: KafkaException) -> None:
         """Exactly once: the transaction did not commit. Fatal if this producer was fenced (a
         newer instance owns the transactional id); otherwise (the group rebalanced under us) abort
         it, drop every task's uncommitted state and rebuild the tasks from their changelogs."""
@@ -156,23 +178,10 @@ class CommitUnit:
                               f"this worker was fenced by a newer instance") from None
         log.warning("exactly_once: transaction aborted (%s); rebuilding tasks from their changelogs",
                     err.str())
-        self.collector.abort()
-        self._gaps.clear()
+        collector = self.tasks.collector
+        collector.abort()
+        self.fetch_gaps.clear()
         # the rebuilt tasks resend their outboxes at once: into the next transaction (a
         # transactional producer refuses a record outside one)
-        self.collector.begin()
-        keys = sorted(self.tasks)
-        for key in keys:
-            self._writers.pop(key, None)
-            task = self.tasks.pop(key)
-            self._retire_metrics(task)
-            task.close()                 # closing never writes pending state
-        self._open_tasks(keys)
-        for key in keys:
-            task = self.tasks[key]
-            tps = [tp for tp in self._assigned if (self._sub_of_topic[tp[0]], tp[1]) == key]
-            for tp, off in self._seek_offsets({tp: task.positions.get(tp, 0) for tp in tps}).items():
-                self.consumer.seek(TopicPartition(tp[0], tp[1], off))
-                self._resumed.add(tp)   # records fetched before the seek must not reach the task
-                self._at_eof.discard(tp)   # read again from there
-        self._resumed_at = time.monotonic()
+        collector.begin()
+        self.tasks.reopen_all()

@@ -3,30 +3,33 @@ database beside the tasks' (``<state-dir>/<application-id>/global``), outside th
 
 Invariant: ``bootstrap()`` returns only once every store holds its topic up to each partition's
 end as partition EOF reports it (from the database's checkpoint: a restart reads only what came
-since; an end after a transaction marker or deleted records is reached too); the worker calls it before it joins the group, so no task processes a record against a
-table that is behind its topic's start-up end. Afterwards ``poll()`` (each loop) applies what
-arrives, and ``commit()`` (with the worker's commits) persists the stores with the positions
-they reached, atomically. Progress is logged while bootstrapping; ``records_skipped`` counts
-poison records (``processor/engine/global_tables.py``).
+since; an end after a transaction marker or deleted records is reached too); the worker calls it
+before it joins the group, so no task processes a record against a table that is behind its
+topic's start-up end. Afterwards ``poll()`` (each loop) applies what arrives, and ``commit()``
+(with the worker's commits) persists the stores with the positions they reached, atomically.
+Progress is logged while bootstrapping; ``records_skipped`` counts poison records
+(``processor/engine/global_tables.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from processor.engine.global_tables import apply_global_record
 from processor.errors import ConfigError
 from processor.kafka import clients as kafka
+from processor.kafka.client_config import Cluster
 from processor.state.rocksdb import RocksDBDatabase
 
 log = logging.getLogger("processor.global")
 
 
 class GlobalTables:
-    def __init__(self, topology, bootstrap_servers: str, consumer_config: dict, path):
+    def __init__(self, topology, bootstrap_servers: Cluster, consumer_config: dict, path):
         self.specs = {g.topic: g for g in topology.global_stores.values()}
         self.bootstrap_servers = bootstrap_servers
         self._consumer_config = consumer_config
@@ -35,7 +38,7 @@ class GlobalTables:
         self.positions = self.db.read_checkpoint()
         self.records_applied = 0
         self.records_skipped = 0
-        self.consumer = None
+        self.consumer: Consumer | None = None
         self._dirty = False
 
     def bootstrap(self, timeout_s: float = 600.0, commit_every: int = 50_000) -> None:
@@ -52,16 +55,17 @@ class GlobalTables:
         conf.update({"group.id": f"global-{time.time_ns()}", "enable.auto.commit": False,
                      "enable.partition.eof": True, "auto.offset.reset": "earliest"})
         conf.pop("group.instance.id", None)
-        self.consumer = kafka.new_consumer(conf, "the global tables")
+        consumer = self.consumer = kafka.new_consumer(conf, "the global tables")
         parts = [(t, p) for t in sorted(self.specs) for p in range(counts[t])]
-        kafka.assign(self.consumer, [TopicPartition(t, p, self.positions.get((t, p), OFFSET_BEGINNING))
-                                     for t, p in parts])
+        kafka.assign(consumer, [TopicPartition(t, p, self.positions.get((t, p), OFFSET_BEGINNING))
+                                for t, p in parts])
         todo = set(parts)
         log.info("global tables: bootstrapping %s (%d partition(s)) to their ends", ", ".join(sorted(self.specs)),
                  len(parts))
         deadline, last_log, since_commit = time.monotonic() + timeout_s, time.monotonic(), 0
         while todo:
-            for m in self.consumer.consume(1000, 0.2):
+            msgs: list[Any] = consumer.consume(1000, 0.2)   # (the stubs: topic() may be None; not here)
+            for m in msgs:
                 err = m.error()
                 if err is not None:
                     if err.code() == err._PARTITION_EOF:
@@ -106,7 +110,8 @@ class GlobalTables:
         if self.consumer is None:
             return 0
         n = 0
-        for m in self.consumer.consume(max_records, 0):
+        msgs: list[Any] = self.consumer.consume(max_records, 0)   # (as in bootstrap)
+        for m in msgs:
             err = m.error()
             if err is None:
                 self._apply(m)

@@ -28,6 +28,7 @@ import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -36,13 +37,17 @@ from processor.errors import ConfigError
 from processor.runtime.interactive_queries import DEFAULT_LIMIT, KeyNotHosted, QueryError, StoreView
 from processor.serde import StringSerde
 
+if TYPE_CHECKING:
+    from processor.runtime.worker import Worker
+
 log = logging.getLogger("processor.http")
 
 DEFAULT_HEALTH_TIMEOUT_S = 60.0
 
 
 class WorkerHTTPEndpoint:
-    def __init__(self, worker, port: int, host: str = "0.0.0.0", health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S):
+    def __init__(self, worker: Worker, port: int, host: str = "0.0.0.0",
+                 health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S):
         self.worker = worker
         self.health_timeout_s = health_timeout_s
         handler = type("Handler", (_Handler,), {"endpoint": self})
@@ -96,7 +101,8 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/healthz":
                 ok, age = ep.healthy()
                 self._json(200 if ok else 503, {"status": "ok" if ok else "main loop stuck",
-                                                "main_loop_age_s": math.ceil(age * 1000) / 1000,  # up: a 503 never shows the timeout itself
+                                                # up: a 503 never shows the timeout itself
+                                                "main_loop_age_s": math.ceil(age * 1000) / 1000,
                                                 "timeout_s": ep.health_timeout_s})
             elif path == "/readyz":
                 ok, age = ep.healthy()

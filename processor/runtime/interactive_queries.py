@@ -26,10 +26,15 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
 
 from processor.errors import ProcessorError
 from processor.runtime.state_inspect import decode_entry
+
+if TYPE_CHECKING:
+    from processor.runtime.worker import Worker
 
 QUERYABLE_KINDS = ("kv", "aggregate", "window", "session")
 WINDOWED_KINDS = ("window", "session")
@@ -63,7 +68,7 @@ class StoreNotReady(QueryError):
 class StoreQueries:
     """The queue between querying threads and the main loop."""
 
-    def __init__(self, worker):
+    def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.loop_thread: threading.Thread | None = None   # set by the worker's run()
@@ -71,13 +76,17 @@ class StoreQueries:
     def pending(self) -> bool:
         return not self._queue.empty()
 
-    def serve(self) -> None:
-        """Main loop: answer every query waiting."""
+    def _waiting(self) -> Iterator[tuple[Callable[[], Any], Future]]:
+        """The queries waiting, taken off the queue one by one until it is empty."""
         while True:
             try:
-                fn, fut = self._queue.get_nowait()
+                yield self._queue.get_nowait()
             except queue.Empty:
                 return
+
+    def serve(self) -> None:
+        """Main loop: answer every query waiting."""
+        for fn, fut in self._waiting():
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
@@ -87,11 +96,7 @@ class StoreQueries:
 
     def fail_waiting(self) -> None:
         """The loop stopped: every query still waiting gets ``StoreNotReady``."""
-        while True:
-            try:
-                _, fut = self._queue.get_nowait()
-            except queue.Empty:
-                return
+        for _, fut in self._waiting():
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(StoreNotReady("the worker is not running"))
 
@@ -113,7 +118,7 @@ class StoreQueries:
 class StoreView:
     """``worker.store(name)``: reads of one store across this worker's tasks."""
 
-    def __init__(self, worker, name: str):
+    def __init__(self, worker: Worker, name: str) -> None:
         topo = worker.topology
         spec = topo.stores.get(name) or topo.global_stores.get(name)
         queryable = sorted([n for n, s in topo.stores.items() if s.kind in QUERYABLE_KINDS] + list(topo.global_stores))
@@ -160,6 +165,10 @@ class StoreView:
     def owner_partition(self, kb: bytes) -> int | None:
         if self.is_global:
             return None
+        return self._partition_of(kb)
+
+    def _partition_of(self, kb: bytes) -> int:
+        """The partition of a key of a task store (not a global one)."""
         w = self.worker
         # the user topics first: foreign-key subscription and response topics follow their
         # readers' partitioning, not the internal partitioner routing names for them
@@ -176,11 +185,13 @@ class StoreView:
             raw = self._global_store().get(kb)
             return None if raw is None else {**decode_entry(self.spec, kb, raw), "partition": None,
                                              "task": GLOBAL_TASK}
-        part = self.owner_partition(kb)
-        task_id = f"{self.sub}_{part}"
-        task = w.tasks.get((self.sub, part))
+        sub = self.sub
+        assert sub is not None   # a task store's view (a global one returned above)
+        part = self._partition_of(kb)
+        task_id = f"{sub}_{part}"
+        task = w.tasks.get((sub, part))
         if task is None:
-            if any((self.sub, part) in r.keys for r in w._restoring):
+            if any((sub, part) in r.keys for r in w._restoring):
                 raise StoreNotReady(f"store {self.name!r}: task {task_id} (partition {part}) is being restored")
             raise KeyNotHosted(f"store {self.name!r}: the key belongs to partition {part} (task {task_id}), "
                                f"which this worker does not run", part, task_id)
@@ -209,7 +220,7 @@ class StoreView:
 
     def _scan(self, pb: bytes, limit: int) -> list[dict]:
         w = self.worker
-        out = []
+        out: list[dict] = []
         if self.is_global:
             for k, v in self._global_store().prefix(pb):
                 if v is None:

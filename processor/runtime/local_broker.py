@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import IO
 
 from processor.errors import ConfigError
 
@@ -41,7 +42,7 @@ class LocalBroker:
         self.bootstrap_servers = f"127.0.0.1:{self.port}"
         self._log_path = log_path
         self._proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: IO[bytes] | None = None   # the broker's output file (none: DEVNULL)
 
     def start(self, timeout_s: float = 15.0) -> LocalBroker:
         url = f"tcp://127.0.0.1:{self.port}"
@@ -51,10 +52,11 @@ class LocalBroker:
             "--advertised-listener-url", url,
             "--storage-engine", "memory://tansu/",
         ]
-        self._log = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
+        self._log = open(self._log_path, "ab") if self._log_path else None
+        output = subprocess.DEVNULL if self._log is None else self._log
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "warn")
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=self._log, env=env)
+        self._proc = subprocess.Popen(cmd, stdout=output, stderr=output, env=env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -76,7 +78,7 @@ class LocalBroker:
                 self._proc.kill()
                 self._proc.wait()
         self._proc = None
-        if self._log not in (None, subprocess.DEVNULL):
+        if self._log is not None:
             self._log.close()
         self._log = None
 

@@ -38,6 +38,7 @@ A task with one input partition needs none of this: the worker hands it records 
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from processor.engine.task import UNORDERED
 
@@ -55,7 +56,7 @@ class PartitionGroup:
         self.task = task
         # (topic, partition) in tie-break order: the topic name
         self.partitions = sorted(partitions)
-        self.buffers = {tp: deque() for tp in self.partitions}
+        self.buffers: dict[tuple[str, int], deque[tuple[int, Any]]] = {tp: deque() for tp in self.partitions}
         self.max_idle_ms = max_idle_ms
         self.at_eof = at_eof                 # the worker's: partitions read to their end
         self.idle_deadlines: dict = {}
@@ -128,7 +129,7 @@ class PartitionGroup:
             self.waiting = False
             if ready is None:
                 task.enforced_processing += 1
-            best = None
+            best: Any = None   # (topic, partition): some buffer holds a record (buffered > 0)
             best_ts = 0
             for tp, buf in buffers.items():
                 if buf and (best is None or buf[0][0] < best_ts):

@@ -9,7 +9,7 @@ its inputs from the positions in that commit; a group offset beyond them means t
 lost data: ``ChangelogMismatch``, never a silent skip.
 
 The restore is a phase of the main loop, not of the assignment callback: the new tasks'
-partitions stay paused while the loop calls ``_restore_step`` (``RESTORE_STEP_S`` of whole
+partitions stay paused while the loop calls ``restore_step`` (``RESTORE_STEP_S`` of whole
 restore batches) between polls, so the group sees a live member however long it takes (no
 ``max.poll.interval.ms`` expiry), a revocation or a stop aborts it cleanly (what it restored up to
 its last intermediate commit is kept locally), and the tasks already open keep processing.
@@ -19,36 +19,125 @@ from scratch. Tasks with table sinks then read their sinks' tails (``sink_tails`
 Revocation: the revoked tasks' deferred emissions are flushed and committed, then the tasks are
 kept open ("suspended") until the next assignment. Lost partitions: closed without a commit.
 
-A mixin of ``processor.runtime.worker.Worker``: it keeps ``tasks``, ``_writers``,
-``_suspended``, ``_restoring``, ``_assigned``, ``_at_eof`` and ``_group_offsets``, and uses the
-worker's topology, consumer, collector and settings.
+``TaskManager`` keeps this worker's tasks and everything per task or per assigned partition
+(writers, suspended tasks, restorations, end-of-partition marks, group offsets, time-ordering
+partition groups). Invariant: a task key is in at most one of ``tasks`` (open, processing),
+``suspended`` (revoked, committed, maybe coming back) and a restoration (being restored, its
+partitions paused); a task is only ever closed through ``close_tasks`` (its counters kept in
+``finished_tasks_metrics``). It is built with the worker's settings; the clients (consumer,
+collector), the routing and the global tables are handed to it by ``open`` when the worker runs.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Generator, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from processor.engine.task import Task, max_record_bytes_of
 from processor.errors import ChangelogMismatch, KafkaIOError, ProcessorError
 from processor.kafka import clients as kafka
 from processor.runtime import sink_tails
 from processor.runtime.changelog import ChangelogWriter, RestoreTarget, restore_steps, restore_tasks
+from processor.runtime.partition_group import PartitionGroup
+from processor.runtime.worker_metrics import add_counters
 from processor.state.rocksdb import RocksDBDatabase
+
+if TYPE_CHECKING:
+    from processor.engine.routing import Routing
+    from processor.kafka.clients import KafkaCluster
+    from processor.runtime.collector import KafkaCollector
+    from processor.runtime.global_tables import GlobalTables
+    from processor.topology.core import Topology
 
 log = logging.getLogger("processor.worker")
 
 # the main loop restores for this long between two polls of the group consumer
 RESTORE_STEP_S = 0.2
 
+TaskKey = tuple[int, int]   # (sub-topology, partition)
+TopicPart = tuple[str, int]   # (topic, partition)
 
-class TaskManagement:
-    # the user topics the cluster had at the last look (``_topic_exists``) and when that was
-    _known_topics: frozenset = frozenset()
-    _topics_looked_at: float = float("-inf")
+
+class TaskManager:
+    """The tasks of one worker: assignment, restore, revocation, closing, time-ordered input."""
+
     TOPIC_REFRESH_S = 5.0
+    # set by ``open`` when the worker runs
+    consumer: Consumer
+    collector: KafkaCollector
+    routing: Routing
+    global_tables: GlobalTables | None
+
+    def __init__(self, topology: Topology, *, application_id: str, bootstrap_servers: str | KafkaCluster,
+                 state_dir: Path, isolation_level: str, on_error: str, dlq_topic: str,
+                 producer_config: dict, stage_internal: bool, coalesce_fk_records: bool,
+                 max_task_idle_ms: int, stop: threading.Event, restore_step_delay_s: float = 0.0) -> None:
+        self.topology = topology
+        self.application_id = application_id
+        self.bootstrap_servers = bootstrap_servers
+        self.state_dir = state_dir
+        self.isolation_level = isolation_level
+        self.on_error = on_error
+        self.dlq_topic = dlq_topic
+        self.producer_config = producer_config
+        self.stage_internal = stage_internal
+        self.coalesce_fk_records = coalesce_fk_records
+        self.max_task_idle_ms = max_task_idle_ms
+        self.stop = stop
+        self.restore_step_delay_s = restore_step_delay_s   # test hook: a slow restore
+        self.sub_of_topic: dict[str, int] = topology.subtopology_of_topic()
+        # sub-topology -> its input topics, where it has several (their tasks buffer and order)
+        self.ordered_inputs: dict[int, list[str]] = {
+            i: sorted(topology.source_topics(i)) for i in range(len(topology.subtopologies))
+            if len(topology.source_topics(i)) > 1}
+        self.tasks: dict[TaskKey, Task] = {}
+        self.writers: dict[TaskKey, ChangelogWriter] = {}
+        self.suspended: dict[TaskKey, Task] = {}   # revoked, committed, maybe coming back
+        self.restoring: list[Restoration] = []   # restores under way, the first one running
+        # a task with several input partitions processes them in time order
+        # (processor/runtime/partition_group.py)
+        self.groups: dict[TaskKey, PartitionGroup] = {}
+        self.assigned: set[TopicPart] = set()
+        self.at_eof: set[TopicPart] = set()
+        self.group_offsets: dict[TopicPart, int] = {}
+        # partitions just restored, for a few seconds: records below the task's position are
+        # dropped (fetched before the seek to it)
+        self.resumed: set[TopicPart] = set()
+        self.resumed_at = 0.0
+        # task id -> counters of its closed instances, summed (bounded by the task ids: a long-lived
+        # worker through many rebalances keeps one entry per task, not one per closing)
+        self.finished_tasks_metrics: dict[str, dict[str, dict[str, int]]] = {}
+        self.restored_records = 0
+        self.ever_assigned = False
+        self.initial_commit_due = False
+        self.closing = False
+        self.table_sinks: dict[int, list[str]] = {}
+        self.parts: dict[str, int] = {}
+        # the user topics the cluster had at the last look (``_topic_exists``) and when that was
+        self._known_topics: frozenset[str] = frozenset()
+        self._topics_looked_at = float("-inf")
+
+    def open(self, topology: Topology, *, routing: Routing, parts: dict[str, int],
+             table_sinks: dict[int, list[str]], consumer: Consumer, collector: KafkaCollector,
+             global_tables: GlobalTables | None) -> None:
+        """The worker runs: the topology as partitioned at start-up, and the clients tasks use."""
+        self.topology = topology
+        self.routing = routing
+        self.parts = parts
+        self.table_sinks = table_sinks
+        self.consumer = consumer
+        self.collector = collector
+        self.global_tables = global_tables
+
+    def keys_of(self, partitions: Iterable[TopicPartition]) -> set[TaskKey]:
+        """The task keys of assigned partitions."""
+        return {(self.sub_of_topic[tp.topic], tp.partition) for tp in partitions}
 
     def _topic_exists(self, topic: str) -> bool:
         """Whether ``topic`` exists (a topic extractor's sink sends only there): the cluster's
@@ -68,145 +157,148 @@ class TaskManagement:
                                    f"topic extractor: {exc}") from exc
         return topic in self._known_topics
 
-    def _restore_consumer_config(self) -> dict:
+    def restore_consumer_config(self) -> dict:
+        """The settings of the consumers that read changelogs and probe ends (assign() only)."""
         conf = kafka.consumer_defaults(self.bootstrap_servers)
         conf["group.id"] = f"{self.application_id}-restore"   # assign() only; never commits
         conf["isolation.level"] = self.isolation_level
         return conf
 
-    def _open_tasks(self, keys) -> None:
+    def sink_ends(self, topics: list[str]) -> dict[TopicPart, int]:
+        """The table sinks' ends now (high watermarks). A lower bound is all a floor needs: the
+        high watermark, read uncommitted, never waits for an open transaction, this worker's own
+        included."""
+        return sink_tails.partition_ends(self.bootstrap_servers, topics,
+                                         {**self.restore_consumer_config(), "isolation.level": "read_uncommitted"})
+
+    def open_tasks(self, keys: list[TaskKey]) -> None:
         """Open the tasks' databases, bring them up to their changelogs (all at once, here and
         now: the rebuild after an aborted transaction), build the tasks."""
         targets = self._restore_targets(keys)
         try:
-            restore_tasks(targets, self._restore_consumer_config(), self._stop)
+            restore_tasks(targets, self.restore_consumer_config(), self.stop)
             self._build_tasks(keys, targets)
         except BaseException:
             self._discard_targets(keys, targets)
             raise
 
-    def _restore_targets(self, keys) -> list[RestoreTarget]:
-        targets = []
+    def _restore_targets(self, keys: list[TaskKey]) -> list[RestoreTarget]:
+        targets: list[RestoreTarget] = []
+        topology = self.topology
         try:
             for sub, partition in keys:
                 db = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
-                targets.append(RestoreTarget(db, f"{sub}_{partition}", partition, self.topology.changelogs_of(sub),
-                                             self.topology.source_changelogs_of(sub),
-                                             self.topology.table_source_stores_of(sub),
-                                             {name: self.topology.changelog_topic(name)
-                                              for name in self.topology.source_changelogs_of(sub)}))
+                targets.append(RestoreTarget(db, f"{sub}_{partition}", partition, topology.changelogs_of(sub),
+                                             topology.source_changelogs_of(sub),
+                                             topology.table_source_stores_of(sub),
+                                             {name: topology.changelog_topic(name)
+                                              for name in topology.source_changelogs_of(sub)}))
         except BaseException:
             for t in targets:
                 t.db.close()
             raise
         return targets
 
-    def _discard_targets(self, keys, targets) -> None:
+    def _discard_targets(self, keys: list[TaskKey], targets: list[RestoreTarget]) -> None:
         for key, t in zip(keys, targets, strict=False):
             self.tasks.pop(key, None)
-            self._writers.pop(key, None)
+            self.writers.pop(key, None)
             t.db.close()
 
-    def _build_tasks(self, keys, targets) -> None:
+    def _build_tasks(self, keys: list[TaskKey], targets: list[RestoreTarget]) -> None:
         """Tasks over restored databases; then the table sinks' tails of those that have some."""
         for (sub, partition), t in zip(keys, targets, strict=False):
             self.restored_records += t.restored
             task = Task(self.topology, sub, partition, t.stores, self.collector, lambda: int(time.time() * 1000),
                         on_error=self.on_error, dlq_topic=self.dlq_topic, routing=self.routing,
-                        max_record_bytes=max_record_bytes_of(self._producer_config),
-                        origin=self.application_id if self._table_sinks.get(sub) else None,
-                        stage_internal=self._stage_internal,
+                        max_record_bytes=max_record_bytes_of(self.producer_config),
+                        origin=self.application_id if self.table_sinks.get(sub) else None,
+                        stage_internal=self.stage_internal,
                         coalesce_fk_records=self.coalesce_fk_records, topic_exists=self._topic_exists,
                         global_stores=self.global_tables.stores if self.global_tables is not None else None)
-            self._writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog,
-                                                            self.collector.send_changelog_records)
+            self.writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog,
+                                                             self.collector.send_changelog_records)
             self.tasks[(sub, partition)] = task
         self._open_table_sinks(keys)
 
-    def _open_table_sinks(self, keys) -> None:
+    def _open_table_sinks(self, keys: list[TaskKey]) -> None:
         """Tasks with table sinks (``processor/runtime/sink_tails.py``): their sinks' ends now
         (before they send anything) are the floor of what their commit records name; a task whose
         last commit record names ends hands its tail to its sink convergence; a task without a
         commit record commits before it processes anything."""
-        keys = [k for k in keys if self._table_sinks.get(k[0])]
+        keys = [k for k in keys if self.table_sinks.get(k[0])]
         if not keys:
             return
-        topics = sorted({t for k in keys for t in self._table_sinks[k[0]]})
-        # (a lower bound is all a floor needs: the high watermark, read uncommitted, never waits
-        # for an open transaction, this worker's own included)
-        ends = sink_tails.partition_ends(self.bootstrap_servers, topics,
-                                         {**self._restore_consumer_config(), "isolation.level": "read_uncommitted"})
+        topics = sorted({t for k in keys for t in self.table_sinks[k[0]]})
+        ends = self.sink_ends(topics)
         starts = {}
         for key in keys:
-            writer = self._writers[key]
-            writer.sink_partitions = sink_tails.sink_partitions(self._table_sinks[key[0]], self._parts)
+            writer = self.writers[key]
+            writer.sink_partitions = sink_tails.sink_partitions(self.table_sinks[key[0]], self.parts)
             writer.sink_floor = {tp: ends[tp] for tp in writer.sink_partitions}
             if writer.sink_ends is not None:
                 starts[key] = {tp: writer.sink_ends.get(tp, 0) for tp in writer.sink_partitions}
             else:   # no commit record, or one naming no sink ends (a backfill's, an older build's)
-                self._initial_commit_due = True
+                self.initial_commit_due = True
         if starts:
-            found = sink_tails.read_tails(self.bootstrap_servers, self._restore_consumer_config(),
+            found = sink_tails.read_tails(self.bootstrap_servers, self.restore_consumer_config(),
                                           self.application_id, starts, ends)
             for key, tail in found.items():
                 self.tasks[key].start_convergence(tail.tails, tail.targets)
 
-    def _on_assign(self, consumer, partitions):
+    def assign(self, consumer: Consumer, partitions: list[TopicPartition], records_processed: int) -> None:
         """Suspended tasks assigned again resume at once; the others are restored by the main
-        loop (``_restore_step``) while their partitions stay paused, so the worker keeps polling
+        loop (``restore_step``) while their partitions stay paused, so the worker keeps polling
         (no ``max.poll.interval.ms`` expiry) and the tasks already open keep processing."""
-        try:
-            keys = {(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions}
-            # suspended tasks not assigned again go now; the others resume without a restore
-            self._close_tasks(set(self._suspended) - keys, self._suspended)
-            committed = {(tp.topic, tp.partition): tp.offset
-                         for tp in consumer.committed(partitions, timeout=30)}
-            for key in sorted(keys):
-                if key not in self.tasks and key in self._suspended:
-                    self.tasks[key] = self._suspended.pop(key)
-            new = [key for key in sorted(keys) if key not in self.tasks]
-            waiting = [tp for tp in partitions if (self._sub_of_topic[tp.topic], tp.partition) in set(new)]
-            for tp in partitions:
-                self._assigned.add((tp.topic, tp.partition))
-                self._at_eof.discard((tp.topic, tp.partition))
-                self._group_offsets[(tp.topic, tp.partition)] = max(committed.get((tp.topic, tp.partition), -1), 0)
-                if (self._sub_of_topic[tp.topic], tp.partition) in self.tasks:
-                    tp.offset = self._start_offset(tp.topic, tp.partition) or OFFSET_BEGINNING
-                else:
-                    # paused until restored, then sought to the task's position. A concrete offset
-                    # (the group's, never above that position), not a logical one: librdkafka would
-                    # resolve OFFSET_BEGINNING asynchronously and could overwrite the later seek.
-                    tp.offset = self._group_offsets[(tp.topic, tp.partition)]
-            if new:
-                # tasks reopened from local state first (usually a short catch-up: they start
-                # processing while the others restore), then those restored from scratch
-                targets = self._restore_targets(new)
-                for local in (True, False):
-                    group = [(k, t) for k, t in zip(new, targets, strict=False) if bool(t.local) is local]
-                    if group:
-                        keys = [k for k, _ in group]
-                        ts = [t for _, t in group]
-                        tps = [tp for tp in waiting if (self._sub_of_topic[tp.topic], tp.partition) in set(keys)]
-                        self._restoring.append(_Restoration(
-                            keys, ts, tps, restore_steps(ts, self._restore_consumer_config(), self._stop),
-                            self.records_processed))
-            consumer.assign(partitions)
-            self._ever_assigned = True
-            if waiting:
-                consumer.pause(waiting)
-            log.info("assigned %s%s", ", ".join(f"{tp.topic}[{tp.partition}]@{'restoring' if tp in waiting else tp.offset}"
-                                                for tp in partitions),
-                     f"; restoring task(s) {', '.join(f'{a}_{b}' for a, b in new)} first" if new else "")
-        except Exception as exc:  # callbacks cannot raise into librdkafka: stop the worker instead
-            self._fatal = self._fatal or exc
-            self._stop.set()
+        sub_of_topic = self.sub_of_topic
+        keys = self.keys_of(partitions)
+        # suspended tasks not assigned again go now; the others resume without a restore
+        self.close_tasks(set(self.suspended) - keys, self.suspended)
+        committed = {(tp.topic, tp.partition): tp.offset
+                     for tp in consumer.committed(partitions, timeout=30)}
+        for key in sorted(keys):
+            if key not in self.tasks and key in self.suspended:
+                self.tasks[key] = self.suspended.pop(key)
+        new = [key for key in sorted(keys) if key not in self.tasks]
+        waiting = [tp for tp in partitions if (sub_of_topic[tp.topic], tp.partition) in set(new)]
+        for tp in partitions:
+            self.assigned.add((tp.topic, tp.partition))
+            self.at_eof.discard((tp.topic, tp.partition))
+            self.group_offsets[(tp.topic, tp.partition)] = max(committed.get((tp.topic, tp.partition), -1), 0)
+            if (sub_of_topic[tp.topic], tp.partition) in self.tasks:
+                tp.offset = self._start_offset(tp.topic, tp.partition) or OFFSET_BEGINNING
+            else:
+                # paused until restored, then sought to the task's position. A concrete offset
+                # (the group's, never above that position), not a logical one: librdkafka would
+                # resolve OFFSET_BEGINNING asynchronously and could overwrite the later seek.
+                tp.offset = self.group_offsets[(tp.topic, tp.partition)]
+        if new:
+            # tasks reopened from local state first (usually a short catch-up: they start
+            # processing while the others restore), then those restored from scratch
+            targets = self._restore_targets(new)
+            for local in (True, False):
+                group = [(k, t) for k, t in zip(new, targets, strict=False) if bool(t.local) is local]
+                if group:
+                    group_keys = [k for k, _ in group]
+                    ts = [t for _, t in group]
+                    tps = [tp for tp in waiting if (sub_of_topic[tp.topic], tp.partition) in set(group_keys)]
+                    self.restoring.append(Restoration(
+                        group_keys, ts, tps, restore_steps(ts, self.restore_consumer_config(), self.stop),
+                        records_processed))
+        consumer.assign(partitions)
+        self.ever_assigned = True
+        if waiting:
+            consumer.pause(waiting)
+        log.info("assigned %s%s", ", ".join(f"{tp.topic}[{tp.partition}]@{'restoring' if tp in waiting else tp.offset}"
+                                            for tp in partitions),
+                 f"; restoring task(s) {', '.join(f'{a}_{b}' for a, b in new)} first" if new else "")
 
     def _start_offset(self, topic: str, partition: int) -> int:
         """Where a task resumes an input partition: its committed position (a group offset beyond
         it means the changelogs lost data); 0 for a task that never committed."""
-        task = self.tasks[(self._sub_of_topic[topic], partition)]
+        task = self.tasks[(self.sub_of_topic[topic], partition)]
         start = task.positions.get((topic, partition), 0)
-        group = self._group_offsets.get((topic, partition), 0)
+        group = self.group_offsets.get((topic, partition), 0)
         if group > start:
             raise ChangelogMismatch(
                 f"task {task.id}: the group committed {topic}[{partition}] up to offset "
@@ -215,24 +307,24 @@ class TaskManagement:
                 f"and state) to rebuild")
         return start
 
-    def _restore_step(self, budget_s: float = RESTORE_STEP_S) -> None:
+    def restore_step(self, records_processed: int, budget_s: float = RESTORE_STEP_S) -> None:
         """Restore for up to ``budget_s`` (whole batches); when done, the tasks are built and
         their partitions sought to their positions and resumed."""
-        r = self._restoring[0]
+        r = self.restoring[0]
         deadline = time.monotonic() + budget_s
         try:
             while time.monotonic() < deadline:
                 next(r.steps)
-                if self._restore_step_delay_s:
-                    time.sleep(self._restore_step_delay_s)
+                if self.restore_step_delay_s:
+                    time.sleep(self.restore_step_delay_s)
             return
         except StopIteration:
             pass
         except BaseException:
-            self._abort_restoration()
+            self.abort_restoration()
             raise
-        self._restoring.pop(0)
-        meanwhile = self.records_processed - r.processed_before
+        self.restoring.pop(0)
+        meanwhile = records_processed - r.processed_before
         try:
             self._build_tasks(r.keys, r.targets)
         except BaseException:
@@ -244,15 +336,14 @@ class TaskManagement:
             tp.offset = targets[(tp.topic, tp.partition)]
             self.consumer.seek(tp)
             # records fetched before the seek must not reach the task (the loop drops them)
-            self._resumed.add((tp.topic, tp.partition))
+            self.resumed.add((tp.topic, tp.partition))
         self.consumer.resume(r.partitions)
         self._wake_fetchers(r.partitions)
-        self._resumed_at = time.monotonic()   # (after the wake-ups: the guard lasts 5 s from here)
+        self.resumed_at = time.monotonic()   # (after the wake-ups: the guard lasts 5 s from here)
         log.info("restored and resumed %s after %.1f s; meanwhile the open tasks processed %d records",
                  ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in r.partitions),
                  time.monotonic() - r.started, meanwhile)
-
-    def _seek_offsets(self, positions: dict, budget_s: float = 0.2) -> dict:
+    def _seek_offsets(self, positions: dict[TopicPart, int], budget_s: float = 0.2) -> dict[TopicPart, int]:
         """Where to seek each ``(topic, partition)`` to resume at ``position``: the position itself,
         a concrete offset, wherever one is known. A logical one (OFFSET_BEGINNING) makes
         librdkafka look the offset up first, and that lookup waits behind the fetch in flight (a
@@ -263,7 +354,7 @@ class TaskManagement:
         When the log starts later (retention), or no answer came in time (a broker busy with a long
         poll answers after it), it stays OFFSET_BEGINNING: the first record there, whatever
         ``auto.offset.reset`` says."""
-        out = {}
+        out: dict[TopicPart, int] = {}
         deadline = time.monotonic() + budget_s
         for (topic, part), pos in positions.items():
             if pos > 0:
@@ -280,7 +371,7 @@ class TaskManagement:
             out[(topic, part)] = 0 if low == 0 else OFFSET_BEGINNING
         return out
 
-    def _wake_fetchers(self, partitions, budget_s: float = 0.1) -> None:
+    def _wake_fetchers(self, partitions: list[TopicPartition], budget_s: float = 0.1) -> None:
         """librdkafka's fetcher (one thread per broker) sees a resumed partition only at its next
         wake-up: up to a second later when it has nothing in flight (at start-up every partition
         was paused), otherwise when the fetch in flight returns. A request to the partition's
@@ -298,68 +389,54 @@ class TaskManagement:
             except Exception:
                 pass
 
-    def _abort_restoration(self) -> None:
+    def abort_restoration(self) -> None:
         """A revocation (or a stop, or an error) during a restore: drop it; what it restored up to
         its last intermediate commit is kept locally."""
-        while self._restoring:
-            r = self._restoring.pop(0)
+        while self.restoring:
+            r = self.restoring.pop(0)
             try:
                 r.steps.close()
             finally:
                 for t in r.targets:
                     t.db.close()
 
-    def _on_revoke(self, consumer, partitions):
-        try:
-            self._abort_restoration()
-            keys = {(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions}
-            if not self._closing and self._fatal is None:
-                for key in keys:
-                    task = self.tasks.get(key)
-                    if task is not None:
-                        task.flush()
-                self.commit()
-                # the flush's outbox records were sent after that commit: one more unit makes
-                # them durable and confirms them (exactly once: commits their transaction)
-                self.commit()
-            for tp in partitions:
-                self._assigned.discard((tp.topic, tp.partition))
-                self._at_eof.discard((tp.topic, tp.partition))
-                self._resumed.discard((tp.topic, tp.partition))
-            self._forget_gaps((tp.topic, tp.partition) for tp in partitions)
-            self._drop_groups(keys)
-            for key in keys:
-                task = self.tasks.pop(key, None)
-                if task is not None:
-                    if self._closing or self._fatal is not None:
-                        self._close_tasks({key}, {key: task})
-                    else:
-                        self._suspended[key] = task
-        except Exception as exc:
-            self._fatal = self._fatal or exc
-            self._stop.set()
+    def flush(self, keys: Iterable[TaskKey]) -> None:
+        """The deferred emissions of the open tasks among ``keys`` (before their last commit)."""
+        for key in keys:
+            task = self.tasks.get(key)
+            if task is not None:
+                task.flush()
 
-    def _on_lost(self, consumer, partitions):
-        # Another member may own these now: close without committing (closing a task never
-        # writes its pending state), so only what was committed survives.
-        self._abort_restoration()
+    def forget_partitions(self, partitions: Iterable[TopicPartition]) -> None:
+        """Revoked or lost partitions: no longer assigned, at their end or just resumed here."""
         for tp in partitions:
-            self._assigned.discard((tp.topic, tp.partition))
-            self._at_eof.discard((tp.topic, tp.partition))
-            self._resumed.discard((tp.topic, tp.partition))
-        self._forget_gaps((tp.topic, tp.partition) for tp in partitions)
-        self._close_tasks({(self._sub_of_topic[tp.topic], tp.partition) for tp in partitions})
+            self.assigned.discard((tp.topic, tp.partition))
+            self.at_eof.discard((tp.topic, tp.partition))
+            self.resumed.discard((tp.topic, tp.partition))
 
-    def _close_tasks(self, keys, table=None):
+    def suspend(self, keys: Iterable[TaskKey], close: bool) -> None:
+        """Revoked tasks (committed): kept open until the next assignment, or closed (``close``:
+        the worker is closing or failed)."""
+        for key in keys:
+            task = self.tasks.pop(key, None)
+            if task is not None:
+                if close:
+                    self.close_tasks({key}, {key: task})
+                else:
+                    self.suspended[key] = task
+
+    def close_tasks(self, keys: Iterable[TaskKey], table: dict[TaskKey, Task] | None = None) -> None:
+        """Close the tasks of ``keys`` in ``table`` (the open tasks by default), keeping their
+        counters; every one is closed before the first error is raised."""
         table = self.tasks if table is None else table
         if table is self.tasks:
-            self._drop_groups(keys)
+            self.drop_groups(keys)
         errors = []
         for key in keys:
             task = table.pop(key, None)
-            self._writers.pop(key, None)
+            self.writers.pop(key, None)
             if task is not None:
-                self._retire_metrics(task)
+                self.retire_metrics(task)
                 try:
                     task.close()
                 except Exception as exc:  # close the others before reporting
@@ -367,12 +444,91 @@ class TaskManagement:
         if errors:
             raise errors[0]
 
+    def close_all(self) -> None:
+        """The worker stops: every restore, open and suspended task closed."""
+        self.abort_restoration()
+        self.close_tasks(list(self.tasks))
+        self.close_tasks(list(self.suspended), self.suspended)
 
-class _Restoration:
+    def reopen_all(self) -> None:
+        """Exactly once, after an aborted transaction: every open task closed without writing its
+        uncommitted state, rebuilt from its changelogs, and its partitions sought back to its
+        positions."""
+        keys = sorted(self.tasks)
+        for key in keys:
+            self.writers.pop(key, None)
+            task = self.tasks.pop(key)
+            self.retire_metrics(task)
+            task.close()                 # closing never writes pending state
+        self.open_tasks(keys)
+        for key in keys:
+            task = self.tasks[key]
+            tps = [tp for tp in self.assigned if (self.sub_of_topic[tp[0]], tp[1]) == key]
+            for tp, off in self._seek_offsets({tp: task.positions.get(tp, 0) for tp in tps}).items():
+                self.consumer.seek(TopicPartition(tp[0], tp[1], off))
+                self.resumed.add(tp)   # records fetched before the seek must not reach the task
+                self.at_eof.discard(tp)   # read again from there
+        self.resumed_at = time.monotonic()
+
+    def retire_metrics(self, task: Task) -> None:
+        """Keep a closing task's counters (summed into its id's entry)."""
+        add_counters(self.finished_tasks_metrics.setdefault(task.id, {}), task.metrics())
+
+    def metrics(self) -> dict[str, dict[str, int]]:
+        """Counters of every operator, summed over live and closed tasks."""
+        total: dict[str, dict[str, int]] = {}
+        for m in [*self.finished_tasks_metrics.values(), *(t.metrics() for t in self.tasks.values())]:
+            add_counters(total, m)
+        return total
+
+    # -- time-ordered input of tasks with several partitions ------------------------------------
+    def new_group(self, key: TaskKey, task: Task) -> PartitionGroup:
+        """Input buffers for ``task`` (replacing those of an instance it replaced: rebuilt after
+        an aborted transaction, which sought its partitions back to its positions)."""
+        old = self.groups.get(key)
+        if old is not None and old.paused:
+            self.consumer.resume([TopicPartition(*tp) for tp in old.paused])
+        group = self.groups[key] = PartitionGroup(
+            task, [(t, key[1]) for t in self.ordered_inputs[key[0]]], self.max_task_idle_ms, self.at_eof)
+        return group
+
+    def process_buffered(self) -> int:
+        """Run every task with buffered input as far as Kafka Streams' rule lets it; returns the
+        records processed."""
+        n = 0
+        now_ms = int(time.time() * 1000)
+        tasks = self.tasks
+        for key, group in list(self.groups.items()):
+            if not group.buffered:
+                continue
+            if tasks.get(key) is not group.task:   # its task is gone: so are its buffers
+                self.drop_groups([key])
+                continue
+            before = group.buffered
+            resume = group.process_ready(now_ms, self.stop)
+            n += before - group.buffered
+            if resume:
+                self.consumer.resume([TopicPartition(*tp) for tp in resume])
+        return n
+
+    def drop_groups(self, keys: Iterable[TaskKey]) -> None:
+        """Revoked, lost or closed tasks: their buffered records are dropped (never processed,
+        so never committed: fetched again by whoever runs the task next)."""
+        for key in keys:
+            group = self.groups.pop(key, None)
+            if group is not None and group.paused and not self.closing:
+                try:
+                    self.consumer.resume([TopicPartition(*tp) for tp in group.paused])
+                except Exception:   # not assigned any more
+                    pass
+
+
+class Restoration:
     """Tasks of an assignment being restored by the main loop: their keys, restore targets,
     paused input partitions and the restore's steps (``changelog.restore_steps``)."""
 
-    def __init__(self, keys, targets, partitions, steps, processed_before: int):
+    def __init__(self, keys: list[TaskKey], targets: list[RestoreTarget], partitions: list[TopicPartition],
+                 steps: Generator[Any, None, None], processed_before: int) -> None:
         self.started = time.monotonic()
         self.processed_before = processed_before
         self.keys = keys

@@ -3,9 +3,13 @@
 This file is the poll loop: consume a batch -> route each record to the Task of (sub-topology,
 partition) -> the task's operators send outputs and internal records through the collector
 (``processor/runtime/collector.py``); stores write into the task's write buffer -> every
-``commit_interval_ms`` one commit unit (``processor/runtime/commit_unit.py``). Between polls it
-runs the restore of newly assigned tasks in steps (``processor/runtime/task_manager.py``: which
-tasks run here, assignment, restore, revocation, closing).
+``commit_interval_ms`` one commit unit (``processor/runtime/commit_unit.py``: ``Committer``).
+Between polls it runs the restore of newly assigned tasks in steps
+(``processor/runtime/task_manager.py``: ``TaskManager``, which tasks run here, assignment, restore,
+revocation, closing, time-ordered input). Internal partitions are read through the fetch-gap guard
+(``processor/runtime/fetch_gaps.py``). The ``Worker`` composes these, owns the clients' lifetime and
+answers librdkafka's rebalance callbacks; its invariant: the clients and the components are opened
+in ``run`` and closed by it, whatever happens.
 
 Internal topics (repartition, FK subscription/response) and changelog topics (one partition per
 task, ``cleanup.policy=compact``) are created and checked at start-up
@@ -33,7 +37,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
@@ -48,34 +52,35 @@ from processor.kafka.client_config import ClientConfig
 from processor.kafka.partitioning import determine_partitioners
 from processor.runtime.changelog import RestoreInterrupted
 from processor.runtime.collector import KafkaCollector
-from processor.runtime.commit_unit import CommitUnit
+from processor.runtime.commit_unit import Committer
+from processor.runtime.fetch_gaps import FetchGaps
 from processor.runtime.http_endpoint import WorkerHTTPEndpoint
 from processor.runtime.interactive_queries import StoreQueries, StoreView
-from processor.runtime.partition_group import PartitionGroup
 from processor.runtime.state_lock import StateDirLock
-from processor.runtime.task_manager import TaskManagement
-from processor.runtime.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics, add_counters
+from processor.runtime.task_manager import Restoration, TaskManager
+from processor.runtime.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics
 
 if TYPE_CHECKING:
+    from confluent_kafka import Consumer
+
     from processor.engine.task import Task
-    from processor.runtime.changelog import ChangelogWriter
-    from processor.runtime.task_manager import _Restoration
+    from processor.runtime.global_tables import GlobalTables
 
 log = logging.getLogger("processor.worker")
 
 _EOF = KafkaError._PARTITION_EOF
 
 
-# a gap in an internal partition that persists this long and over this many fetches is accepted
-GAP_ACCEPT_S = 5.0
-GAP_RETRIES = 20
-# a gap of at most this many offsets (transaction markers: one per producer whose transaction
-# ended between two records) is accepted when this many fetches back to it return it again
-MARKER_GAP = 16
-SMALL_GAP_FETCHES = 2
 
 
-class Worker(TaskManagement, CommitUnit):
+class Worker:
+    """One member of the application's consumer group (see the module docstring)."""
+
+    consumer: Consumer            # opened by run()
+    collector: KafkaCollector     # opened by run()
+    routing: Routing              # decided by check_topics()
+    _state_lock: StateDirLock
+
     def __init__(self, topology, bootstrap_servers: str, application_id: str, state_dir: str | Path,
                  *, commit_interval_ms: int = 1000, on_error: str = "dlq",
                  consumer_config: dict | None = None, producer_config: dict | None = None,
@@ -94,7 +99,6 @@ class Worker(TaskManagement, CommitUnit):
         # a task with several input partitions processes them in time order
         # (processor/runtime/partition_group.py)
         self.max_task_idle_ms = config.max_task_idle_ms
-        self._groups: dict[tuple[int, int], PartitionGroup] = {}
         # group.instance.id = <application id>-<worker id> (kept in the state directory), unless
         # the consumer config names one
         self.static_membership = static_membership
@@ -134,66 +138,95 @@ class Worker(TaskManagement, CommitUnit):
             raise ConfigError(f"producer setting partitioner={chosen!r}: internal topics (repartition) "
                               f"are placed by murmur2 by every host (worker, driver, backfill); the "
                               f"worker's producer must use murmur2_random (the default)")
-        self.tasks: dict[tuple[int, int], Task] = {}
-        self._writers: dict[tuple[int, int], ChangelogWriter] = {}
-        self._suspended: dict[tuple[int, int], Task] = {}   # revoked, committed, maybe coming back
-        self._sub_of_topic = topology.subtopology_of_topic()
-        # sub-topology -> its input topics, where it has several (their tasks buffer and order)
-        self._ordered_inputs = {i: sorted(topology.source_topics(i)) for i in range(len(topology.subtopologies))
-                                if len(topology.source_topics(i)) > 1}
         self._stop = threading.Event()
-        self._assigned: set[tuple[str, int]] = set()
-        self._at_eof: set[tuple[str, int]] = set()
-        self._closing = False
         self.first_record_at: float | None = None
         self.last_record_at: float | None = None
         self.records_processed = 0
-        self.restored_records = 0
-        # task id -> counters of its closed instances, summed (bounded by the task ids: a long-lived
-        # worker through many rebalances keeps one entry per task, not one per closing)
-        self.finished_tasks_metrics: dict[str, dict[str, dict[str, int]]] = {}
         # /metrics, /healthz, /readyz, interactive queries (processor/runtime/http_endpoint.py)
         self.metrics_state = WorkerMetrics()
         self.metrics_registry = self.metrics_state.registry
         self._queries = StoreQueries(self)
-        self._ever_assigned = False
         self.http_port = http_port
         self._http_host = http_host
         self._health_timeout_s = health_timeout_s
-        self.http_endpoint = None
+        self.http_endpoint: WorkerHTTPEndpoint | None = None
         self._fatal: BaseException | None = None
-        self._group_offsets: dict[tuple[str, int], int] = {}
-        self._skipped_offsets: dict[tuple[str, int], int] = {}   # at least once, see commit()
         self._wall_punctuation = any(
             (isinstance(n.attrs, AggregateAttrs) and n.attrs.emit.mode == "every" and n.attrs.emit.clock == "wall")
             or isinstance(n.attrs, UserProcessorAttrs) for n in topology.nodes)
-        self.global_tables = None   # processor/runtime/global_tables.py, opened by run()
+        # processor/runtime/global_tables.py, opened by run()
+        self.global_tables: GlobalTables | None = None
         delay = os.environ.get("PROCESSOR_TEST_RESTORE_STEP_DELAY_MS")   # test hook: a slow restore
-        self._restore_step_delay_s = int(delay) / 1000 if delay else 0.0
         kill = os.environ.get("PROCESSOR_TEST_KILL_BEFORE_COMMIT")
-        self._kill_at_commit = int(kill) if kill else None
-        self._commits_with_records = 0
         self._sent_at_drain_check = 0
         self._internal_topics = set(topology.internal_topics())
         # Internal topics are written by this application's producers only, so their offsets are
         # contiguous except for transaction markers; when no transaction writes them (at least
         # once) or the broker writes no markers (exactly once read uncommitted: Tansu), an offset
         # after a task's position means the broker's fetch skipped records (seen on Tansu while
-        # another producer's batch was being appended): read them again (``_check_gap``).
-        self._gap_guard = self._internal_topics if self._stage_internal else frozenset()
-        self._gaps: dict[tuple[str, int], tuple[int, int, int, float]] = {}   # (position, offset, fetches, since)
-        self.fetch_gaps_refetched = 0
-        self.fetch_gaps_accepted = 0
-        self._processed_at_last_commit = 0
+        # another producer's batch was being appended): read them again (``FetchGaps``).
+        self.fetch_gaps = FetchGaps(self._internal_topics if self._stage_internal else frozenset())
         self._table_sinks: dict[int, list[str]] = {}
         self._parts: dict[str, int] = {}
-        self._initial_commit_due = False
-        self._restoring: list[_Restoration] = []   # restores under way, the first one running
-        # partitions just restored, for a few seconds: records below the task's position are
-        # dropped (fetched before the seek to it)
-        self._resumed: set[tuple[str, int]] = set()
-        self._resumed_at = 0.0
-        self._sink_floors_at = time.monotonic()   # commit_unit: the table sinks' floors refreshed
+        self.task_manager = TaskManager(
+            topology, application_id=application_id, bootstrap_servers=self.bootstrap_servers,
+            state_dir=self.state_dir, isolation_level=self.isolation_level, on_error=self.on_error,
+            dlq_topic=self.dlq_topic, producer_config=self._producer_config, stage_internal=self._stage_internal,
+            coalesce_fk_records=coalesce_fk_records, max_task_idle_ms=self.max_task_idle_ms, stop=self._stop,
+            restore_step_delay_s=int(delay) / 1000 if delay else 0.0)
+        self._sub_of_topic = self.task_manager.sub_of_topic
+        self.committer = Committer(self.task_manager, self.fetch_gaps, self.metrics_state,
+                                   kill_at_commit=int(kill) if kill else None)
+
+    # -- the components' state, as the worker's (tests, metrics, interactive queries) -----------
+    @property
+    def tasks(self) -> dict[tuple[int, int], Task]:
+        """The open tasks by (sub-topology, partition)."""
+        return self.task_manager.tasks
+
+    @property
+    def restored_records(self) -> int:
+        """Changelog records restored into the tasks' stores."""
+        return self.task_manager.restored_records
+
+    @property
+    def finished_tasks_metrics(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Task id -> counters of its closed instances, summed."""
+        return self.task_manager.finished_tasks_metrics
+
+    @property
+    def fetch_gaps_refetched(self) -> int:
+        """Gaps of internal partitions whose records were there when read again."""
+        return self.fetch_gaps.refetched
+
+    @property
+    def fetch_gaps_accepted(self) -> int:
+        """Gaps of internal partitions accepted after the broker kept returning them."""
+        return self.fetch_gaps.accepted
+
+    @property
+    def _assigned(self) -> set[tuple[str, int]]:
+        return self.task_manager.assigned
+
+    @property
+    def _at_eof(self) -> set[tuple[str, int]]:
+        return self.task_manager.at_eof
+
+    @property
+    def _restoring(self) -> list[Restoration]:
+        return self.task_manager.restoring
+
+    def _restore_consumer_config(self) -> dict:
+        return self.task_manager.restore_consumer_config()
+
+    @property
+    def _kill_at_commit(self) -> int | None:
+        """Test hook (``PROCESSOR_TEST_KILL_BEFORE_COMMIT``): SIGKILL at this commit with records."""
+        return self.committer.kill_at_commit
+
+    @_kill_at_commit.setter
+    def _kill_at_commit(self, n: int | None) -> None:
+        self.committer.kill_at_commit = n
 
     # -- startup checks -----------------------------------------------------------------------
     def check_topics(self) -> dict[str, int]:
@@ -239,9 +272,10 @@ class Worker(TaskManagement, CommitUnit):
     def _drained(self) -> bool:
         """Every assigned partition is at its end, and so is every internal partition this worker
         reads after the records it wrote itself reached the broker."""
-        if self._restoring:
+        tm = self.task_manager
+        if tm.restoring:
             return False
-        if any(t.holds_records for t in self.tasks.values()):
+        if any(t.holds_records for t in tm.tasks.values()):
             self.commit()   # foreign-key join records held until the commit: sends them
         if self.collector.sent == self._sent_at_drain_check:
             return True
@@ -257,97 +291,59 @@ class Worker(TaskManagement, CommitUnit):
                     break
         self.collector.flush()
         self._sent_at_drain_check = self.collector.sent
-        internal = {tp: self.tasks[(self._sub_of_topic[tp[0]], tp[1])].positions.get(tp, 0)
-                    for tp in self._assigned if tp[0] in self._internal_topics}
+        internal = {tp: tm.tasks[(self._sub_of_topic[tp[0]], tp[1])].positions.get(tp, 0)
+                    for tp in tm.assigned if tp[0] in self._internal_topics}
         more = kafka.partitions_with_records_from(self.bootstrap_servers, internal,
                                                   isolation_level=self.isolation_level)
-        self._at_eof -= more
+        tm.at_eof -= more
         return not more
 
-    def _check_gap(self, topic: str, part: int, pos: int | None, offset: int) -> bool:
-        """An internal partition's record at ``offset``, the task at ``pos``: True when the caller
-        must drop it (and the rest of the partition's batch) because the worker sought back to
-        read a gap again. Records found in the gap when it is read again were skipped by the
-        broker's fetch (logged, ``fetch_gaps_refetched``). A gap the broker keeps returning is
-        accepted (``fetch_gaps_accepted``): after ``SMALL_GAP_FETCHES`` fetches when it spans at
-        most ``MARKER_GAP`` offsets (transaction markers, one per producer whose transaction
-        ended there), else after ``GAP_RETRIES`` fetches over ``GAP_ACCEPT_S`` (with a warning).
-        The loop never sleeps here: other partitions go on meanwhile."""
-        key = (topic, part)
-        g = self._gaps.get(key)
-        if g is not None:
-            g_pos, g_off, attempts, since = g
-            if pos is None or g_pos != pos or offset < g_off:
-                del self._gaps[key]
-                if pos is not None and g_pos == pos and offset < g_off:
-                    self.fetch_gaps_refetched += 1
-                    log.warning("%s[%d]: the broker's fetch had skipped offsets %d..%d (records are there when "
-                                "read again); reading them", topic, part, pos, g_off - 1)
-                return False if pos is None or offset <= pos else self._check_gap(topic, part, pos, offset)
-            if offset == g_off:
-                now = time.monotonic()
-                small = g_off - pos <= MARKER_GAP
-                if (small and attempts >= SMALL_GAP_FETCHES) or (attempts >= GAP_RETRIES and now - since >= GAP_ACCEPT_S):
-                    del self._gaps[key]
-                    self.fetch_gaps_accepted += 1
-                    if not small:
-                        log.warning("%s[%d]: offsets %d..%d returned no record in %d fetches over %.1f s; going on "
-                                    "at %d", topic, part, pos, g_off - 1, attempts, now - since, g_off)
-                    return False
-                self._gaps[key] = (pos, g_off, attempts + 1, since)
-                self.consumer.seek(TopicPartition(topic, part, pos))
-                return True
-        if pos is None or offset <= pos:
-            return False
-        self._gaps[key] = (pos, offset, 1, time.monotonic())
-        self.consumer.seek(TopicPartition(topic, part, pos))
-        return True
+    # -- rebalance callbacks (librdkafka's eager protocol; they cannot raise into librdkafka) -----
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Tasks for the assigned partitions (``TaskManager.assign``); an error stops the worker."""
+        try:
+            self.task_manager.assign(consumer, partitions, self.records_processed)
+        except Exception as exc:  # callbacks cannot raise into librdkafka: stop the worker instead
+            self._fatal = self._fatal or exc
+            self._stop.set()
 
-    def _forget_gaps(self, partitions) -> None:
-        """Revoked, lost or rebuilt partitions: their gap checks start over."""
-        for tp in partitions:
-            self._gaps.pop(tp, None)
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """The revoked tasks' deferred emissions are flushed and committed, then the tasks are
+        kept open ("suspended") until the next assignment (closed when the worker is closing or
+        failed)."""
+        tm = self.task_manager
+        try:
+            tm.abort_restoration()
+            keys = tm.keys_of(partitions)
+            if not tm.closing and self._fatal is None:
+                tm.flush(keys)
+                self.commit()
+                # the flush's outbox records were sent after that commit: one more unit makes
+                # them durable and confirms them (exactly once: commits their transaction)
+                self.commit()
+            tm.forget_partitions(partitions)
+            self.fetch_gaps.forget((tp.topic, tp.partition) for tp in partitions)
+            tm.drop_groups(keys)
+            tm.suspend(keys, close=tm.closing or self._fatal is not None)
+        except Exception as exc:
+            self._fatal = self._fatal or exc
+            self._stop.set()
 
-    # -- time-ordered input of tasks with several partitions ------------------------------------
-    def _new_group(self, key, task) -> PartitionGroup:
-        """Input buffers for ``task`` (replacing those of an instance it replaced: rebuilt after
-        an aborted transaction, which sought its partitions back to its positions)."""
-        old = self._groups.get(key)
-        if old is not None and old.paused:
-            self.consumer.resume([TopicPartition(*tp) for tp in old.paused])
-        group = self._groups[key] = PartitionGroup(
-            task, [(t, key[1]) for t in self._ordered_inputs[key[0]]], self.max_task_idle_ms, self._at_eof)
-        return group
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Another member may own these now: close without committing (closing a task never
+        writes its pending state), so only what was committed survives."""
+        tm = self.task_manager
+        tm.abort_restoration()
+        tm.forget_partitions(partitions)
+        self.fetch_gaps.forget((tp.topic, tp.partition) for tp in partitions)
+        tm.close_tasks(tm.keys_of(partitions))
 
-    def _process_buffered(self) -> int:
-        """Run every task with buffered input as far as Kafka Streams' rule lets it; returns the
-        records processed."""
-        n = 0
-        now_ms = int(time.time() * 1000)
-        tasks = self.tasks
-        for key, group in list(self._groups.items()):
-            if not group.buffered:
-                continue
-            if tasks.get(key) is not group.task:   # its task is gone: so are its buffers
-                self._drop_groups([key])
-                continue
-            before = group.buffered
-            resume = group.process_ready(now_ms, self._stop)
-            n += before - group.buffered
-            if resume:
-                self.consumer.resume([TopicPartition(*tp) for tp in resume])
-        return n
-
-    def _drop_groups(self, keys) -> None:
-        """Revoked, lost or closed tasks: their buffered records are dropped (never processed,
-        so never committed: fetched again by whoever runs the task next)."""
-        for key in keys:
-            group = self._groups.pop(key, None)
-            if group is not None and group.paused and not self._closing:
-                try:
-                    self.consumer.resume([TopicPartition(*tp) for tp in group.paused])
-                except Exception:   # not assigned any more
-                    pass
+    def commit(self) -> None:
+        """One commit unit for every task that has work (``Committer.commit``). Never after a
+        fatal error."""
+        if self._fatal is not None:
+            return
+        self.committer.commit(self.records_processed)
 
     # -- main loop ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -358,22 +354,16 @@ class Worker(TaskManagement, CommitUnit):
         is None until the task changelog has been read)."""
         return {t.task_id: {"restored": t.store_restored,
                             "remaining": None if t.to_restore is None else t.to_restore - t.store_restored}
-                for r in self._restoring for t in r.targets}
+                for r in self.task_manager.restoring for t in r.targets}
 
-    def metrics(self) -> dict:
+    def metrics(self) -> dict[str, dict[str, int]]:
         """Counters of every operator, summed over live and closed tasks."""
-        total: dict[str, dict[str, int]] = {}
-        for m in [*self.finished_tasks_metrics.values(), *(t.metrics() for t in self.tasks.values())]:
-            add_counters(total, m)
-        return total
-
-    def _retire_metrics(self, task) -> None:
-        """Keep a closing task's counters (summed into its id's entry)."""
-        add_counters(self.finished_tasks_metrics.setdefault(task.id, {}), task.metrics())
+        return self.task_manager.metrics()
 
     def ready(self) -> bool:
         """Assigned, and every task of the assignment restored and running (``/readyz``)."""
-        return (self._ever_assigned and not self._restoring and self._fatal is None and not self._stop.is_set()
+        tm = self.task_manager
+        return (tm.ever_assigned and not tm.restoring and self._fatal is None and not self._stop.is_set()
                 and self._queries.loop_thread is not None)
 
     def store(self, name: str) -> StoreView:
@@ -437,6 +427,9 @@ class Worker(TaskManagement, CommitUnit):
                                               self.state_dir / "global")
             self.global_tables.bootstrap()
         self.consumer = kafka.new_consumer(cconf, "the consumer group")
+        self.fetch_gaps.consumer = self.consumer
+        self.task_manager.open(self.topology, routing=self.routing, parts=self._parts, table_sinks=self._table_sinks,
+                               consumer=self.consumer, collector=self.collector, global_tables=self.global_tables)
         previous = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -459,7 +452,7 @@ class Worker(TaskManagement, CommitUnit):
             self.commit()  # confirms the outbox records the last commit sent
             self.collector.flush()
         finally:
-            self._closing = True
+            self.task_manager.closing = True
             try:
                 self.consumer.close()
             finally:
@@ -467,25 +460,27 @@ class Worker(TaskManagement, CommitUnit):
                     self.collector.abort()   # an unfinished transaction (after a fatal error)
                 except Exception as exc:
                     log.warning("aborting the open transaction failed: %s", exc)
-                self._abort_restoration()
-                self._close_tasks(list(self.tasks))
-                self._close_tasks(list(self._suspended), self._suspended)
+                self.task_manager.close_all()
                 if self.global_tables is not None:
                     self.global_tables.commit()
                     self.global_tables.close()
-                    self.global_tables = None
+                    self.global_tables = self.task_manager.global_tables = None
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
     def _loop(self, until_drained: bool, max_seconds: float | None) -> None:
         consumer = self.consumer
-        tasks = self.tasks
+        tm = self.task_manager
+        tasks = tm.tasks
         sub_of = self._sub_of_topic
         stop = self._stop
-        at_eof = self._at_eof
-        resumed = self._resumed
-        guarded = self._gap_guard
-        gaps = self._gaps
+        at_eof = tm.at_eof
+        resumed = tm.resumed
+        restoring = tm.restoring
+        assigned = tm.assigned
+        guarded = self.fetch_gaps.guarded
+        gaps = self.fetch_gaps.gaps
+        check_gap = self.fetch_gaps.check
         started = time.monotonic()
         # A commit is due commit_interval after the last one, or, once records were processed
         # since, commit_interval after the first of them: a backlog that starts after a quiet
@@ -496,32 +491,34 @@ class Worker(TaskManagement, CommitUnit):
         batch = self.batch_size
         metrics = self.metrics_state
         queries = self._queries
-        ordered = self._ordered_inputs
-        groups = self._groups
+        ordered = tm.ordered_inputs
+        groups = tm.groups
         while not stop.is_set():
             beat = metrics.loop_beat = time.monotonic()
             if queries.pending():
                 queries.serve()
             if beat - metrics.published_at >= PUBLISH_INTERVAL_S:
                 metrics.publish(self, beat)
-            if self._restoring:
+            if restoring:
                 try:
-                    self._restore_step()
+                    tm.restore_step(self.records_processed)
                 except RestoreInterrupted:
                     break
-            if self._initial_commit_due:
+            if tm.initial_commit_due:
                 # tasks opened without a commit record naming their table sinks' ends: one does,
                 # before they send anything (processor/runtime/sink_tails.py); before the poll, so
                 # a rebuild after an aborted transaction never meets records fetched before it
-                self._initial_commit_due = False
+                tm.initial_commit_due = False
                 self.commit()
-            msgs = consumer.consume(batch, 0.0 if self._restoring else 0.1)
+            # (librdkafka's messages: one without an error has a topic, partition and offset;
+            # the client's stubs declare them optional)
+            msgs: list[Any] = consumer.consume(batch, 0.0 if restoring else 0.1)
             if self._fatal is not None:
                 break
             if msgs and self.first_record_at is None:
                 self.first_record_at = time.monotonic()
             n = 0
-            refetching = None
+            refetching: set[tuple[str, int]] | None = None
             for m in msgs:
                 if stop.is_set():
                     break
@@ -529,7 +526,7 @@ class Worker(TaskManagement, CommitUnit):
                 if err is not None:
                     if err.code() == _EOF:
                         if not (refetching and (m.topic(), m.partition()) in refetching):
-                            self._at_eof.add((m.topic(), m.partition()))
+                            at_eof.add((m.topic(), m.partition()))
                         continue
                     if err.fatal():
                         raise ConfigError(f"fatal Kafka error: {err.str()}")
@@ -546,7 +543,7 @@ class Worker(TaskManagement, CommitUnit):
                 if ordered and sub in ordered:   # (its next offset: after what its buffers hold)
                     group = groups.get((sub, part))
                     if group is None or group.task is not task:
-                        group = self._new_group((sub, part), task)
+                        group = tm.new_group((sub, part), task)
                 if resumed and (topic, part) in resumed and m.offset() < (
                         (task.positions.get((topic, part)) if group is None else group.expected((topic, part))) or 0):
                     continue   # just restored: a record below its position is already in its state
@@ -555,7 +552,7 @@ class Worker(TaskManagement, CommitUnit):
                         continue   # fetched before the seek back to a gap
                     pos = task.positions.get((topic, part)) if group is None else group.expected((topic, part))
                     if (gaps or (pos is not None and m.offset() > pos)) and \
-                            self._check_gap(topic, part, pos, m.offset()):
+                            check_gap(topic, part, pos, m.offset()):
                         refetching = refetching or set()
                         refetching.add((topic, part))
                         at_eof.discard((topic, part))   # not at its end: the gap is read again
@@ -571,7 +568,7 @@ class Worker(TaskManagement, CommitUnit):
                 task.process(topic, part, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
                 n += 1
             if groups:
-                n += self._process_buffered()
+                n += tm.process_buffered()
             if n:
                 self.records_processed += n
                 self.last_record_at = time.monotonic()
@@ -590,7 +587,7 @@ class Worker(TaskManagement, CommitUnit):
                 work_since = None
             else:
                 self.collector.poll()
-            if until_drained and self._assigned and self._at_eof >= self._assigned and \
+            if until_drained and assigned and at_eof >= assigned and \
                     not any(g.buffered for g in groups.values()) and self._drained():
                 break
             if max_seconds is not None and now - started > max_seconds:

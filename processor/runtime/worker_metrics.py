@@ -29,9 +29,13 @@ Metric names (docs/operations.md "Metrics, health probes and interactive queries
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from processor.runtime.worker import Worker
 
 # the main loop publishes a snapshot this often
 PUBLISH_INTERVAL_S = 1.0
@@ -66,11 +70,12 @@ class WorkerMetrics:
         self.commit_latency.observe(now - started)
         self.last_commit_at = now
 
-    def publish(self, worker, now: float) -> None:
+    def publish(self, worker: Worker, now: float) -> None:
         """Main loop only: a snapshot of what a scrape reports."""
         self.published_at = now
         tasks: dict[str, dict[str, dict[str, int]]] = {}
-        for task_id, m in [*worker.finished_tasks_metrics.items(), *((t.id, t.metrics()) for t in worker.tasks.values())]:
+        for task_id, m in [*worker.finished_tasks_metrics.items(),
+                           *((t.id, t.metrics()) for t in worker.tasks.values())]:
             add_counters(tasks.setdefault(task_id, {}), m)
         lag = {}
         consumer = getattr(worker, "consumer", None)
