@@ -211,6 +211,19 @@ def table_emission_violations(seq) -> list[str]:
     return bad
 
 
+def wait_for(cond, timeout: float, what: str, procs=(), poll_s: float = 0.1) -> None:
+    """Poll ``cond()`` every ``poll_s`` until it is true; fail after ``timeout`` seconds, or as soon
+    as a process of ``procs`` (``(process, log path)`` pairs) has exited (with its log's tail)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        for p, log in procs:
+            assert p.poll() is None, open(log).read()[-3000:]
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
 def wait_until_group_drained(bootstrap: str, group: str, topics: dict[str, int], timeout_s: float = 120.0,
                              poll_s: float = 0.5) -> float:
     """Wait until ``group`` has committed every partition of ``topics`` (``{topic: partitions}``,
@@ -345,6 +358,19 @@ def reliability_scenario(orders_topic: str, customers_topic: str, n: int, seed: 
             custs[k] = new
             out.append((customers_topic, k.encode(), json.dumps(new, separators=(",", ":")).encode()))
     return out
+
+
+def order_totals(order_messages) -> dict:
+    """The totals the reliability topology should hold, folded in plain Python from the final
+    orders table: per customer, the sum of the amounts and the number of orders."""
+    totals: dict = {}
+    for v in final_table(order_messages).values():
+        o = json.loads(v)
+        if o["customer"] is not None:
+            t = totals.setdefault(o["customer"], {"sum": 0, "orders": 0})
+            t["sum"] += o["amount"]
+            t["orders"] += 1
+    return totals
 
 
 def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_path, env: dict,

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 
 from processor import provenance
@@ -23,7 +22,14 @@ from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import by_key, committed_offsets, driver_outputs_by_key, produce_paced, skewed_events
+from tests.integration.helpers import (
+    by_key,
+    committed_offsets,
+    driver_outputs_by_key,
+    produce_paced,
+    skewed_events,
+    wait_for,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N = 40_000
@@ -41,15 +47,6 @@ def start_worker_process(bootstrap, app, state, env, log):
          "--application-id", app, "--state-dir", str(state), "--commit-interval-ms", str(COMMIT_INTERVAL_MS),
          "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500"],
         cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-
-
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_sigkill_between_forward_and_commit_loses_no_emission(kafka_bootstrap, unique, tmp_path, monkeypatch,

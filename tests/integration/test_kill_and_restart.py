@@ -41,6 +41,7 @@ from tests.integration.helpers import (
     final_table,
     final_table_values,
     latest_task_dirs,
+    order_totals,
     produce_interleaved,
     reliability_scenario,
     start_worker_process,
@@ -183,13 +184,7 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
         else:
             assert live[s] == want[s], (s, len(live[s]), len(want[s]))
     totals = {k.decode(): json.loads(v[8:]) for k, v in live["totals"].items()}
-    python_totals = {}
-    for _pk, v in final_table(left_msgs).items():
-        o = json.loads(v)
-        if o["customer"] is not None:
-            t = python_totals.setdefault(o["customer"], {"sum": 0, "orders": 0})
-            t["sum"] += o["amount"]
-            t["orders"] += 1
+    python_totals = order_totals(left_msgs)
     assert {k: t for k, t in totals.items() if t["orders"]} == python_totals
 
     # 2. restore from the changelogs alone, into empty databases (the worker's restore code)

@@ -12,7 +12,14 @@ import time
 
 from processor.kafka import clients as kafka
 from tests.integration import apps
-from tests.integration.helpers import by_key, committed_offsets, driver_output_by_key, produce, table_updates
+from tests.integration.helpers import (
+    by_key,
+    committed_offsets,
+    driver_output_by_key,
+    produce,
+    table_updates,
+    wait_for,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,15 +40,6 @@ def assigned_partitions(log) -> list[int] | None:
     if not lines:
         return None
     return sorted(int(p) for p in re.findall(r"\[(\d+)\]@", lines[-1]))
-
-
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def records_processed(log) -> int:
@@ -70,7 +68,7 @@ def test_two_workers_split_partitions_and_survive_sigterm(kafka_bootstrap, uniqu
     try:
         wait_for(lambda: assigned_partitions(logs["A"]) is not None and assigned_partitions(logs["B"]) is not None
                  and len(assigned_partitions(logs["A"])) == 2 and len(assigned_partitions(logs["B"])) == 2,
-                 60, "both workers to own two partitions each")
+                 60, "both workers to own two partitions each", poll_s=0.2)
         assert sorted(assigned_partitions(logs["A"]) + assigned_partitions(logs["B"])) == [0, 1, 2, 3]
 
         # Keep producing while A is stopped mid-run.
@@ -85,7 +83,7 @@ def test_two_workers_split_partitions_and_survive_sigterm(kafka_bootstrap, uniqu
         for m in kafka.read_topic(kafka_bootstrap, inp):
             ends[m.partition()] = m.offset() + 1
         wait_for(lambda: committed_offsets(kafka_bootstrap, app, inp, 4) == ends, 90,
-                 "worker B to commit the end of every partition")
+                 "worker B to commit the end of every partition", poll_s=0.2)
         assert assigned_partitions(logs["B"]) == [0, 1, 2, 3]
         procs["B"].send_signal(signal.SIGTERM)
         assert procs["B"].wait(timeout=60) == 0, open(logs["B"]).read()[-3000:]
