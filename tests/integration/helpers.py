@@ -139,6 +139,23 @@ def key_partition(key: bytes, partitions: int) -> int:
     return MURMUR2.partition(key, partitions)
 
 
+def _produce_in_chunks(p: Producer, records, timestamp0: int, chunk: int, pause_s: float, on_delivery_of) -> None:
+    """Produce ``(topic, key, value)`` triples through ``p`` in order, record ``i`` at
+    ``timestamp0 + i`` with the delivery callback ``on_delivery_of(i)`` (waiting out a full
+    queue); with ``chunk`` > 0 flush every ``chunk`` records and pause ``pause_s``; flush at the end."""
+    for i, (topic, k, v) in enumerate(records):
+        while True:
+            try:
+                p.produce(topic, v, k, timestamp=timestamp0 + i, on_delivery=on_delivery_of(i))
+                break
+            except BufferError:
+                p.poll(0.05)
+        if chunk > 0 and (i + 1) % chunk == 0:
+            assert p.flush(30) == 0
+            time.sleep(pause_s)
+    assert p.flush(30) == 0
+
+
 def produce_interleaved(bootstrap: str, records, timestamp0: int = 1_000_000, chunk: int = 0,
                         pause_s: float = 0.0, partitioner: str | None = None) -> dict[str, dict[int, int]]:
     """Produce ``(topic, key, value)`` triples through ONE producer in the given order (so records
@@ -159,17 +176,7 @@ def produce_interleaved(bootstrap: str, records, timestamp0: int = 1_000_000, ch
             e[msg.partition()] = max(e.get(msg.partition(), 0), msg.offset() + 1)
 
     p = Producer({**kafka.producer_defaults(bootstrap), **({"partitioner": partitioner} if partitioner else {})})
-    for i, (topic, k, v) in enumerate(records):
-        while True:
-            try:
-                p.produce(topic, v, k, timestamp=timestamp0 + i, on_delivery=on_delivery)
-                break
-            except BufferError:
-                p.poll(0.05)
-        if chunk > 0 and (i + 1) % chunk == 0:
-            assert p.flush(30) == 0
-            time.sleep(pause_s)
-    assert p.flush(30) == 0
+    _produce_in_chunks(p, records, timestamp0, chunk, pause_s, lambda i: on_delivery)
     assert not errors, errors
     return {t: dict(e) for t, e in ends.items()}
 
@@ -486,17 +493,7 @@ def produce_with_partitioner(bootstrap: str, records, partitioner: str, timestam
     conf.update(config or {})
     p = Producer(conf)
     records = list(records)
-    for i, (topic, k, v) in enumerate(records):
-        while True:
-            try:
-                p.produce(topic, v, k, timestamp=timestamp0 + i, on_delivery=report(i))
-                break
-            except BufferError:
-                p.poll(0.05)
-        if chunk > 0 and (i + 1) % chunk == 0:
-            assert p.flush(30) == 0
-            time.sleep(pause_s)
-    assert p.flush(30) == 0
+    _produce_in_chunks(p, records, timestamp0, chunk, pause_s, report)
     assert not errors, errors[:5]
     assert len(got) == len(records)
     return [got[i] for i in range(len(records))]
