@@ -218,6 +218,24 @@ def table_emission_violations(seq) -> list[str]:
     return bad
 
 
+def worker_isolation_level(guarantee: str, caps) -> str:
+    """The isolation level workers and tests read with (docs/semantics.md "Isolation level"):
+    ``read_committed`` under exactly-once, only where the broker (``caps``, its probed
+    capabilities) completes transactions after fencing and hides aborted ones."""
+    txn_reliable = caps.transactions_complete_after_fencing and caps.read_committed_hides_aborted
+    return "read_committed" if guarantee == "exactly_once" and txn_reliable else "read_uncommitted"
+
+
+def wait_until_workers_assigned(procs, logs, describe, timeout_s: float = 60.0) -> None:
+    """Wait until every worker process's log (``logs``) says it was assigned; fail when one exited
+    (with ``describe()``) or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not all("processor.worker: assigned" in open(lg).read() for lg in logs):
+        assert all(p.poll() is None for p in procs), describe()
+        assert time.monotonic() < deadline, f"workers not assigned within {timeout_s:.0f} s"
+        time.sleep(0.2)
+
+
 def wait_for(cond, timeout: float, what: str, procs=(), poll_s: float = 0.1) -> None:
     """Poll ``cond()`` every ``poll_s`` until it is true; fail after ``timeout`` seconds, or as soon
     as a process of ``procs`` (``(process, log path)`` pairs) has exited (with its log's tail)."""
@@ -399,6 +417,35 @@ def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_pat
          "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500",
          *[a for kv in consumer_config for a in ("--consumer-config", kv)], *extra_args],
         cwd=root, env=e, stdout=subprocess.DEVNULL, stderr=open(log_path, "a"))
+
+
+def start_workers(bootstrap: str, spec: str, app: str, directory, env: dict, guarantee: str,
+                  consumer_config: list[str], n: int = 2):
+    """``n`` worker processes (``start_worker_process``), worker ``i`` with the state directory
+    ``directory / w{i}`` and the log ``directory / w{i}.log``. Returns (state dirs, logs, processes)."""
+    state = [directory / f"w{i}" for i in range(n)]
+    logs = [directory / f"w{i}.log" for i in range(n)]
+    procs = [start_worker_process(bootstrap, spec, app, state[i], logs[i], env, guarantee,
+                                  consumer_config=consumer_config) for i in range(n)]
+    return state, logs, procs
+
+
+def stop_workers(procs, logs) -> None:
+    """SIGTERM to every worker process, then each must exit with 0 within 60 s (else its log's tail)."""
+    import signal
+
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for i, p in enumerate(procs):
+        assert p.wait(60) == 0, open(logs[i]).read()[-3000:]
+
+
+def kill_leftover_workers(procs) -> None:
+    """SIGKILL (and reap) every worker process of ``procs`` still running: a test's cleanup."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def task_store_bytes(task_dirs, stores, by_task: bool = False) -> dict[str, dict]:
