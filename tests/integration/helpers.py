@@ -92,6 +92,13 @@ def by_key(messages) -> dict[bytes, list]:
     return dict(out)
 
 
+def pipe_messages(driver, messages) -> None:
+    """Pipe Kafka messages (as read back from the broker) into a ``TopologyTestDriver``, in the
+    given order, each at its own topic and timestamp."""
+    for m in messages:
+        driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
+
+
 def driver_output_by_key(topology_factory, input_topic, output_topic, input_messages) -> dict[bytes, list]:
     """What the broker-free driver produces for the same input, partition by partition."""
     return driver_outputs_by_key(topology_factory, input_topic, [output_topic], input_messages)[output_topic]

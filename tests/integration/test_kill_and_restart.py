@@ -43,6 +43,7 @@ from tests.integration.helpers import (
     kill_leftover_workers,
     latest_task_dirs,
     order_totals,
+    pipe_messages,
     produce_interleaved,
     reliability_scenario,
     start_worker_process,
@@ -151,8 +152,7 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
     assert len(left_msgs) + len(right_msgs) == N
     driver = TopologyTestDriver(apps.reliability_topology())
     with driver:
-        for m in left_msgs + right_msgs:
-            driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
+        pipe_messages(driver, left_msgs + right_msgs)
         want = driver_store_bytes(driver, TABLES)
         want_recs = {j: driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes())
                      for j, t in outs.items()}

@@ -32,6 +32,7 @@ from tests.integration.helpers import (
     final_table,
     final_table_values,
     kill_leftover_workers,
+    pipe_messages,
     produce_interleaved,
     reliability_scenario,
     start_worker_process,
@@ -121,8 +122,7 @@ def _driver_tables(inputs, outs) -> dict:
     """The broker-free result: ``inputs`` (messages) piped into ``convergence_topology``'s driver;
     ``{output: its final table}`` for ``outs`` (``{output: topic}``)."""
     with TopologyTestDriver(apps.convergence_topology()) as driver:
-        for m in inputs:
-            driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
+        pipe_messages(driver, inputs)
         return {j: final_table_values(driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()))
                 for j, t in outs.items()}
 

@@ -36,6 +36,7 @@ from tests.integration.helpers import (
     final_table_values,
     latest_task_dirs,
     order_totals,
+    pipe_messages,
     produce_interleaved,
     reliability_scenario,
     start_worker_process,
@@ -200,8 +201,7 @@ def test_scale_1_3_1_workers_final_tables_equal_single_worker_run(kafka_bootstra
     assert len(left_msgs) + len(right_msgs) == N
     driver = TopologyTestDriver(apps.reliability_topology())
     with driver:
-        for m in left_msgs + right_msgs:
-            driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
+        pipe_messages(driver, left_msgs + right_msgs)
         want = driver_store_bytes(driver, TABLES)
         want_out = {j: final_table_values(driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()))
                     for j, t in outs["A"].items()}
