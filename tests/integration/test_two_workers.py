@@ -2,11 +2,8 @@
 output; SIGTERM one mid-run and the other takes over (restoring the table store from the source
 topic) with nothing lost. Duplicates are allowed at this stage; losses are not."""
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -17,22 +14,10 @@ from tests.integration.helpers import (
     committed_offsets,
     driver_output_by_key,
     produce,
+    start_worker_process,
     table_updates,
     wait_for,
 )
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def start_worker(bootstrap, app, state, env, log):
-    e = dict(os.environ, **env)
-    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-    return subprocess.Popen(
-        [sys.executable, "-m", "processor.cli", "--log-level", "INFO", "run",
-         "tests.integration.apps:filter_topology", "--bootstrap-servers", bootstrap,
-         "--application-id", app, "--state-dir", str(state), "--commit-interval-ms", "200",
-         "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500"],
-        cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
 
 
 def assigned_partitions(log) -> list[int] | None:
@@ -64,7 +49,8 @@ def test_two_workers_split_partitions_and_survive_sigterm(kafka_bootstrap, uniqu
     produce(kafka_bootstrap, inp, first, timestamp0=1_000_000)
 
     logs = {w: tmp_path / f"{w}.log" for w in "AB"}
-    procs = {w: start_worker(kafka_bootstrap, app, tmp_path / f"state-{w}", env, logs[w]) for w in "AB"}
+    procs = {w: start_worker_process(kafka_bootstrap, "tests.integration.apps:filter_topology", app,
+                                     tmp_path / f"state-{w}", logs[w], env, commit_interval_ms=200) for w in "AB"}
     try:
         wait_for(lambda: assigned_partitions(logs["A"]) is not None and assigned_partitions(logs["B"]) is not None
                  and len(assigned_partitions(logs["A"])) == 2 and len(assigned_partitions(logs["B"])) == 2,
