@@ -362,19 +362,17 @@ class KGroupedStream:
             session_keys, session_keys, "session-aggregate")
 
 
-class TimeWindowedKStream:
-    """A grouped stream in time windows (Kafka Streams: ``TimeWindowedKStream``).
+class _WindowedKStream:
+    """The aggregations of a grouped stream in time or sliding windows.
 
-    Tumbling (``TimeWindows.of(size)``) or hopping (``.advance_by(step)``) windows, with
-    ``.grace(ms)``; the result table's keys are ``Windowed(key, start, end)``.
-
-    Attributes:
-        windows: The windows.
+    ``count``, ``reduce`` and ``aggregate``; a subclass's ``_aggregate`` builds the windowed aggregate.
     """
 
-    def __init__(self, grouped: KGroupedStream, windows: TimeWindows):
-        self._grouped = grouped
-        self.windows = windows
+    _grouped: KGroupedStream
+
+    def _aggregate(self, kind: str, initializer: Initializer | None, aggregator: Callable[..., Any],
+                   emit: Emit | None, name: str | None, value_serde: Serde) -> KTable:
+        raise NotImplementedError
 
     def count(self, emit: Emit | None = None, name: str | None = None,
               value_serde: Serde | None = None) -> KTable:
@@ -388,8 +386,7 @@ class TimeWindowedKStream:
         Returns:
             The table of counts, keyed by ``Windowed(key, start, end)``.
         """
-        return self._grouped._build("count", _count_init, _count_add, emit, name,
-                                    value_serde or Serdes.json(), self.windows)
+        return self._aggregate("count", _count_init, _count_add, emit, name, value_serde or Serdes.json())
 
     def reduce(self, reducer: Reducer, emit: Emit | None = None, name: str | None = None,
                value_serde: Serde | None = None) -> KTable:
@@ -404,8 +401,7 @@ class TimeWindowedKStream:
         Returns:
             The table of aggregates, keyed by ``Windowed(key, start, end)``.
         """
-        return self._grouped._build("reduce", None, reducer, emit, name,
-                                    value_serde or self._grouped.value_serde, self.windows)
+        return self._aggregate("reduce", None, reducer, emit, name, value_serde or self._grouped.value_serde)
 
     def aggregate(self, initializer: Initializer, aggregator: Aggregator, emit: Emit | None = None,
                   name: str | None = None, value_serde: Serde | None = None) -> KTable:
@@ -421,8 +417,26 @@ class TimeWindowedKStream:
         Returns:
             The table of aggregates, keyed by ``Windowed(key, start, end)``.
         """
-        return self._grouped._build("aggregate", initializer, aggregator, emit, name,
-                                    value_serde or Serdes.json(), self.windows)
+        return self._aggregate("aggregate", initializer, aggregator, emit, name, value_serde or Serdes.json())
+
+
+class TimeWindowedKStream(_WindowedKStream):
+    """A grouped stream in time windows (Kafka Streams: ``TimeWindowedKStream``).
+
+    Tumbling (``TimeWindows.of(size)``) or hopping (``.advance_by(step)``) windows, with
+    ``.grace(ms)``; the result table's keys are ``Windowed(key, start, end)``.
+
+    Attributes:
+        windows: The windows.
+    """
+
+    def __init__(self, grouped: KGroupedStream, windows: TimeWindows):
+        self._grouped = grouped
+        self.windows = windows
+
+    def _aggregate(self, kind: str, initializer: Initializer | None, aggregator: Callable[..., Any],
+                   emit: Emit | None, name: str | None, value_serde: Serde) -> KTable:
+        return self._grouped._build(kind, initializer, aggregator, emit, name, value_serde, self.windows)
 
 
 def _merge_counts(key: Any, a: int, b: int) -> int:
@@ -495,7 +509,7 @@ class SessionWindowedKStream:
                                              value_serde or Serdes.json(), self.windows)
 
 
-class SlidingWindowedKStream:
+class SlidingWindowedKStream(_WindowedKStream):
     """A grouped stream in sliding windows (Kafka Streams: ``TimeWindowedKStream`` over ``SlidingWindows``).
 
     ``group_by_key().windowed_by(SlidingWindows.of_time_difference_and_grace(diff, grace))``
@@ -509,50 +523,6 @@ class SlidingWindowedKStream:
         self._grouped = grouped
         self.windows = windows
 
-    def count(self, emit: Emit | None = None, name: str | None = None,
-              value_serde: Serde | None = None) -> KTable:
-        """Records per key and window (Kafka Streams: ``TimeWindowedKStream#count``).
-
-        Args:
-            emit: The emission policy (default ``Emit.on_change()``).
-            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
-            value_serde: The counts' serde (default JSON).
-
-        Returns:
-            The table of counts, keyed by ``Windowed(key, start, end)``.
-        """
-        return self._grouped._build_sliding("count", _count_init, _count_add, emit, name,
-                                            value_serde or Serdes.json(), self.windows)
-
-    def reduce(self, reducer: Reducer, emit: Emit | None = None, name: str | None = None,
-               value_serde: Serde | None = None) -> KTable:
-        """Each key's values in each sliding window reduced to one (Kafka Streams: ``TimeWindowedKStream#reduce``).
-
-        Args:
-            reducer: ``(aggregate, value) -> aggregate``.
-            emit: The emission policy (default ``Emit.on_change()``).
-            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
-            value_serde: The aggregates' serde (default: the values').
-
-        Returns:
-            The table of aggregates, keyed by ``Windowed(key, start, start + diff)``.
-        """
-        return self._grouped._build_sliding("reduce", None, reducer, emit, name,
-                                            value_serde or self._grouped.value_serde, self.windows)
-
-    def aggregate(self, initializer: Initializer, aggregator: Aggregator, emit: Emit | None = None,
-                  name: str | None = None, value_serde: Serde | None = None) -> KTable:
-        """Each key's values in each sliding window aggregated (``TimeWindowedKStream#aggregate``).
-
-        Args:
-            initializer: ``() -> aggregate``: a new window's aggregate.
-            aggregator: ``(key, value, aggregate) -> aggregate``.
-            emit: The emission policy (default ``Emit.on_change()``).
-            name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
-            value_serde: The aggregates' serde (default JSON).
-
-        Returns:
-            The table of aggregates, keyed by ``Windowed(key, start, start + diff)``.
-        """
-        return self._grouped._build_sliding("aggregate", initializer, aggregator, emit, name,
-                                            value_serde or Serdes.json(), self.windows)
+    def _aggregate(self, kind: str, initializer: Initializer | None, aggregator: Callable[..., Any],
+                   emit: Emit | None, name: str | None, value_serde: Serde) -> KTable:
+        return self._grouped._build_sliding(kind, initializer, aggregator, emit, name, value_serde, self.windows)

@@ -92,6 +92,13 @@ def by_key(messages) -> dict[bytes, list]:
     return dict(out)
 
 
+def pipe_messages(driver, messages) -> None:
+    """Pipe Kafka messages (as read back from the broker) into a ``TopologyTestDriver``, in the
+    given order, each at its own topic and timestamp."""
+    for m in messages:
+        driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
+
+
 def driver_output_by_key(topology_factory, input_topic, output_topic, input_messages) -> dict[bytes, list]:
     """What the broker-free driver produces for the same input, partition by partition."""
     return driver_outputs_by_key(topology_factory, input_topic, [output_topic], input_messages)[output_topic]
@@ -139,6 +146,23 @@ def key_partition(key: bytes, partitions: int) -> int:
     return MURMUR2.partition(key, partitions)
 
 
+def _produce_in_chunks(p: Producer, records, timestamp0: int, chunk: int, pause_s: float, on_delivery_of) -> None:
+    """Produce ``(topic, key, value)`` triples through ``p`` in order, record ``i`` at
+    ``timestamp0 + i`` with the delivery callback ``on_delivery_of(i)`` (waiting out a full
+    queue); with ``chunk`` > 0 flush every ``chunk`` records and pause ``pause_s``; flush at the end."""
+    for i, (topic, k, v) in enumerate(records):
+        while True:
+            try:
+                p.produce(topic, v, k, timestamp=timestamp0 + i, on_delivery=on_delivery_of(i))
+                break
+            except BufferError:
+                p.poll(0.05)
+        if chunk > 0 and (i + 1) % chunk == 0:
+            assert p.flush(30) == 0
+            time.sleep(pause_s)
+    assert p.flush(30) == 0
+
+
 def produce_interleaved(bootstrap: str, records, timestamp0: int = 1_000_000, chunk: int = 0,
                         pause_s: float = 0.0, partitioner: str | None = None) -> dict[str, dict[int, int]]:
     """Produce ``(topic, key, value)`` triples through ONE producer in the given order (so records
@@ -159,17 +183,7 @@ def produce_interleaved(bootstrap: str, records, timestamp0: int = 1_000_000, ch
             e[msg.partition()] = max(e.get(msg.partition(), 0), msg.offset() + 1)
 
     p = Producer({**kafka.producer_defaults(bootstrap), **({"partitioner": partitioner} if partitioner else {})})
-    for i, (topic, k, v) in enumerate(records):
-        while True:
-            try:
-                p.produce(topic, v, k, timestamp=timestamp0 + i, on_delivery=on_delivery)
-                break
-            except BufferError:
-                p.poll(0.05)
-        if chunk > 0 and (i + 1) % chunk == 0:
-            assert p.flush(30) == 0
-            time.sleep(pause_s)
-    assert p.flush(30) == 0
+    _produce_in_chunks(p, records, timestamp0, chunk, pause_s, lambda i: on_delivery)
     assert not errors, errors
     return {t: dict(e) for t, e in ends.items()}
 
@@ -209,6 +223,37 @@ def table_emission_violations(seq) -> list[str]:
             bad.append(f"#{i}: unchanged result re-emitted")
         prev, present = v, v is not None
     return bad
+
+
+def worker_isolation_level(guarantee: str, caps) -> str:
+    """The isolation level workers and tests read with (docs/semantics.md "Isolation level"):
+    ``read_committed`` under exactly-once, only where the broker (``caps``, its probed
+    capabilities) completes transactions after fencing and hides aborted ones."""
+    txn_reliable = caps.transactions_complete_after_fencing and caps.read_committed_hides_aborted
+    return "read_committed" if guarantee == "exactly_once" and txn_reliable else "read_uncommitted"
+
+
+def wait_until_workers_assigned(procs, logs, describe, timeout_s: float = 60.0) -> None:
+    """Wait until every worker process's log (``logs``) says it was assigned; fail when one exited
+    (with ``describe()``) or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not all("processor.worker: assigned" in open(lg).read() for lg in logs):
+        assert all(p.poll() is None for p in procs), describe()
+        assert time.monotonic() < deadline, f"workers not assigned within {timeout_s:.0f} s"
+        time.sleep(0.2)
+
+
+def wait_for(cond, timeout: float, what: str, procs=(), poll_s: float = 0.1) -> None:
+    """Poll ``cond()`` every ``poll_s`` until it is true; fail after ``timeout`` seconds, or as soon
+    as a process of ``procs`` (``(process, log path)`` pairs) has exited (with its log's tail)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        for p, log in procs:
+            assert p.poll() is None, open(log).read()[-3000:]
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def wait_until_group_drained(bootstrap: str, group: str, topics: dict[str, int], timeout_s: float = 120.0,
@@ -347,6 +392,19 @@ def reliability_scenario(orders_topic: str, customers_topic: str, n: int, seed: 
     return out
 
 
+def order_totals(order_messages) -> dict:
+    """The totals the reliability topology should hold, folded in plain Python from the final
+    orders table: per customer, the sum of the amounts and the number of orders."""
+    totals: dict = {}
+    for v in final_table(order_messages).values():
+        o = json.loads(v)
+        if o["customer"] is not None:
+            t = totals.setdefault(o["customer"], {"sum": 0, "orders": 0})
+            t["sum"] += o["amount"]
+            t["orders"] += 1
+    return totals
+
+
 def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_path, env: dict,
                          guarantee: str = "at_least_once", commit_interval_ms: int = 300,
                          consumer_config: list[str] = (), extra_args: list[str] = ()):
@@ -366,6 +424,35 @@ def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_pat
          "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500",
          *[a for kv in consumer_config for a in ("--consumer-config", kv)], *extra_args],
         cwd=root, env=e, stdout=subprocess.DEVNULL, stderr=open(log_path, "a"))
+
+
+def start_workers(bootstrap: str, spec: str, app: str, directory, env: dict, guarantee: str,
+                  consumer_config: list[str], n: int = 2):
+    """``n`` worker processes (``start_worker_process``), worker ``i`` with the state directory
+    ``directory / w{i}`` and the log ``directory / w{i}.log``. Returns (state dirs, logs, processes)."""
+    state = [directory / f"w{i}" for i in range(n)]
+    logs = [directory / f"w{i}.log" for i in range(n)]
+    procs = [start_worker_process(bootstrap, spec, app, state[i], logs[i], env, guarantee,
+                                  consumer_config=consumer_config) for i in range(n)]
+    return state, logs, procs
+
+
+def stop_workers(procs, logs) -> None:
+    """SIGTERM to every worker process, then each must exit with 0 within 60 s (else its log's tail)."""
+    import signal
+
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for i, p in enumerate(procs):
+        assert p.wait(60) == 0, open(logs[i]).read()[-3000:]
+
+
+def kill_leftover_workers(procs) -> None:
+    """SIGKILL (and reap) every worker process of ``procs`` still running: a test's cleanup."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def task_store_bytes(task_dirs, stores, by_task: bool = False) -> dict[str, dict]:
@@ -460,17 +547,7 @@ def produce_with_partitioner(bootstrap: str, records, partitioner: str, timestam
     conf.update(config or {})
     p = Producer(conf)
     records = list(records)
-    for i, (topic, k, v) in enumerate(records):
-        while True:
-            try:
-                p.produce(topic, v, k, timestamp=timestamp0 + i, on_delivery=report(i))
-                break
-            except BufferError:
-                p.poll(0.05)
-        if chunk > 0 and (i + 1) % chunk == 0:
-            assert p.flush(30) == 0
-            time.sleep(pause_s)
-    assert p.flush(30) == 0
+    _produce_in_chunks(p, records, timestamp0, chunk, pause_s, report)
     assert not errors, errors[:5]
     assert len(got) == len(records)
     return [got[i] for i in range(len(records))]

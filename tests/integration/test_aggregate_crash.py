@@ -11,11 +11,7 @@ the sums per region, whose records cross a repartition topic twice during the re
 the receiving task drops the replayed repartition records by their provenance header."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 
 from processor import provenance
@@ -23,33 +19,20 @@ from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import by_key, committed_offsets, driver_outputs_by_key, produce_paced, skewed_events
+from tests.integration.helpers import (
+    by_key,
+    committed_offsets,
+    driver_outputs_by_key,
+    produce_paced,
+    skewed_events,
+    start_worker_process,
+    wait_for,
+)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N = 40_000
 CHUNK = 500
 COMMIT_INTERVAL_MS = 500
 KILL_AT_COMMIT = 3
-
-
-def start_worker_process(bootstrap, app, state, env, log):
-    e = dict(os.environ, **env)
-    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-    return subprocess.Popen(
-        [sys.executable, "-m", "processor.cli", "--log-level", "INFO", "run",
-         "tests.integration.apps:crash_aggregates_topology", "--bootstrap-servers", bootstrap,
-         "--application-id", app, "--state-dir", str(state), "--commit-interval-ms", str(COMMIT_INTERVAL_MS),
-         "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500"],
-        cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-
-
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_sigkill_between_forward_and_commit_loses_no_emission(kafka_bootstrap, unique, tmp_path, monkeypatch,
@@ -66,8 +49,10 @@ def test_sigkill_between_forward_and_commit_loses_no_emission(kafka_bootstrap, u
     # worker's assignment on, so every commit interval of the worker holds new input records and
     # the crash falls mid-stream; once the worker is dead, the rest arrives at once.
     log = tmp_path / "worker.log"
-    proc = start_worker_process(kafka_bootstrap, app, tmp_path / "state",
-                                {**env, "PROCESSOR_TEST_KILL_BEFORE_COMMIT": str(KILL_AT_COMMIT)}, log)
+    proc = start_worker_process(kafka_bootstrap, "tests.integration.apps:crash_aggregates_topology", app,
+                                tmp_path / "state", log,
+                                {**env, "PROCESSOR_TEST_KILL_BEFORE_COMMIT": str(KILL_AT_COMMIT)},
+                                commit_interval_ms=COMMIT_INTERVAL_MS)
     try:
         wait_for(lambda: "processor.worker: assigned" in open(log).read() or proc.poll() is not None,
                  60, "the worker's assignment")

@@ -27,7 +27,13 @@ from processor.runtime.worker import Worker
 from processor.serde import Serdes
 from processor.testing import TopologyTestDriver
 from tests.integration import apps
-from tests.integration.helpers import final_table, final_table_values, produce_interleaved, reliability_scenario
+from tests.integration.helpers import (
+    final_table,
+    final_table_values,
+    pipe_messages,
+    produce_interleaved,
+    reliability_scenario,
+)
 from tests.support.secured_listener import probe_secured_listeners
 
 PARTS = 2
@@ -94,8 +100,7 @@ def test_every_worker_client_gets_the_settings(kafka_bootstrap, unique, tmp_path
     # and the results are right: the outputs, read as tables, are the driver's
     driver = TopologyTestDriver(apps.reliability_topology())
     with driver:
-        for m in kafka.read_topic(kafka_bootstrap, orders) + kafka.read_topic(kafka_bootstrap, customers):
-            driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
+        pipe_messages(driver, kafka.read_topic(kafka_bootstrap, orders) + kafka.read_topic(kafka_bootstrap, customers))
         want = {j: final_table_values(driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()))
                 for j, t in outs.items()}
     for j, t in outs.items():

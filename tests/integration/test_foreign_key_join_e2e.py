@@ -38,6 +38,7 @@ from tests.integration import apps
 from tests.integration.helpers import (
     final_table,
     key_partition,
+    pipe_messages,
     produce_interleaved,
     table_emission_violations,
     wait_until_group_drained,
@@ -241,8 +242,7 @@ def check_fk_joins(kafka_bootstrap, unique, tmp_path, report, n_workers: int, wi
         t0 = time.monotonic()
         d = TopologyTestDriver(topology())
         with d:
-            for m in left_msgs + right_msgs:
-                d.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
+            pipe_messages(d, left_msgs + right_msgs)
         raw = Serdes.bytes()
         driver_seqs = {j: sequences((r.key, r.value) for r in d.read_output(t, key_serde=raw, value_serde=raw))
                        for j, t in outs.items()}

@@ -40,13 +40,19 @@ from tests.integration.helpers import (
     driver_store_bytes,
     final_table,
     final_table_values,
+    kill_leftover_workers,
     latest_task_dirs,
+    order_totals,
+    pipe_messages,
     produce_interleaved,
     reliability_scenario,
     start_worker_process,
+    start_workers,
     table_emission_violations,
     task_store_bytes,
     wait_until_tasks_committed,
+    wait_until_workers_assigned,
+    worker_isolation_level,
 )
 
 N = 50_000
@@ -86,21 +92,13 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
     # would block there, and hides nothing on such a broker anyway (read_committed_hides_aborted).
     # So on it the workers and this test read uncommitted, and "drained" is judged by the
     # workers' commit records instead of the group offsets.
-    txn_reliable = caps.transactions_complete_after_fencing and caps.read_committed_hides_aborted
-    iso = "read_committed" if guarantee == "exactly_once" and txn_reliable else "read_uncommitted"
+    iso = worker_isolation_level(guarantee, caps)
     worker_conf = [f"isolation.level={iso}"]
 
-    state = [tmp_path / f"w{i}" for i in range(2)]
-    logs = [tmp_path / f"w{i}.log" for i in range(2)]
-    procs = [start_worker_process(kafka_bootstrap, SPEC, app, state[i], logs[i], env, guarantee,
-                                 consumer_config=worker_conf) for i in range(2)]
+    state, logs, procs = start_workers(kafka_bootstrap, SPEC, app, tmp_path, env, guarantee, worker_conf)
     kills = []
     try:
-        deadline = time.monotonic() + 60
-        while not all("processor.worker: assigned" in open(lg).read() for lg in logs):
-            assert all(p.poll() is None for p in procs), [open(lg).read()[-2000:] for lg in logs]
-            assert time.monotonic() < deadline, "workers not assigned within 60 s"
-            time.sleep(0.2)
+        wait_until_workers_assigned(procs, logs, lambda: [open(lg).read()[-2000:] for lg in logs])
         produced = {}
         producer = threading.Thread(target=lambda: produced.update(
             produce_interleaved(kafka_bootstrap, records, chunk=500, pause_s=0.1)))
@@ -143,10 +141,7 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
         for i, p in enumerate(procs):
             assert p.wait(60) == 0, open(logs[i]).read()[-3000:]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_leftover_workers(procs)
     assert len(kills) == KILLS
     log_text = "".join(open(lg).read() for lg in logs)
     restores = log_text.count("restored task ")
@@ -157,8 +152,7 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
     assert len(left_msgs) + len(right_msgs) == N
     driver = TopologyTestDriver(apps.reliability_topology())
     with driver:
-        for m in left_msgs + right_msgs:
-            driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
+        pipe_messages(driver, left_msgs + right_msgs)
         want = driver_store_bytes(driver, TABLES)
         want_recs = {j: driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes())
                      for j, t in outs.items()}
@@ -183,13 +177,7 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
         else:
             assert live[s] == want[s], (s, len(live[s]), len(want[s]))
     totals = {k.decode(): json.loads(v[8:]) for k, v in live["totals"].items()}
-    python_totals = {}
-    for _pk, v in final_table(left_msgs).items():
-        o = json.loads(v)
-        if o["customer"] is not None:
-            t = python_totals.setdefault(o["customer"], {"sum": 0, "orders": 0})
-            t["sum"] += o["amount"]
-            t["orders"] += 1
+    python_totals = order_totals(left_msgs)
     assert {k: t for k, t in totals.items() if t["orders"]} == python_totals
 
     # 2. restore from the changelogs alone, into empty databases (the worker's restore code)

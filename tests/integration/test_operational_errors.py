@@ -14,7 +14,7 @@ import time
 import pytest
 
 from processor.kafka import clients as kafka
-from tests.integration.helpers import produce
+from tests.integration.helpers import produce, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Tansu: the first group join waits ~half the session timeout
@@ -58,15 +58,6 @@ def closed_port() -> int:
     return port
 
 
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def test_unreachable_broker_exits_3(tmp_path):
     bootstrap = f"127.0.0.1:{closed_port()}"
     t0 = time.monotonic()
@@ -106,7 +97,7 @@ def test_second_worker_on_a_locked_state_dir_exits_4(kafka_bootstrap, unique, tm
                                  cwd=ROOT, env=_env(env), stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         wait_for(lambda: "processor.worker: assigned" in log.read_text() or first.poll() is not None,
-                 60, "the first worker's assignment")
+                 60, "the first worker's assignment", poll_s=0.05)
         assert first.poll() is None, log.read_text()[-3000:]
 
         t0 = time.monotonic()

@@ -31,10 +31,16 @@ from tests.integration import apps
 from tests.integration.helpers import (
     final_table,
     final_table_values,
+    kill_leftover_workers,
+    pipe_messages,
     produce_interleaved,
     reliability_scenario,
     start_worker_process,
+    start_workers,
+    stop_workers,
     wait_until_tasks_committed,
+    wait_until_workers_assigned,
+    worker_isolation_level,
 )
 
 N = 30_000
@@ -58,31 +64,83 @@ def _scenario(orders, customers, shipments, n, seed):
     return out[:n]
 
 
-@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
-@pytest.mark.parametrize("seed,partitioner", [(3, "consistent_random"), (4, "murmur2_random")])
-def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, tmp_path, monkeypatch, report,
-                                                       broker_capabilities, guarantee, seed, partitioner):
+def _convergence_topics(bootstrap, monkeypatch, unique, name, partitioner, parts=PARTS):
+    """The topics of a ``convergence_topology`` run, ``parts`` partitions each, named to the
+    workers through the environment: returns (orders, customers, shipments), the application id
+    (also the outputs' prefix), ``{output: topic}`` and the workers' environment."""
     orders, customers, shipments = f"orders-{unique}", f"customers-{unique}", f"shipments-{unique}"
-    prefix = app = f"conv-{unique}"
+    prefix = app = f"{name}-{unique}"
     outs = {j: f"{prefix}-{j}" for j in OUTS}
     env = {"APP_ORDERS": orders, "APP_CUSTOMERS": customers, "APP_SHIPMENTS": shipments,
            "APP_OUTPUT_PREFIX": prefix, "APP_PARTITIONER": partitioner}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    kafka.create_topics(kafka_bootstrap, {orders: PARTS, customers: PARTS, shipments: PARTS,
-                                          **{t: PARTS for t in outs.values()}})
+    kafka.create_topics(bootstrap, {orders: parts, customers: parts, shipments: parts,
+                                    **{t: parts for t in outs.values()}})
+    return (orders, customers, shipments), app, outs, env
+
+
+def _fail_if_one_exits(procs, worker_logs):
+    """A ``check`` for the drain wait: fails the test, with the workers' logs, once a worker of
+    ``procs`` (read at each call) has exited."""
+    def workers_alive():
+        if any(p.poll() is not None for p in procs):
+            pytest.fail(f"a worker exited on its own\n{worker_logs()}")
+    return workers_alive
+
+
+def _wait_until_drained(bootstrap, app, sources, parts, isolation_level, check, worker_logs=None) -> list[str]:
+    """Wait (240 s at most) until the tasks of ``convergence_topology`` committed every partition
+    of ``sources`` and of its internal topics, ``check()`` between polls; a timeout's message gets
+    ``worker_logs()`` appended when given. Returns the internal topics."""
+    topo = apps.convergence_topology().for_application(app)
+    internal = [f"{app}-carriers-repartition", f"{app}-enriched-subscription-registration-topic",
+                f"{app}-enriched-subscription-response-topic"]
+    try:
+        wait_until_tasks_committed(bootstrap, topo, {t: parts for t in sources + internal},
+                                   isolation_level, timeout_s=240, check=check)
+    except AssertionError as e:
+        if worker_logs is None:
+            raise
+        raise AssertionError(f"{e}\n{worker_logs()}") from None
+    return internal
+
+
+def _wrong_keys(got, want) -> dict:
+    """Per output, the keys whose final value differs between ``got`` and ``want`` (sorted)."""
+    return {j: sorted(k for k in set(got[j]) | set(want[j]) if got[j].get(k) != want[j].get(k)) for j in OUTS}
+
+
+def _assert_outputs_equal(want, wrong) -> None:
+    """Every output has rows (``want``) and no key differing from the driver (``wrong``)."""
+    for j in OUTS:
+        assert want[j], j
+        assert not wrong[j], (j, len(wrong[j]), wrong[j][:5])
+
+
+def _driver_tables(inputs, outs) -> dict:
+    """The broker-free result: ``inputs`` (messages) piped into ``convergence_topology``'s driver;
+    ``{output: its final table}`` for ``outs`` (``{output: topic}``)."""
+    with TopologyTestDriver(apps.convergence_topology()) as driver:
+        pipe_messages(driver, inputs)
+        return {j: final_table_values(driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()))
+                for j, t in outs.items()}
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+@pytest.mark.parametrize("seed,partitioner", [(3, "consistent_random"), (4, "murmur2_random")])
+def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, tmp_path, monkeypatch, report,
+                                                       broker_capabilities, guarantee, seed, partitioner):
+    (orders, customers, shipments), app, outs, env = _convergence_topics(kafka_bootstrap, monkeypatch, unique,
+                                                                         "conv", partitioner)
     records = _scenario(orders, customers, shipments, N, seed)
     rnd = random.Random(seed)
     caps = broker_capabilities
     # docs/semantics.md "Isolation level": read_committed only where the broker completes and hides transactions
-    txn_reliable = caps.transactions_complete_after_fencing and caps.read_committed_hides_aborted
-    iso = "read_committed" if guarantee == "exactly_once" and txn_reliable else "read_uncommitted"
+    iso = worker_isolation_level(guarantee, caps)
     worker_conf = [f"isolation.level={iso}"]
 
-    state = [tmp_path / f"w{i}" for i in range(2)]
-    logs = [tmp_path / f"w{i}.log" for i in range(2)]
-    procs = [start_worker_process(kafka_bootstrap, SPEC, app, state[i], logs[i], env, guarantee,
-                                  consumer_config=worker_conf) for i in range(2)]
+    state, logs, procs = start_workers(kafka_bootstrap, SPEC, app, tmp_path, env, guarantee, worker_conf)
     kills = []
 
     def worker_logs():
@@ -90,11 +148,7 @@ def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, 
                          for i, (p, lg) in enumerate(zip(procs, logs, strict=False)))
 
     try:
-        deadline = time.monotonic() + 60
-        while not all("processor.worker: assigned" in open(lg).read() for lg in logs):
-            assert all(p.poll() is None for p in procs), worker_logs()
-            assert time.monotonic() < deadline, "workers not assigned within 60 s"
-            time.sleep(0.2)
+        wait_until_workers_assigned(procs, logs, worker_logs)
         producer = threading.Thread(target=lambda: produce_interleaved(
             kafka_bootstrap, records, chunk=500, pause_s=0.1, partitioner=partitioner))
         t0 = time.monotonic()
@@ -112,40 +166,17 @@ def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, 
                                             consumer_config=worker_conf)
         producer.join(120)
         assert not producer.is_alive()
-
-        def workers_alive():
-            if any(p.poll() is not None for p in procs):
-                pytest.fail(f"a worker exited on its own\n{worker_logs()}")
-
-        topo = apps.convergence_topology().for_application(app)
-        internal = [f"{app}-carriers-repartition", f"{app}-enriched-subscription-registration-topic",
-                    f"{app}-enriched-subscription-response-topic"]
-        try:
-            wait_until_tasks_committed(kafka_bootstrap, topo,
-                                       {t: PARTS for t in [orders, customers, shipments] + internal},
-                                       iso, timeout_s=240, check=workers_alive)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{worker_logs()}") from None
+        internal = _wait_until_drained(kafka_bootstrap, app, [orders, customers, shipments], PARTS, iso,
+                                       _fail_if_one_exits(procs, worker_logs), worker_logs)
         drained_s = time.monotonic() - t0
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for i, p in enumerate(procs):
-            assert p.wait(60) == 0, open(logs[i]).read()[-3000:]
+        stop_workers(procs, logs)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_leftover_workers(procs)
     assert len(kills) == KILLS
 
     inputs = [m for t in (orders, customers, shipments) for m in kafka.read_topic(kafka_bootstrap, t)]
     assert len(inputs) == N
-    driver = TopologyTestDriver(apps.convergence_topology())
-    with driver:
-        for m in inputs:
-            driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
-        want = {j: final_table_values(driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()))
-                for j, t in outs.items()}
+    want = _driver_tables(inputs, outs)
     text = "".join(open(lg).read() for lg in logs)
     converged = [tuple(map(int, m)) for m in re.findall(
         r"table sinks converged after a crash: (\d+) key\(s\) of the records sent after the last commit; "
@@ -236,19 +267,11 @@ def test_scale_1_3_1_workers_outputs_equal_driver(kafka_bootstrap, unique, tmp_p
     """The same topology scaled 1 -> 3 -> 1 worker processes while the input arrives (two join
     once a third is out; both get SIGTERM once two thirds are out and the first takes every task
     back): every output topic, read as a table, equals the driver's result."""
-    orders, customers, shipments = f"orders-{unique}", f"customers-{unique}", f"shipments-{unique}"
-    prefix = app = f"convscale-{unique}"
-    outs = {j: f"{prefix}-{j}" for j in OUTS}
-    env = {"APP_ORDERS": orders, "APP_CUSTOMERS": customers, "APP_SHIPMENTS": shipments,
-           "APP_OUTPUT_PREFIX": prefix, "APP_PARTITIONER": "consistent_random"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    kafka.create_topics(kafka_bootstrap, {orders: PARTS, customers: PARTS, shipments: PARTS,
-                                          **{t: PARTS for t in outs.values()}})
+    (orders, customers, shipments), app, outs, env = _convergence_topics(kafka_bootstrap, monkeypatch, unique,
+                                                                         "convscale", "consistent_random")
     records = _scenario(orders, customers, shipments, N, seed=6)
     caps = broker_capabilities
-    txn_reliable = caps.transactions_complete_after_fencing and caps.read_committed_hides_aborted
-    iso = "read_committed" if guarantee == "exactly_once" and txn_reliable else "read_uncommitted"
+    iso = worker_isolation_level(guarantee, caps)
     conf = [f"isolation.level={iso}"]
     logs = [tmp_path / f"w{i}.log" for i in range(3)]
     procs = []
@@ -287,35 +310,22 @@ def test_scale_1_3_1_workers_outputs_equal_driver(kafka_bootstrap, unique, tmp_p
             if procs[0].poll() is not None:
                 pytest.fail("the first worker exited on its own\n" + open(logs[0]).read()[-4000:])
 
-        topo = apps.convergence_topology().for_application(app)
-        internal = [f"{app}-carriers-repartition", f"{app}-enriched-subscription-registration-topic",
-                    f"{app}-enriched-subscription-response-topic"]
-        wait_until_tasks_committed(kafka_bootstrap, topo, {t: PARTS for t in [orders, customers, shipments] + internal},
-                                   iso, timeout_s=240, check=alive)
+        _wait_until_drained(kafka_bootstrap, app, [orders, customers, shipments], PARTS, iso, alive)
         drained_s = time.monotonic() - t0
         procs[0].send_signal(signal.SIGTERM)
         assert procs[0].wait(60) == 0, open(logs[0]).read()[-3000:]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_leftover_workers(procs)
     processed = [int(m) for lg in logs for m in re.findall(r"stopped after (\d+) records", open(lg).read())]
     # the first worker and at least one of the two that joined processed part of the input
     assert len(processed) == 3 and processed[0] and processed[1] + processed[2], processed
     inputs = [m for t in (orders, customers, shipments) for m in kafka.read_topic(kafka_bootstrap, t)]
     assert len(inputs) == N
-    with TopologyTestDriver(apps.convergence_topology()) as driver:
-        for m in inputs:
-            driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
-        want = {j: final_table_values(driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()))
-                for j, t in outs.items()}
+    want = _driver_tables(inputs, outs)
     got = {j: final_table(kafka.read_topic(kafka_bootstrap, t, isolation_level=iso)) for j, t in outs.items()}
-    wrong = {j: sorted(k for k in set(got[j]) | set(want[j]) if got[j].get(k) != want[j].get(k)) for j in OUTS}
+    wrong = _wrong_keys(got, want)
     report(f"{guarantee}: scaled 1 -> 3 -> 1; three assigned after {scaled_out:.1f} s, "
            f"drained after {drained_s:.1f} s; "
            f"records processed per worker {processed}; final rows { {j: len(want[j]) for j in OUTS} }; keys "
            f"differing from the driver { {j: len(w) for j, w in wrong.items()} }")
-    for j in OUTS:
-        assert want[j], j
-        assert not wrong[j], (j, len(wrong[j]), wrong[j][:5])
+    _assert_outputs_equal(want, wrong)

@@ -44,11 +44,13 @@ from tests.integration.helpers import (
     final_table,
     final_table_values,
     latest_task_dirs,
+    order_totals,
     produce,
     produce_interleaved,
     reliability_scenario,
     skewed_events,
     task_store_bytes,
+    wait_for,
     wait_until_group_drained,
 )
 
@@ -143,15 +145,6 @@ def run_in_thread(worker):
     t = threading.Thread(target=target, daemon=True)
     t.start()
     return t, errors
-
-
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # -- 1. stream aggregation, the copies produced after the worker drained -----------------------
@@ -399,13 +392,7 @@ def test_repartition_batches_produced_twice_while_processing(kafka_bootstrap, un
             assert {k: v[8:] for k, v in live[s].items()} == {k: v[8:] for k, v in want[s].items()}, s
         else:
             assert live[s] == want[s], (s, len(live[s]), len(want[s]))
-    python_totals = {}
-    for v in final_table(left_msgs).values():
-        o = json.loads(v)
-        if o["customer"] is not None:
-            t = python_totals.setdefault(o["customer"], {"sum": 0, "orders": 0})
-            t["sum"] += o["amount"]
-            t["orders"] += 1
+    python_totals = order_totals(left_msgs)
     totals = {k.decode(): json.loads(v[8:]) for k, v in live["totals"].items()}
     assert {k: t for k, t in totals.items() if t["orders"]} == python_totals
 

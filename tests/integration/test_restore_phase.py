@@ -12,7 +12,6 @@ output topic read as a table equals the input's final table."""
 import json
 import re
 import shutil
-import signal
 import time
 
 from processor.kafka import clients as kafka
@@ -20,8 +19,10 @@ from tests.integration import apps
 from tests.integration.helpers import (
     final_table,
     key_partition,
+    kill_leftover_workers,
     produce,
     start_worker_process,
+    stop_workers,
     wait_until_tasks_committed,
 )
 
@@ -43,12 +44,9 @@ def _run_until_committed(bootstrap, app, state, log, env, inputs, conf=()):
         def alive():
             assert p.poll() is None, open(log).read()[-3000:]
         wait_until_tasks_committed(bootstrap, topo, {inputs: PARTS}, "read_uncommitted", timeout_s=180, check=alive)
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(60) == 0, open(log).read()[-3000:]
+        stop_workers([p], [log])
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_leftover_workers([p])
 
 
 def test_a_restore_longer_than_max_poll_interval_costs_no_rebalance(kafka_bootstrap, unique, tmp_path, monkeypatch,

@@ -35,10 +35,13 @@ from tests.integration.helpers import (
     final_table,
     final_table_values,
     latest_task_dirs,
+    order_totals,
+    pipe_messages,
     produce_interleaved,
     reliability_scenario,
     start_worker_process,
     task_store_bytes,
+    wait_for,
     wait_until_group_drained,
 )
 
@@ -64,17 +67,6 @@ def records_processed(log) -> int:
     m = re.search(r"stopped after (\d+) records", open(log).read())
     assert m, open(log).read()[-3000:]
     return int(m.group(1))
-
-
-def wait_for(cond, timeout, what, procs=()):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        for p, log in procs:
-            assert p.poll() is None, open(log).read()[-3000:]
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_scale_1_3_1_workers_final_tables_equal_single_worker_run(kafka_bootstrap, unique, tmp_path, monkeypatch,
@@ -209,8 +201,7 @@ def test_scale_1_3_1_workers_final_tables_equal_single_worker_run(kafka_bootstra
     assert len(left_msgs) + len(right_msgs) == N
     driver = TopologyTestDriver(apps.reliability_topology())
     with driver:
-        for m in left_msgs + right_msgs:
-            driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
+        pipe_messages(driver, left_msgs + right_msgs)
         want = driver_store_bytes(driver, TABLES)
         want_out = {j: final_table_values(driver.read_output(t, key_serde=Serdes.bytes(), value_serde=Serdes.bytes()))
                     for j, t in outs["A"].items()}
@@ -230,13 +221,7 @@ def test_scale_1_3_1_workers_final_tables_equal_single_worker_run(kafka_bootstra
         else:
             assert got["A"][s] == want[s], (s, len(got["A"][s]), len(want[s]))
             assert got["B"][s] == got["A"][s], (s, len(got["B"][s]), len(got["A"][s]))
-    python_totals = {}
-    for v in final_table(left_msgs).values():
-        o = json.loads(v)
-        if o["customer"] is not None:
-            t = python_totals.setdefault(o["customer"], {"sum": 0, "orders": 0})
-            t["sum"] += o["amount"]
-            t["orders"] += 1
+    python_totals = order_totals(left_msgs)
     totals = {k.decode(): json.loads(v[8:]) for k, v in got["B"]["totals"].items()}
     assert {k: t for k, t in totals.items() if t["orders"]} == python_totals
 

@@ -56,6 +56,17 @@ def _first_half() -> list:
     return records
 
 
+def _one_table_app(bootstrap, unique, monkeypatch):
+    """Topics ``orders-…`` and ``big-…`` (2 partitions each) for the application of the reuse
+    toggling tests, named to it through the environment; returns its input topic, its application
+    id, a reference application id and its store's name."""
+    inp, out, app, ref_app = f"orders-{unique}", f"big-{unique}", f"app-{unique}", f"ref-{unique}"
+    monkeypatch.setenv("APP_INPUT", inp)
+    monkeypatch.setenv("APP_OUTPUT", out)
+    kafka.create_topics(bootstrap, {inp: 2, out: 2})
+    return inp, app, ref_app, STORE.format(inp=inp)
+
+
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_restore_from_source_topic_equals_a_changelog_run(kafka_bootstrap, unique, tmp_path, monkeypatch, guarantee):
     inp, reuse_out, ref_out = f"orders-{unique}", f"big-{unique}", f"big-ref-{unique}"
@@ -116,11 +127,7 @@ def test_turning_reuse_off_writes_the_whole_table_to_its_new_changelog(kafka_boo
     directory lost) rebuilds it; ``off-on-off``: a changelog from before the option was turned on
     (its stale end in the local checkpoint) is overwritten the same way. Each time the table
     equals, byte for byte, that of an application that always had a changelog."""
-    inp, out, app, ref_app = f"orders-{unique}", f"big-{unique}", f"app-{unique}", f"ref-{unique}"
-    monkeypatch.setenv("APP_INPUT", inp)
-    monkeypatch.setenv("APP_OUTPUT", out)
-    kafka.create_topics(kafka_bootstrap, {inp: 2, out: 2})
-    store = STORE.format(inp=inp)
+    inp, app, ref_app, store = _one_table_app(kafka_bootstrap, unique, monkeypatch)
     changelog = f"{app}-{store}-changelog"
 
     def run(app_id, reuse, state="state"):
@@ -181,11 +188,7 @@ def test_turning_reuse_on_keeps_the_former_changelog_as_the_base(kafka_bootstrap
     changelog end and source position as its store's base: a restore into an empty directory
     reads the former changelog up to there and the topic only from there on, and ends equal,
     byte for byte, to a run that never lost its state."""
-    inp, out, app, ref_app = f"orders-{unique}", f"big-{unique}", f"app-{unique}", f"ref-{unique}"
-    monkeypatch.setenv("APP_INPUT", inp)
-    monkeypatch.setenv("APP_OUTPUT", out)
-    kafka.create_topics(kafka_bootstrap, {inp: 2, out: 2})
-    store = STORE.format(inp=inp)
+    inp, app, ref_app, store = _one_table_app(kafka_bootstrap, unique, monkeypatch)
 
     def run(app_id, reuse, state):
         return _run(kafka_bootstrap, app_id, reuse, tmp_path / state)
@@ -229,11 +232,7 @@ def test_turning_reuse_off_on_an_older_state_directory_goes_through_the_base(kaf
     no entry names), then with it (its base: B's last commit before); A, behind all of that,
     runs again without it. A's store must come up to the base from the changelog and only then
     from the topic: the rejected records of B's first period are not in any entry."""
-    inp, out, app, ref_app = f"orders-{unique}", f"big-{unique}", f"app-{unique}", f"ref-{unique}"
-    monkeypatch.setenv("APP_INPUT", inp)
-    monkeypatch.setenv("APP_OUTPUT", out)
-    kafka.create_topics(kafka_bootstrap, {inp: 2, out: 2})
-    store = STORE.format(inp=inp)
+    inp, app, ref_app, store = _one_table_app(kafka_bootstrap, unique, monkeypatch)
 
     def run(app_id, reuse, state):
         return _run(kafka_bootstrap, app_id, reuse, tmp_path / state)

@@ -14,7 +14,7 @@ from processor.runtime.worker import Worker
 from processor.testing import TopologyTestDriver
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import produce_interleaved, reliability_scenario
+from tests.integration.helpers import pipe_messages, produce_interleaved, reliability_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = "tests.integration.apps:reliability_topology"
@@ -61,8 +61,7 @@ def test_dump_equals_the_drivers_stores_and_a_held_directory_is_refused(kafka_bo
 
     driver = TopologyTestDriver(apps.reliability_topology())
     with driver:
-        for m in kafka.read_topic(kafka_bootstrap, orders) + kafka.read_topic(kafka_bootstrap, customers):
-            driver.pipe_raw(m.topic(), m.key(), m.value(), m.timestamp()[1])
+        pipe_messages(driver, kafka.read_topic(kafka_bootstrap, orders) + kafka.read_topic(kafka_bootstrap, customers))
         want = {name: {json.dumps(k): v for k, v in driver.get_store(name).items()}
                 for name in ("orders-store", "customers-store", "enriched", "totals")}
     for name, rows in want.items():

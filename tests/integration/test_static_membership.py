@@ -13,7 +13,14 @@ import time
 
 from processor.kafka import clients as kafka
 from tests.integration import apps
-from tests.integration.helpers import final_table, produce, start_worker_process, wait_until_tasks_committed
+from tests.integration.helpers import (
+    final_table,
+    kill_leftover_workers,
+    produce,
+    start_worker_process,
+    stop_workers,
+    wait_until_tasks_committed,
+)
 
 PARTS = 2
 SPEC = "tests.integration.apps:restore_topology"
@@ -49,13 +56,10 @@ def _kill_and_rejoin(bootstrap, app, state, log, env, static: bool) -> float:
             assert p.poll() is None, open(log).read()[-3000:]
         wait_until_tasks_committed(bootstrap, topo, {env["APP_INPUT"]: PARTS}, "read_uncommitted", timeout_s=120,
                                    check=alive)
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(60) == 0, open(log).read()[-3000:]
+        stop_workers([p], [log])
         return rejoin_s
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_leftover_workers([p])
 
 
 def test_static_member_restarted_keeps_its_id_and_its_partitions(kafka_bootstrap, unique, tmp_path, monkeypatch,

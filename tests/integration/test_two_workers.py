@@ -2,30 +2,22 @@
 output; SIGTERM one mid-run and the other takes over (restoring the table store from the source
 topic) with nothing lost. Duplicates are allowed at this stage; losses are not."""
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 from processor.kafka import clients as kafka
 from tests.integration import apps
-from tests.integration.helpers import by_key, committed_offsets, driver_output_by_key, produce, table_updates
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def start_worker(bootstrap, app, state, env, log):
-    e = dict(os.environ, **env)
-    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-    return subprocess.Popen(
-        [sys.executable, "-m", "processor.cli", "--log-level", "INFO", "run",
-         "tests.integration.apps:filter_topology", "--bootstrap-servers", bootstrap,
-         "--application-id", app, "--state-dir", str(state), "--commit-interval-ms", "200",
-         "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500"],
-        cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+from tests.integration.helpers import (
+    by_key,
+    committed_offsets,
+    driver_output_by_key,
+    produce,
+    start_worker_process,
+    table_updates,
+    wait_for,
+)
 
 
 def assigned_partitions(log) -> list[int] | None:
@@ -33,15 +25,6 @@ def assigned_partitions(log) -> list[int] | None:
     if not lines:
         return None
     return sorted(int(p) for p in re.findall(r"\[(\d+)\]@", lines[-1]))
-
-
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def records_processed(log) -> int:
@@ -66,11 +49,12 @@ def test_two_workers_split_partitions_and_survive_sigterm(kafka_bootstrap, uniqu
     produce(kafka_bootstrap, inp, first, timestamp0=1_000_000)
 
     logs = {w: tmp_path / f"{w}.log" for w in "AB"}
-    procs = {w: start_worker(kafka_bootstrap, app, tmp_path / f"state-{w}", env, logs[w]) for w in "AB"}
+    procs = {w: start_worker_process(kafka_bootstrap, "tests.integration.apps:filter_topology", app,
+                                     tmp_path / f"state-{w}", logs[w], env, commit_interval_ms=200) for w in "AB"}
     try:
         wait_for(lambda: assigned_partitions(logs["A"]) is not None and assigned_partitions(logs["B"]) is not None
                  and len(assigned_partitions(logs["A"])) == 2 and len(assigned_partitions(logs["B"])) == 2,
-                 60, "both workers to own two partitions each")
+                 60, "both workers to own two partitions each", poll_s=0.2)
         assert sorted(assigned_partitions(logs["A"]) + assigned_partitions(logs["B"])) == [0, 1, 2, 3]
 
         # Keep producing while A is stopped mid-run.
@@ -85,7 +69,7 @@ def test_two_workers_split_partitions_and_survive_sigterm(kafka_bootstrap, uniqu
         for m in kafka.read_topic(kafka_bootstrap, inp):
             ends[m.partition()] = m.offset() + 1
         wait_for(lambda: committed_offsets(kafka_bootstrap, app, inp, 4) == ends, 90,
-                 "worker B to commit the end of every partition")
+                 "worker B to commit the end of every partition", poll_s=0.2)
         assert assigned_partitions(logs["B"]) == [0, 1, 2, 3]
         procs["B"].send_signal(signal.SIGTERM)
         assert procs["B"].wait(timeout=60) == 0, open(logs["B"]).read()[-3000:]

@@ -8,6 +8,7 @@ import random
 from processor import Emit, StreamsBuilder
 from processor.engine.task import Task
 from processor.state.rocksdb import RocksDBDatabase
+from tests.support.collectors import TopicLog
 
 
 def topology():
@@ -18,19 +19,6 @@ def topology():
     s.group_by_key().reduce(lambda agg, v: {"m": max(agg["m"], v["m"])}, name="max",
                             emit=Emit.on_change()).to_stream().to("max")
     return b.build().for_application("app")
-
-
-class Log:
-    """Topics as append-only lists of (key, value, timestamp, headers)."""
-
-    def __init__(self):
-        self.topics = {}
-
-    def send(self, topic, key, value, ts, headers, partition=None):
-        self.topics.setdefault(topic, []).append((key, value, ts, headers))
-
-    def flush(self):
-        pass
 
 
 def run(inputs, state, log, crash_after=None, commit_every=7):
@@ -66,11 +54,11 @@ def test_crash_between_forwarding_and_committing_loses_no_emission(tmp_path):
     inputs = [(f"k{rnd.randrange(5)}".encode(),
                json.dumps({"g": f"g{rnd.randrange(3)}", "n": rnd.randrange(4), "m": rnd.randrange(i + 1)}).encode(), i)
               for i in range(300)]
-    clean_log = Log()
+    clean_log = TopicLog()
     clean_final, clean_store = run(inputs, tmp_path / "clean", clean_log)
     clean_store = list(clean_store)
 
-    log = Log()
+    log = TopicLog()
     run(inputs, tmp_path / "crashed", log, crash_after=150)
     before = {t: len(v) for t, v in log.topics.items()}
     final, store = run(inputs, tmp_path / "crashed", log)

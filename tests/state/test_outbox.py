@@ -11,6 +11,7 @@ from processor import Emit, StreamsBuilder
 from processor.engine.task import Task
 from processor.state import outbox
 from processor.state.rocksdb import RocksDBDatabase
+from tests.support.collectors import TopicLog
 
 REP = "app-total-repartition"
 
@@ -23,17 +24,9 @@ def topology():
     return b.build().for_application("app")
 
 
-class Log:
-    def __init__(self):
-        self.topics = {}
-
-    def send(self, t, k, v, ts, h, partition=None):
-        self.topics.setdefault(t, []).append((k, v, ts, h))
-
-
 class Harness:
     def __init__(self, path):
-        self.path, self.log, self.wall = path, Log(), [0]
+        self.path, self.log, self.wall = path, TopicLog(), [0]
         self.topo = topology()
         self.open()
 

@@ -9,19 +9,9 @@ import pytest
 
 from processor.engine.task import Task
 from processor.state.rocksdb import RocksDBDatabase
+from tests.support.collectors import RecordLog
 from tests.unit import test_papi_session_store as sessions
 from tests.unit import test_papi_window_store as windows
-
-
-class Log:
-    def __init__(self):
-        self.records = []
-
-    def send(self, topic, key, value, ts, headers, partition=None):
-        self.records.append((topic, key, value, ts))
-
-    def flush(self):
-        pass
 
 
 def run(topology, ops, path, log, stop=None):
@@ -56,9 +46,9 @@ CASES = {
 def test_windowed_store_survives_close_and_reopen_and_follows_the_model(tmp_path, case):
     topology, ops = CASES[case]()
     topology = topology.for_application("app")
-    clean = Log()
+    clean = RecordLog()
     clean_stores = run(topology, ops, tmp_path / "clean", clean)
-    restarted = Log()
+    restarted = RecordLog()
     for stop in (101, 333, 334, 590):
         assert run(topology, ops, tmp_path / "restarted", restarted, stop=stop) is None
     stores = run(topology, ops, tmp_path / "restarted", restarted)

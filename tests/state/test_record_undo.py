@@ -11,17 +11,7 @@ from processor import StreamsBuilder
 from processor.engine.task import Task
 from processor.state.change_logging import ChangeLoggingStores
 from processor.state.rocksdb import RocksDBDatabase
-
-
-class ListCollector:
-    def __init__(self):
-        self.records = []
-
-    def send(self, topic, key, value, timestamp, headers, partition=None):
-        self.records.append((topic, key, value, timestamp))
-
-    def flush(self):
-        pass
+from tests.support.collectors import RecordLog
 
 
 def topology():
@@ -56,7 +46,7 @@ def contract(path):
 def run(path, history, on_error, commit_every):
     topo = topology()
     db = ChangeLoggingStores(RocksDBDatabase(path))
-    collector = ListCollector()
+    collector = RecordLog()
     task = Task(topo, 0, 0, db, collector, lambda: 0, on_error=on_error, dlq_topic="app-dlq")
     seen = []
     for offset, (key, n) in history:

@@ -14,6 +14,7 @@ from processor.engine.task import Task
 from processor.serde import Serdes
 from processor.state.rocksdb import RocksDBDatabase
 from processor.testing import TopologyTestDriver
+from tests.support.collectors import TopicLog
 
 REP = "app-per-carrier-repartition"
 
@@ -29,14 +30,6 @@ def topology():
     return b.build()
 
 
-class Log:
-    def __init__(self):
-        self.topics = {}
-
-    def send(self, t, k, v, ts, h, partition=None):
-        self.topics.setdefault(t, []).append((k, v, ts, h))
-
-
 def _j(o):
     return json.dumps(o, separators=(",", ":"), sort_keys=True).encode()
 
@@ -47,7 +40,7 @@ HISTORY = {"orders": [(b"o1", _j({"n": 1})), (b"o1", _j({"n": 5}))],
 
 def run(tmp_path, stage: bool) -> dict:
     topo = topology().for_application("app")
-    log = Log()
+    log = TopicLog()
 
     def open_up():
         return Task(topo, 0, 0, RocksDBDatabase(tmp_path / "up"), log, lambda: 0, on_error="fail",
@@ -113,7 +106,7 @@ def test_replay_in_another_interleaving(tmp_path, stage):
 def test_a_large_outbox_is_kept_in_chunks_and_resent_whole_after_a_crash(tmp_path, monkeypatch):
     monkeypatch.setattr(task_module, "OUTBOX_CHUNK_BYTES", 300)
     topo = topology().for_application("app")
-    log = Log()
+    log = TopicLog()
     up = Task(topo, 0, 0, RocksDBDatabase(tmp_path / "up"), log, lambda: 0, on_error="fail", stage_internal=True)
     up.process("shipments", 0, 0, 1, b"o0", _j({"carrier": "A"}))
     for i in range(1, 30):

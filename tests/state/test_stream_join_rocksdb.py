@@ -9,6 +9,7 @@ import pytest
 from processor import JoinWindows, StreamsBuilder
 from processor.engine.task import Task
 from processor.state.rocksdb import RocksDBDatabase
+from tests.support.collectors import RecordLog
 
 
 def outer_join():
@@ -24,17 +25,6 @@ def self_join():
     topo = b.build()
     assert topo.applied_passes == [("self-join", 1)]
     return topo.for_application("app")
-
-
-class Log:
-    def __init__(self):
-        self.records = []
-
-    def send(self, topic, key, value, ts, headers, partition=None):
-        self.records.append((topic, key, value, ts))
-
-    def flush(self):
-        pass
 
 
 def inputs(topics, n=300, seed=5):
@@ -72,10 +62,10 @@ def run(topology, records, path, log, stop=None):
 @pytest.mark.parametrize("make, topics", [(outer_join, ["l", "r"]), (self_join, ["l"])])
 def test_join_state_survives_close_and_reopen(tmp_path, make, topics):
     records = inputs(topics)
-    clean = Log()
+    clean = RecordLog()
     clean_stores = run(make(), records, tmp_path / "clean", clean)
 
-    restarted = Log()
+    restarted = RecordLog()
     for stop in (97, 201):
         assert run(make(), records, tmp_path / "restarted", restarted, stop=stop) is None
     stores = run(make(), records, tmp_path / "restarted", restarted)
