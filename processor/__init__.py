@@ -3,8 +3,8 @@
 The public API: ``StreamsBuilder`` and what it builds (``KStream``, ``KTable``, windows,
 ``Emit``), the Processor API (``Processor``, ``Stores``), the records (``Record``, ``Change``,
 ``Windowed``, ``OutputRecord``), the serdes (``processor.serde.Serdes``), the test driver
-(``processor.testing.TopologyTestDriver``) and the types of user functions (``Predicate``,
-``ValueMapper``... of ``processor.functions``).
+(``processor.testing.TopologyTestDriver``), the settings (``StreamsConfig``) and the types of
+user functions (``Predicate``, ``ValueMapper``... of ``processor.functions``).
 
 Example:
     >>> from processor import StreamsBuilder
@@ -17,6 +17,7 @@ Example:
     [('k', 'HELLO')]
 """
 
+from processor.config import StreamsConfig
 from processor.dsl import (
                            Emit,
                            JoinWindows,
@@ -51,7 +52,7 @@ from processor.topology import Topology
 
 __all__ = ["StreamsBuilder", "KStream", "KTable", "Emit", "TimeWindows", "JoinWindows",
            "Change", "Record", "OutputRecord", "Windowed", "Topology", "Processor", "Stores", "SessionWindows",
-           "SlidingWindows",
+           "SlidingWindows", "StreamsConfig",
            # the types of user functions (processor/functions.py)
            "Predicate", "ValueMapper", "FlatValueMapper", "KeyValueMapper", "KeySelector", "ValueJoiner",
            "ForeignKeyExtractor", "Initializer", "Aggregator", "Reducer", "Merger", "ForeachAction",

@@ -131,7 +131,7 @@ class _SnapshotCollector:
         processed.add_metric([], s["records_processed"])
         yield processed
         for name, what, v in (("processor_fetch_gaps_refetched", "Internal-topic offsets skipped by a fetch and read "
-                               "again (Worker._check_gap)", s["gaps"][0]),
+                               "again (processor/runtime/fetch_gaps.py)", s["gaps"][0]),
                               ("processor_fetch_gaps_accepted", "Internal-topic gaps that held no readable record "
                                "(transaction markers)", s["gaps"][1])):
             c = CounterMetricFamily(name, what)
