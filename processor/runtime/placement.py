@@ -113,15 +113,15 @@ def place(tasks: Iterable[TaskId], lags: Mapping[str, Mapping[TaskId, int]], *,
     warmups_left = max_warmups
     for t in sorted(stateful_set & set(active)):
         holders = {active[t]}
-        dest = intended.get(t)
-        if dest is not None:
+        target_member = intended.get(t)
+        if target_member is not None:
             if slots > 0 or warmups_left > 0:
                 if slots == 0:
                     warmups_left -= 1
-                result.standby[dest].append(t)
-                result.warmup[dest].append(t)
-                holders.add(dest)
-                copies[dest] += 1
+                result.standby[target_member].append(t)
+                result.warmup[target_member].append(t)
+                holders.add(target_member)
+                copies[target_member] += 1
             result.probing = True
         wanted = slots - (len(holders) - 1 if slots > 0 else 0)
         for m in sorted((m for m in members if m not in holders),
