@@ -264,7 +264,7 @@ def member_main(a) -> None:
 
     kc = KafkaConsumer(bootstrap_servers=a.bootstrap, group_id=a.group, client_id=a.name,
                        partition_assignment_strategy=[FleetAssignor()],
-                       session_timeout_ms=6000, heartbeat_interval_ms=500,
+                       session_timeout_ms=int(os.environ.get("FLEET_SESSION_MS", "6000")), heartbeat_interval_ms=500,
                        enable_auto_commit=False, max_poll_interval_ms=300000)
     state["consumer"] = kc
     kc.subscribe([TOPIC], listener=Listener())
