@@ -228,6 +228,14 @@ class RestoreTarget:
         self.stores = ChangeLoggingStores(db, unlogged=self.sources)
 
 
+def restore_target(topology, db, sub: int, partition: int) -> RestoreTarget:
+    """The ``RestoreTarget`` of task ``sub_partition`` of ``topology`` over its database ``db``
+    (an active task's and a standby replica's alike)."""
+    return RestoreTarget(db, f"{sub}_{partition}", partition, topology.changelogs_of(sub),
+                         topology.source_changelogs_of(sub), topology.table_source_stores_of(sub),
+                         {name: topology.changelog_topic(name) for name in topology.source_changelogs_of(sub)})
+
+
 def restore_tasks(targets: list[RestoreTarget], consumer_config: dict, stop=None) -> None:
     """Bring each target's database up to the last durable commit recorded in its changelogs
     (all targets at once: one reader for every task changelog, then one for every store
@@ -236,11 +244,12 @@ def restore_tasks(targets: list[RestoreTarget], consumer_config: dict, stop=None
         pass
 
 
-def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None):
+def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None, quiet: bool = False):
     """``restore_tasks`` in steps: a generator that yields after each batch it read (a few
     thousand records at most), so a host can restore between polls of its group consumer
     (``processor/runtime/worker.py``). Closing it stops the restore (its consumer closes;
-    progress up to the last intermediate commit is kept)."""
+    progress up to the last intermediate commit is kept). ``quiet``: progress and results at
+    debug level (standby replicas restore every second: ``processor/runtime/standby.py``)."""
     if not targets:
         return
     t0 = time.monotonic()
@@ -259,6 +268,7 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
             for topic in (*t.changelogs.values(), *t.table_sources.values(), *t.former_changelogs.values()):
                 names[(topic, t.partition)] = t.task_id
         reader = _Reader(consumer, names, stop, conf)
+        reader.quiet = quiet
         # 1. the task changelogs, in units closed by commit records
         by_task_tp = {t.task_tp: t for t in targets}
         starts = {t.task_tp: t.local.get(t.task_tp, 0) for t in targets}
@@ -323,8 +333,8 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
         reader.detail = lambda: ", ".join(f"{t.task_id} {t.store_restored}/{t.to_restore}" for t in targets
                                           if t.to_restore)
         if total:
-            log.info("restoring %d task(s) from their changelogs: %d store records to restore",
-                     len(targets), total)
+            log.log(logging.DEBUG if quiet else logging.INFO,
+                    "restoring %d task(s) from their changelogs: %d store records to restore", len(targets), total)
         since_commit = 0
         for item in reader.read_many(store_starts):
             if item is None:
@@ -367,7 +377,7 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
         yield from _restore_from_sources(targets, reader)
         seconds = time.monotonic() - t0
         for t in targets:
-            _finish(t, seconds)
+            _finish(t, seconds, quiet)
     finally:
         consumer.close()
 
@@ -502,7 +512,7 @@ def _restore_from_sources(targets: list[RestoreTarget], reader: _Reader):
                 f"or truncated: delete the state directory and reset the application")
 
 
-def _finish(t: RestoreTarget, seconds: float) -> None:
+def _finish(t: RestoreTarget, seconds: float, quiet: bool = False) -> None:
     db = t.db
     # 3. the restored state, with the committed ends as its checkpoint
     cl = set(t.changelogs.values())
@@ -545,7 +555,7 @@ def _finish(t: RestoreTarget, seconds: float) -> None:
         for k in overlay:
             task_store.put(source_changelog.base_row_key(name, k), source_changelog.encode_failed(rows.get(k)))
         task_store.put(source_changelog.base_key(name), value)
-    if t.restored or t.tail_records or t.local:   # (a task reopened from local state: even with 0)
+    if (t.restored or t.tail_records or t.local) and not quiet:   # (reopened from local state: even with 0)
         log.info("restored task %s from its changelogs: %d records (the assignment's restore took %.1f s)%s",
                  t.task_id, t.restored, seconds,
                  f"; {t.tail_records} record(s) of an unfinished commit will be overwritten"
@@ -570,6 +580,7 @@ class _Reader:
         self.eof: dict[tuple[str, int], int] = {}
         self.expected = 0
         self.detail: Callable[[], str] | None = None       # per task progress for the log line
+        self.quiet = False                                  # progress at debug level
 
     def expect(self, n: int) -> None:
         self.expected = n
@@ -660,8 +671,9 @@ class _Reader:
                     rate = n / max(now - t0, 1e-6)
                     remaining = max(self.expected - n, 0) if self.expected else "?"
                     detail = self.detail() if self.detail is not None else ""
-                    log.info("restoring: %d records restored, %.0f records/s, %s remaining%s",
-                             n, rate, remaining, f" (per task: {detail})" if detail else "")
+                    log.log(logging.DEBUG if self.quiet else logging.INFO,
+                            "restoring: %d records restored, %.0f records/s, %s remaining%s",
+                            n, rate, remaining, f" (per task: {detail})" if detail else "")
         finally:
             c.unassign()
 

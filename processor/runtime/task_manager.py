@@ -43,7 +43,13 @@ from processor.engine.task import Task, max_record_bytes_of
 from processor.errors import ChangelogMismatch, KafkaIOError, ProcessorError
 from processor.kafka import clients as kafka
 from processor.runtime import sink_tails
-from processor.runtime.changelog import ChangelogWriter, RestoreTarget, restore_steps, restore_tasks
+from processor.runtime.changelog import (
+    ChangelogWriter,
+    RestoreTarget,
+    restore_steps,
+    restore_target,
+    restore_tasks,
+)
 from processor.runtime.partition_group import PartitionGroup
 from processor.runtime.worker_metrics import add_counters
 from processor.state.rocksdb import RocksDBDatabase
@@ -188,11 +194,7 @@ class TaskManager:
         try:
             for sub, partition in keys:
                 db = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
-                targets.append(RestoreTarget(db, f"{sub}_{partition}", partition, topology.changelogs_of(sub),
-                                             topology.source_changelogs_of(sub),
-                                             topology.table_source_stores_of(sub),
-                                             {name: topology.changelog_topic(name)
-                                              for name in topology.source_changelogs_of(sub)}))
+                targets.append(restore_target(topology, db, sub, partition))
         except BaseException:
             for t in targets:
                 t.db.close()

@@ -1,0 +1,146 @@
+"""Standby replicas: tasks a worker does not run, kept warm by reading their changelogs.
+
+A standby replica of a task is the task's database in this worker's state directory, brought
+up to its changelogs' last commit again and again by the restore a task runs before it
+processes anything (``processor/runtime/changelog.py``): no processing, no outputs, no
+changelog writes. Kafka Streams' standby tasks (``num.standby.replicas``).
+
+Invariant: between two passes, a standby's database holds the task's state as of one of its
+commits, with that commit's changelog ends as its checkpoint (a pass applies whole commit units
+only, and checkpoints as it goes). So the worker that is given the task as active restores from
+that checkpoint: it reads only the changelog records written since that commit, not the whole
+history. A standby's database is the one an active task of this worker would open
+(``task-<sub>_<partition>``): promoting a standby is ``release`` then opening the task as usual.
+
+Passes run in steps (``step``, a budget of whole restore batches), between the worker's polls,
+like the active tasks' restores; a pass starts ``interval_s`` after the previous one ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Generator, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from processor.runtime.changelog import RestoreTarget, restore_steps, restore_target
+from processor.state.rocksdb import RocksDBDatabase
+
+if TYPE_CHECKING:
+    from processor.topology.core import Topology
+
+log = logging.getLogger("processor.standby")
+
+TaskKey = tuple[int, int]   # (sub-topology, partition)
+
+
+class StandbyTasks:
+    """This worker's standby replicas: which tasks, their databases, the pass under way."""
+
+    def __init__(self, topology: Topology, state_dir: Path, consumer_config: dict, stop: threading.Event,
+                 interval_s: float = 1.0) -> None:
+        self.topology = topology
+        self.state_dir = Path(state_dir)
+        self.consumer_config = consumer_config   # assign() only, never commits (the restore's)
+        self.stop = stop
+        self.interval_s = interval_s
+        self.dbs: dict[TaskKey, RocksDBDatabase] = {}
+        self.records_read: dict[TaskKey, int] = {}   # changelog records applied, per task, in all passes
+        self.passes = 0
+        self._pass: Generator[None, None, None] | None = None
+        self._targets: dict[TaskKey, RestoreTarget] = {}
+        self._next_pass_at = 0.0
+
+    @property
+    def keys(self) -> set[TaskKey]:
+        """The tasks this worker keeps standby replicas of."""
+        return set(self.dbs)
+
+    def update(self, keys: Iterable[TaskKey]) -> None:
+        """Keep standby replicas of exactly ``keys``: open the new ones (a pass starts at once),
+        close the others."""
+        keys = set(keys)
+        dropped = set(self.dbs) - keys
+        added = keys - set(self.dbs)
+        if not dropped and not added:
+            return
+        self._abort_pass()
+        for key in dropped:
+            self.dbs.pop(key).close()
+        for sub, partition in sorted(added):
+            self.dbs[(sub, partition)] = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
+            self.records_read.setdefault((sub, partition), 0)
+        self._next_pass_at = 0.0
+        if added or dropped:
+            log.info("standby replicas: %s", ", ".join(f"{s}_{p}" for s, p in sorted(self.dbs)) or "none")
+
+    def release(self, key: TaskKey) -> None:
+        """Stop keeping ``key`` (it becomes an active task here, or goes): its database closes,
+        as of its last completed commit unit."""
+        if key in self.dbs:
+            self._abort_pass()
+            self.dbs.pop(key).close()
+            self._next_pass_at = 0.0
+
+    def step(self, budget_s: float = 0.2) -> bool:
+        """Run the pass under way (or start one when due) for up to ``budget_s`` of whole restore
+        batches. Returns whether a pass ended in this call."""
+        if not self.dbs:
+            return False
+        if self._pass is None:
+            if time.monotonic() < self._next_pass_at:
+                return False
+            self._targets = {key: restore_target(self.topology, db, *key) for key, db in self.dbs.items()}
+            self._pass = restore_steps(list(self._targets.values()), self.consumer_config, self.stop, quiet=True)
+        deadline = time.monotonic() + budget_s
+        try:
+            while time.monotonic() < deadline:
+                next(self._pass)
+            return False
+        except StopIteration:
+            pass
+        except BaseException:
+            self._abort_pass()
+            raise
+        for key, t in self._targets.items():
+            self.records_read[key] += t.restored
+        self._pass = None
+        self._targets = {}
+        self.passes += 1
+        self._next_pass_at = time.monotonic() + self.interval_s
+        return True
+
+    def catch_up(self, timeout_s: float = 60.0) -> None:
+        """One whole pass from now (tests, and a worker about to report its standbys)."""
+        self._abort_pass()
+        self._next_pass_at = 0.0
+        deadline = time.monotonic() + timeout_s
+        while not self.step(budget_s=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"standby replicas {sorted(self.dbs)} did not catch up in {timeout_s:.0f} s")
+
+    def offset_sums(self) -> dict[TaskKey, int]:
+        """Per standby, the sum of its changelog checkpoint: how far its state reaches (what a
+        member reports to the group's leader, which compares it with the other members')."""
+        out = {}
+        for (sub, partition), db in self.dbs.items():
+            changelogs = {(t, partition) for t in self.topology.changelogs_of(sub).values()}
+            out[(sub, partition)] = sum(v for tp, v in db.read_checkpoint().items() if tp in changelogs)
+        return out
+
+    def _abort_pass(self) -> None:
+        if self._pass is not None:
+            try:
+                self._pass.close()
+            finally:
+                self._pass = None
+                self._targets = {}
+
+    def close(self) -> None:
+        """Close every standby's database (the worker stops)."""
+        self._abort_pass()
+        for db in self.dbs.values():
+            db.close()
+        self.dbs.clear()
