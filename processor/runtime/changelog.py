@@ -482,8 +482,9 @@ def _restore_from_sources(targets: list[RestoreTarget], reader: _Reader):
               for tp, ts in readers.items() for t in [ts[0][0]]}
     total = sum(ends[tp] - starts[tp] for tp in readers)
     reader.expect(total)
-    log.info("restoring %d store(s) from their source topics: up to %d records to read",
-             sum(len(v) for v in readers.values()), total)
+    log.log(logging.DEBUG if reader.quiet else logging.INFO,
+            "restoring %d store(s) from their source topics: up to %d records to read",
+            sum(len(v) for v in readers.values()), total)
     replay = source_changelog.replay_record
     since_commit = 0
     for item in reader.read_many(starts, ends):
@@ -528,8 +529,9 @@ def _finish(t: RestoreTarget, seconds: float, quiet: bool = False) -> None:
     for name in t.uncovered:
         keys = [k for k, _ in db.store(name).items()]
         if keys:
-            log.info("task %s: store %s has no changelog records of its last commit: its %d keys go to "
-                     "%s at the next commit", t.task_id, name, len(keys), t.changelogs[name])
+            log.log(logging.DEBUG if quiet else logging.INFO,
+                    "task %s: store %s has no changelog records of its last commit: its %d keys go to "
+                    "%s at the next commit", t.task_id, name, len(keys), t.changelogs[name])
             t.tails.setdefault(name, []).extend(keys)
     t.stores.writer = (f"__restore:{t.task_id}", t.partition, 0)
     for name, keys in t.tails.items():
@@ -545,9 +547,10 @@ def _finish(t: RestoreTarget, seconds: float, quiet: bool = False) -> None:
     task_store = t.stores.store(TASK_STORE)
     for name, value in t.new_bases.items():
         overlay = dict.fromkeys(t.base_tails.get(name, ()))
-        log.info("task %s: store %s is restored from its source topic from now on; its base is its "
-                 "changelog up to the last commit%s", t.task_id, name,
-                 f" and the rows of the {len(overlay)} key(s) of its unfinished unit" if overlay else "")
+        log.log(logging.DEBUG if quiet else logging.INFO,
+                "task %s: store %s is restored from its source topic from now on; its base is its "
+                "changelog up to the last commit%s", t.task_id, name,
+                f" and the rows of the {len(overlay)} key(s) of its unfinished unit" if overlay else "")
         for k, _ in list(task_store.prefix(source_changelog.base_row_key(name, b""))):
             if k not in overlay:
                 task_store.delete(k)

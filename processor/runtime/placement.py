@@ -20,11 +20,11 @@ Invariants of the result (checked by ``tests/unit/test_placement.py`` over rando
 4. **No cold move.** A stateful task goes to a member whose state is more than
    ``acceptable_recovery_lag`` records behind only if no member has it closer; otherwise it stays
    on (or goes to) the least loaded caught-up member, and the member the balance wants it on
-   gets a copy to catch up on: a standby if standbys are configured, else a warm-up replica
-   (at most ``max_warmups`` of them in one placement). Kafka Streams' rule (KIP-441).
-5. **Standbys.** A stateful task has ``min(num_standbys, members - 1)`` standby copies, on members
-   other than its active one, at most one per member: those already closest to current first
-   (a standby that exists stays), then the members with the fewest copies.
+   gets a warm-up replica to catch up on (at most ``max_warmups``, at least 1, in one placement;
+   beside the standbys, not instead of one). Kafka Streams' rule (KIP-441).
+5. **Standbys.** A stateful task has ``min(num_standbys, members - 1)`` standby copies besides its
+   warm-up, on members other than its active one, at most one per member: those already
+   closest to current first (a standby that exists stays), then the members with the fewest.
 
 Kafka Streams' ``HighAvailabilityTaskAssignor`` is the reference for the rules (its rounds of
 round-robin and balancing are not copied: the target here is computed sticky in one pass).
@@ -64,6 +64,9 @@ def place(tasks: Iterable[TaskId], lags: Mapping[str, Mapping[TaskId, int]], *,
     """The placement of ``tasks`` over the members of ``lags`` (``member -> {task: lag}``; a
     task missing from a member's map: no state there). ``stateful``: the tasks with stores (only
     those have standbys, warm-ups and lags that matter)."""
+    if max_warmups < 1:
+        raise ValueError(f"max_warmups must be at least 1 (a task waiting on a warm-up would never move), "
+                         f"not {max_warmups}")
     members = sorted(lags)
     result = Placement(active={m: [] for m in members}, standby={m: [] for m in members},
                        warmup={m: [] for m in members})
@@ -94,8 +97,8 @@ def place(tasks: Iterable[TaskId], lags: Mapping[str, Mapping[TaskId, int]], *,
         if caught_up(dest, t):
             continue
         current = [m for m in members if caught_up(m, t)]
-        if current:
-            src = min(current, key=lambda m: (load[m], m))
+        if current:   # (the member running it first: a move between two current members buys nothing)
+            src = min(current, key=lambda m: (lag(m, t) != RUNNING, load[m], m))
         else:
             src = min(members, key=lambda m: (lag(m, t), load[m], m))
             if lag(src, t) >= lag(dest, t):
@@ -114,18 +117,16 @@ def place(tasks: Iterable[TaskId], lags: Mapping[str, Mapping[TaskId, int]], *,
     for t in sorted(stateful_set & set(active)):
         holders = {active[t]}
         target_member = intended.get(t)
-        if target_member is not None:
-            if slots > 0 or warmups_left > 0:
-                if slots == 0:
-                    warmups_left -= 1
-                result.standby[target_member].append(t)
-                result.warmup[target_member].append(t)
-                holders.add(target_member)
-                copies[target_member] += 1
+        if target_member is not None and warmups_left > 0:
+            # (on top of the standbys: a current standby stays, a failover still finds it)
+            warmups_left -= 1
+            result.standby[target_member].append(t)
+            result.warmup[target_member].append(t)
+            holders.add(target_member)
+            copies[target_member] += 1
             result.probing = True
-        wanted = slots - (len(holders) - 1 if slots > 0 else 0)
         for m in sorted((m for m in members if m not in holders),
-                        key=lambda m: (lag(m, t), copies[m], m))[:max(wanted, 0)]:
+                        key=lambda m: (lag(m, t), copies[m], m))[:slots]:
             result.standby[m].append(t)
             copies[m] += 1
     for m in members:

@@ -5,12 +5,16 @@ up to its changelogs' last commit again and again by the restore a task runs bef
 processes anything (``processor/runtime/changelog.py``): no processing, no outputs, no
 changelog writes. Kafka Streams' standby tasks (``num.standby.replicas``).
 
-Invariant: between two passes, a standby's database holds the task's state as of one of its
-commits, with that commit's changelog ends as its checkpoint (a pass applies whole commit units
-only, and checkpoints as it goes). So the worker that is given the task as active restores from
-that checkpoint: it reads only the changelog records written since that commit, not the whole
-history. A standby's database is the one an active task of this worker would open
-(``task-<sub>_<partition>``): promoting a standby is ``release`` then opening the task as usual.
+Invariant: after a completed pass, a standby's database holds the task's state as of one of
+its commits, with that commit's changelog ends as its checkpoint (a pass applies whole commit
+units only). A pass cut short (the standby set changed, a promotion, a stop) may leave it
+partway, as an interrupted restore does: its checkpoint then names how far each changelog was
+applied, and the next restore (a pass, or the active task's) goes on from there. Either way the
+worker that is given the task as active reads only the changelog records after that checkpoint,
+not the whole history. Nothing a pass leaves uncommitted stays: the rewrites of a commit's tail
+(``changelog._finish``, step 4) are the active task's to send, so a standby drops them. A
+standby's database is the one an active task of this worker would open (``task-<sub>_<partition>``):
+promoting a standby is ``release`` then opening the task as usual.
 
 Passes run in steps (``step``, a budget of whole restore batches), between the worker's polls,
 like the active tasks' restores; a pass starts ``interval_s`` after the previous one ended.
@@ -108,12 +112,15 @@ class StandbyTasks:
             self.records_read[key] += t.restored
         self._pass = None
         self._targets = {}
+        self._drop_uncommitted()
         self.passes += 1
         self._next_pass_at = time.monotonic() + self.interval_s
         return True
 
     def catch_up(self, timeout_s: float = 60.0) -> None:
         """One whole pass from now (tests, and a worker about to report its standbys)."""
+        if not self.dbs:
+            return
         self._abort_pass()
         self._next_pass_at = 0.0
         deadline = time.monotonic() + timeout_s
@@ -137,6 +144,14 @@ class StandbyTasks:
             finally:
                 self._pass = None
                 self._targets = {}
+                self._drop_uncommitted()
+
+    def _drop_uncommitted(self) -> None:
+        """Forget writes a pass left pending (past its last intermediate commit, or a tail's
+        rewrites): the next pass reads them again from the checkpoint."""
+        for db in self.dbs.values():
+            for store in db.stores.values():
+                store.clear_pending()
 
     def close(self) -> None:
         """Close every standby's database (the worker stops)."""

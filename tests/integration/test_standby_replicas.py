@@ -69,6 +69,8 @@ def test_a_standby_holds_the_active_stores_and_its_promotion_restores_only_the_t
     standby = StandbyTasks(app_topology, standby_dir / app, w.task_manager.restore_consumer_config(),
                            threading.Event())
     try:
+        standby.catch_up(timeout_s=1.0)   # none yet: nothing to wait for
+        assert standby.passes == 0
         standby.update(stateful)
         standby.catch_up()
         first = dict(standby.records_read)

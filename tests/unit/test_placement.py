@@ -3,6 +3,7 @@ standbys and warm-ups, over fixed scenarios and random fleets."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,9 +42,10 @@ def check_invariants(tasks, lags, placement: Placement, stateful, num_standbys, 
     members = sorted(lags)
     for t in stateful:
         copies = [m for m in members if t in placement.standby[m]]
+        warming = [m for m in members if t in placement.warmup[m]]
         assert owner[t] not in copies
-        assert len(copies) == len(set(copies))
-        assert len(copies) >= min(num_standbys, len(members) - 1)   # 5
+        assert len(warming) <= 1
+        assert len(copies) - len(warming) == min(num_standbys, len(members) - 1 - len(warming))   # 5, besides
         a = owner[t]
         lag_a = lags[a].get(t)
         a_current = lag_a is not None and (lag_a == RUNNING or lag_a <= acceptable)
@@ -117,6 +119,34 @@ def test_a_lost_member_s_tasks_go_where_their_standbys_are():
     for t in three.active["c"]:
         new_owner = after.owner()[t]
         assert t in three.standby[new_owner], (t, new_owner)   # no restore from scratch
+
+
+def test_a_warm_up_comes_beside_the_standbys_and_a_current_standby_stays():
+    tasks = tasks_of(4)
+    three = place(tasks, {"a": {}, "b": {}, "c": {}}, stateful=tasks, num_standbys=1)
+    lags = reported(three)
+    lags["d"] = {}
+    four = place(tasks, lags, stateful=tasks, num_standbys=1)
+    assert four.probing
+    assert four.warmup["d"]
+    for t in four.warmup["d"]:
+        # the standby it had stays where it was: a failover during the warm-up finds it
+        assert [x for x in "abc" if t in three.standby[x]] == [x for x in "abc" if t in four.standby[x]]
+
+
+def test_a_scale_out_moves_no_task_between_the_members_that_were_there():
+    tasks = tasks_of(1, 4, 4)
+    two = place(tasks, {"w0": {}, "w1": {}}, stateful=tasks, num_standbys=1)
+    lags = reported(two)
+    lags["new"] = {}
+    three = place(tasks, lags, stateful=tasks, num_standbys=1)
+    before, after = two.owner(), three.owner()
+    assert [t for t in tasks if after[t] != before[t]] == []      # nothing moves before the warm-ups
+
+
+def test_warm_ups_are_at_least_one():
+    with pytest.raises(ValueError, match="max_warmups must be at least 1"):
+        place(tasks_of(4), {"a": {}}, max_warmups=0)
 
 
 def test_no_member_is_current_the_closest_restores():
