@@ -14,18 +14,45 @@ Invariants:
    ``owned_partitions`` this round is not given to its new member in this generation: it stays
    unassigned, its owner revokes it, and the follow-up rebalance gives it over.
 
-Not yet here (see the branch's report): ``FleetAssignor`` (kafka-python glue) and
-``FleetMembership``.
+4. **The protocol's partitions follow the tasks.** A member's assignment names, as Kafka
+   partitions, exactly the source partitions of the active tasks it is given; standbys, warm-ups
+   and the fleet's map travel only in the user data.
+5. **One thread.** ``FleetMembership`` runs kafka-python's group client (a ``KafkaConsumer`` whose
+   partitions are always paused: it never fetches); its rebalance callbacks run only inside
+   ``FleetMembership.poll``, while the caller waits, so the worker's main loop sees a revocation
+   or an assignment between two batches, never during one. Offsets committed through it carry
+   its generation, and the group fences a stale one.
+
+``FleetAssignor`` is the assignor (protocol ``processor-fleet``, cooperative, KIP-429): the
+leader decodes every member's subscription, computes the lags, places the tasks
+(``placement.place``), withholds what another member still owns, and answers each member with
+its tasks and the fleet's map.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import struct
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from processor.runtime.placement import RUNNING, TaskId
+from kafka import KafkaConsumer
+from kafka import errors as kafka_errors
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.coordinator.assignors.abstract import AbstractPartitionAssignor, RebalanceProtocol
+from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
+from kafka.structs import OffsetAndMetadata
+from kafka.structs import TopicPartition as KafkaTopicPartition
+
+from processor.runtime.placement import RUNNING, Placement, TaskId, place
+
+log = logging.getLogger("processor.membership")
+
+PROTOCOL = "processor-fleet"
+TopicPart = tuple[str, int]
 
 VERSION = 1
 
@@ -142,3 +169,222 @@ def group_metadata_bytes(group: str, generation: int, member_id: str) -> bytes:
     confluent-kafka's own for (-1, "")."""
     return (b"CGMDv2:" + struct.pack("=i", generation) + group.encode() + b"\0" + member_id.encode()
             + b"\0" + b"\x01")
+
+
+# -- the assignor and the membership client (kafka-python) ---------------------------------------
+
+@dataclass
+class FleetRules:
+    """What the leader needs besides the members' reports: every task with its source
+    partitions, which tasks have state, and the placement settings."""
+
+    partitions_of_task: dict[TaskId, list[TopicPart]]
+    stateful: set[TaskId]
+    num_standbys: int = 0
+    acceptable_recovery_lag: int = 10_000
+    max_warmups: int = 2
+
+
+def assign_fleet(rules: FleetRules, subs: Mapping[str, Subscription],
+                 owned: Mapping[str, Iterable[TopicPart]]) -> dict[str, Assignment]:
+    """The leader's whole computation (pure): member id -> its assignment (invariants 2-4)."""
+    placement: Placement = place(sorted(rules.partitions_of_task), lags_of(subs), stateful=rules.stateful,
+                                 num_standbys=rules.num_standbys,
+                                 acceptable_recovery_lag=rules.acceptable_recovery_lag,
+                                 max_warmups=rules.max_warmups)
+    active = withhold_moving(placement.active, owned, rules.partitions_of_task)
+    withheld = sum(len(placement.active[m]) - len(active[m]) for m in active)
+    fleet: dict[str, dict[str, list[TaskId]]] = {}
+    for m, s in subs.items():
+        if s.server:
+            # the map names the owner the placement wants: a task withheld for one round is
+            # still run by its previous owner, which answers for it until it revokes
+            fleet[s.server] = {"active": sorted(placement.active.get(m, [])),
+                               "standby": sorted(set(placement.standby.get(m, [])) - set(placement.warmup.get(m, [])))}
+    return {m: Assignment(active=sorted(active.get(m, [])), standby=sorted(placement.standby.get(m, [])),
+                          warmup=sorted(placement.warmup.get(m, [])),
+                          probing=placement.probing or withheld > 0, fleet=fleet)
+            for m in subs}
+
+
+class FleetListener:
+    """What the worker does when its group's assignment changes (called inside
+    ``FleetMembership.poll``; partitions as ``(topic, partition)``)."""
+
+    def on_revoked(self, partitions: list[TopicPart]) -> None:
+        """Partitions this member gives up: commit them, then stop running their tasks."""
+
+    def on_assigned(self, partitions: list[TopicPart], assignment: Assignment) -> None:
+        """Partitions newly given to this member (the whole assignment beside them)."""
+
+    def on_lost(self, partitions: list[TopicPart]) -> None:
+        """Partitions another member may own already: drop them without committing."""
+
+    def on_assignment(self, assignment: Assignment, generation: int) -> None:
+        """Every assignment, before the partition callbacks (standbys, warm-ups, the fleet's map
+        change without any partition moving)."""
+
+
+class FleetAssignor(AbstractPartitionAssignor):
+    """kafka-python's assignor hook for the ``processor-fleet`` protocol (cooperative).
+
+    ``report`` builds this member's subscription at each join; ``owned`` lists the partitions it
+    runs now (KIP-429's ``owned_partitions``)."""
+
+    name = PROTOCOL
+    version = 1
+
+    def __init__(self, rules: FleetRules, report: Callable[[], Subscription],
+                 owned: Callable[[], list[TopicPart]], listener: FleetListener) -> None:
+        self.rules = rules
+        self.report = report
+        self.owned = owned
+        self.listener = listener
+        self.last_assignment: Assignment | None = None
+        self.leader_rounds = 0
+
+    def supported_protocols(self) -> list[RebalanceProtocol]:
+        return [RebalanceProtocol.COOPERATIVE]
+
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolSubscription:
+        by_topic: dict[str, list[int]] = {}
+        for t, p in sorted(self.owned()):
+            by_topic.setdefault(t, []).append(p)
+        owned = [ConsumerProtocolSubscription.TopicPartition(topic=t, partitions=ps) for t, ps in by_topic.items()]
+        return ConsumerProtocolSubscription(version=1, topics=sorted(topics),
+                                            user_data=encode_subscription(self.report()), owned_partitions=owned)
+
+    def assign(self, cluster: Any, members: list[Any]) -> dict[str, ConsumerProtocolAssignment]:
+        subs: dict[str, Subscription] = {}
+        owned: dict[str, list[TopicPart]] = {}
+        for m in members:
+            subs[m.member_id] = decode_subscription(bytes(m.metadata.user_data))
+            owned[m.member_id] = [(tp.topic, p) for tp in (m.metadata.owned_partitions or []) for p in tp.partitions]
+        assignments = assign_fleet(self.rules, subs, owned)
+        self.leader_rounds += 1
+        log.info("leader: placed %d tasks over %d member(s): %s", len(self.rules.partitions_of_task), len(subs),
+                 "; ".join(f"{subs[m].server or m}: {len(a.active)} active, {len(a.standby)} standby"
+                           f"{f' ({len(a.warmup)} warming up)' if a.warmup else ''}"
+                           for m, a in sorted(assignments.items())))
+        out = {}
+        for m, a in assignments.items():
+            by_topic: dict[str, list[int]] = {}
+            for task in a.active:
+                for t, p in self.rules.partitions_of_task[task]:
+                    by_topic.setdefault(t, []).append(p)
+            out[m] = ConsumerProtocolAssignment(version=1, assigned_partitions=sorted(
+                (t, sorted(ps)) for t, ps in by_topic.items()), user_data=encode_assignment(a))
+        return out
+
+    def on_assignment(self, assignment: ConsumerProtocolAssignment, generation: int) -> None:
+        a = decode_assignment(bytes(assignment.user_data))
+        self.last_assignment = a
+        self.listener.on_assignment(a, generation)
+
+
+class _Callbacks(ConsumerRebalanceListener):
+    """kafka-python's rebalance listener, translated to ``FleetListener`` (plain methods: they
+    run on kafka-python's IO thread while ``poll``'s caller waits)."""
+
+    def __init__(self, membership: FleetMembership) -> None:
+        self.m = membership
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        parts = sorted((tp.topic, tp.partition) for tp in revoked)
+        if parts:
+            self.m.listener.on_revoked(parts)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        if assigned:
+            self.m.consumer.pause(*assigned)   # this client never fetches
+        parts = sorted((tp.topic, tp.partition) for tp in assigned)
+        a = self.m.assignor.last_assignment
+        if parts and a is not None:
+            self.m.listener.on_assigned(parts, a)
+
+    def on_partitions_lost(self, lost: Any) -> None:
+        parts = sorted((tp.topic, tp.partition) for tp in lost)
+        if parts:
+            self.m.listener.on_lost(parts)
+
+
+class MembershipError(Exception):
+    """The group client failed in a way the worker cannot recover from by rejoining."""
+
+
+class FleetMembership:
+    """This worker's membership of its group through kafka-python (invariant 5).
+
+    ``poll`` drives joins, syncs and the callbacks; ``commit`` commits group offsets with this
+    member's generation (False: the group is rebalancing or fenced this member: the offsets are
+    not committed, the changelogs hold the truth); ``group_metadata`` is what an exactly-once
+    commit sends with its offsets (librdkafka's serialized form, with this member's generation
+    and id); ``request_rejoin`` asks for a rebalance (a probing rebalance, a changed report)."""
+
+    def __init__(self, bootstrap_servers: str, group: str, topics: list[str], rules: FleetRules,
+                 report: Callable[[], Subscription], listener: FleetListener, *,
+                 session_timeout_ms: int = 10_000, heartbeat_interval_ms: int = 1_000,
+                 max_poll_interval_ms: int = 300_000, client_id: str = "processor-fleet",
+                 client_options: Mapping[str, Any] | None = None) -> None:
+        self.group = group
+        self.listener = listener
+        self.assignor = FleetAssignor(rules, report, self.owned, listener)
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap_servers, group_id=group, client_id=client_id,
+            partition_assignment_strategy=[self.assignor], enable_auto_commit=False,
+            session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
+            max_poll_interval_ms=max_poll_interval_ms, **dict(client_options or {}))
+        self.consumer.subscribe(topics=sorted(topics), listener=_Callbacks(self))
+        self.rounds = 0
+
+    def owned(self) -> list[TopicPart]:
+        """The partitions this member owns now."""
+        return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Drive the group protocol for up to ``timeout_s`` (joins, syncs, callbacks)."""
+        try:
+            records = self.consumer.poll(timeout_ms=int(timeout_s * 1000))
+        except kafka_errors.KafkaError as exc:
+            if exc.__cause__ is not None:   # a listener's own error (kafka-python wraps it)
+                raise exc.__cause__ from None
+            raise
+        if records:   # (every partition is paused: a record here is a bug of this class)
+            raise MembershipError(f"the membership client fetched records of {sorted(records)}")
+
+    @property
+    def generation(self) -> tuple[int, str]:
+        meta = self.consumer.group_metadata()
+        return meta.generation_id, meta.member_id
+
+    def commit(self, offsets: Mapping[TopicPart, int]) -> bool:
+        """Commit ``offsets`` with this member's generation; False when the group refused them
+        because it is rebalancing or this member's generation is stale."""
+        if not offsets:
+            return True
+        try:
+            self.consumer.commit({KafkaTopicPartition(t, p): OffsetAndMetadata(o, "", -1)
+                                  for (t, p), o in offsets.items()}, timeout_ms=30_000)
+        except (kafka_errors.CommitFailedError, kafka_errors.RebalanceInProgressError,
+                kafka_errors.IllegalGenerationError, kafka_errors.UnknownMemberIdError) as exc:
+            log.warning("group offset commit refused (%s): the group is rebalancing", type(exc).__name__)
+            return False
+        return True
+
+    def group_metadata(self) -> bytes:
+        """librdkafka's serialized group metadata with this member's generation and id (for
+        ``send_offsets_to_transaction``: Kafka fences a stale generation, KIP-447)."""
+        generation, member_id = self.generation
+        return group_metadata_bytes(self.group, generation, member_id or "")
+
+    def request_rejoin(self) -> None:
+        """Ask for a rebalance at the next ``poll`` (this member's report changed)."""
+        self.consumer._coordinator.request_rejoin()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Leave the group (the callbacks revoke what this member owns first)."""
+        started = time.monotonic()
+        try:
+            self.consumer.close(autocommit=False, timeout_ms=int(timeout_s * 1000))
+        finally:
+            log.debug("left group %s in %.2f s", self.group, time.monotonic() - started)

@@ -44,3 +44,37 @@ def test_two_phase_withholds_owned_elsewhere():
     pot = {(0, 0): [("s", 0)], (0, 1): [("s", 1)]}
     owned = {"a": [("s", 0), ("s", 1)], "b": []}
     assert withhold_moving({"a": [(0, 0)], "b": [(0, 1)]}, owned, pot) == {"a": [(0, 0)], "b": []}
+
+
+def test_assign_fleet_partitions_follow_tasks_and_a_move_waits_a_round():
+    from processor.runtime.membership import FleetRules, assign_fleet
+
+    rules = FleetRules(partitions_of_task={(0, p): [("a", p), ("b", p)] for p in range(4)}, stateful=set())
+    subs = {"m1": Subscription(server="h1:1", process="p1", running=[(0, p) for p in range(4)]),
+            "m2": Subscription(server="h2:1", process="p2")}
+    owned = {"m1": [(t, p) for t in "ab" for p in range(4)], "m2": []}
+    out = assign_fleet(rules, subs, owned)
+    # m1 keeps two tasks; the two meant for m2 are withheld while m1 still owns them
+    assert len(out["m1"].active) == 2
+    assert out["m2"].active == [] and out["m2"].probing
+    # the map names the placement's owners, so both servers appear with two tasks each
+    assert sorted(len(r["active"]) for r in out["m1"].fleet.values()) == [2, 2]
+    # next round: m1 reported only its kept tasks: m2 gets the others
+    kept = out["m1"].active
+    subs["m1"].running = kept
+    out2 = assign_fleet(rules, subs, {"m1": [(t, p) for t in "ab" for _, p in kept], "m2": []})
+    assert out2["m1"].active == kept
+    assert sorted(out2["m2"].active) == sorted(set((0, p) for p in range(4)) - set(kept))
+    assert not out2["m2"].probing
+
+
+def test_group_metadata_bytes_equal_librdkafkas_own():
+    from confluent_kafka import Consumer
+
+    from processor.runtime.membership import group_metadata_bytes
+
+    c = Consumer({"bootstrap.servers": "127.0.0.1:9", "group.id": "g-meta"})
+    try:
+        assert c.consumer_group_metadata() == group_metadata_bytes("g-meta", -1, "")
+    finally:
+        c.close()
