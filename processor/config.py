@@ -37,12 +37,24 @@ ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
 
 # the settings ``StreamsConfig.of`` takes as keywords, besides the client layers
 _SETTINGS = ("processing_guarantee", "on_error", "commit_interval_ms", "max_task_idle_ms",
-             "replication_factor", "topic_configs")
+             "replication_factor", "topic_configs", "num_standby_replicas", "acceptable_recovery_lag",
+             "max_warmup_replicas", "application_server")
 
 
 def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+def check_application_server(server: object) -> tuple[str, int]:
+    """``"host:port"`` -> (host, port), or a ``ConfigError`` naming what is wrong."""
+    text = str(server)
+    host, sep, port = text.rpartition(":")
+    if not isinstance(server, str) or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 \
+            or any(c.isspace() or c in "/?#@" for c in host):
+        raise ConfigError(f"application_server must be host:port (the address other workers and clients "
+                          f"use to reach this worker's HTTP endpoint), not {server!r}")
+    return host.strip("[]"), int(port)
 
 
 def _is_int(value: object) -> bool:
@@ -60,6 +72,12 @@ class StreamsConfig:
     the worker commits. ``max_task_idle_ms``: how long a task reading several partitions waits for
     one that looks empty (-1: never). ``replication_factor`` (None: min(3, brokers)) and
     ``topic_configs`` (per internal topic kind) of the internal topics created.
+
+    The fleet (docs/fleet.md): ``num_standby_replicas`` copies of each stateful task's stores kept
+    on other workers; a task moves to a worker more than ``acceptable_recovery_lag`` changelog
+    records behind only after a warm-up there (at most ``max_warmup_replicas`` at once);
+    ``application_server`` ("host:port"): where other workers and clients reach this worker's
+    HTTP endpoint.
     """
 
     processing_guarantee: str = "at_least_once"
@@ -69,6 +87,10 @@ class StreamsConfig:
     max_task_idle_ms: int = 0
     replication_factor: int | None = None
     topic_configs: Mapping[str, dict] = field(default_factory=dict)
+    num_standby_replicas: int = 0
+    acceptable_recovery_lag: int = 10_000
+    max_warmup_replicas: int = 2
+    application_server: str | None = None
 
     def __post_init__(self) -> None:
         from processor.kafka.topic_kinds import check_kind_configs
@@ -92,6 +114,12 @@ class StreamsConfig:
             raise ConfigError(f"replication_factor must be an integer of at least 1 (or None: min(3, "
                               f"brokers)), not {rf!r}")
         object.__setattr__(self, "topic_configs", check_kind_configs(self.topic_configs))
+        for name, low in (("num_standby_replicas", 0), ("acceptable_recovery_lag", 0), ("max_warmup_replicas", 1)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, not {value!r}")
+        if self.application_server is not None:
+            check_application_server(self.application_server)
 
     @classmethod
     def of(cls, config: StreamsConfig | None = None, *, client_config: ClientConfig | None = None,

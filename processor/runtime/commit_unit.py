@@ -30,6 +30,7 @@ from processor.errors import ConfigError
 
 if TYPE_CHECKING:
     from processor.runtime.fetch_gaps import FetchGaps
+    from processor.runtime.fleet import WorkerFleet
     from processor.runtime.task_manager import TaskManager
     from processor.runtime.worker_metrics import WorkerMetrics
 
@@ -55,12 +56,25 @@ class Committer:
         self.kill_at_commit = kill_at_commit
         self.commits_with_records = 0
         self.processed_at_last_commit = 0
+        # the group membership (set when the worker runs): group offsets are committed through
+        # it, with its generation; no unit is committed while it is in doubt
+        self.group: WorkerFleet | None = None
+        self.units_held = 0   # commits put off while the membership was in doubt
 
     def commit(self, records_processed: int) -> None:
         """One commit unit for every task that has work (see the module docstring); never moves
         a group offset backwards. (Every record sent belongs to a unit: outputs advance
         positions; outbox records leave the outbox entry to delete.)"""
         tm = self.tasks
+        if self.group is not None and self.group.in_doubt() and tm.tasks:
+            # another member may run these tasks already (this member's session expired or it was
+            # fenced): writing their commit records could interleave with the new owner's. The
+            # group client's next poll reports the partitions lost, and they close uncommitted.
+            self.units_held += 1
+            if self.units_held == 1 or self.units_held % 100 == 0:
+                log.warning("commit put off: this worker's group membership is in doubt (%d so far)",
+                            self.units_held)
+            return
         if tm.global_tables is not None:
             tm.global_tables.commit()
         if tm.resumed and time.monotonic() - tm.resumed_at > 5.0:
@@ -103,7 +117,7 @@ class Committer:
                     offsets.append(TopicPartition(topic, part, off))
         if collector.transactional:
             try:
-                collector.commit_transaction(offsets, tm.consumer.consumer_group_metadata())
+                collector.commit_transaction(offsets, self._group_metadata())
             except KafkaException as exc:
                 self._transaction_failed(exc)
                 return
@@ -144,13 +158,22 @@ class Committer:
         new work (``_retry_skipped_offsets``)."""
         if not offsets:
             return []
-        try:
-            self.tasks.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].code() not in _REBALANCING:
-                raise
-            log.warning("group offset commit skipped (%s): the group is rebalancing; the "
-                        "commit units are durable in the changelogs", exc.args[0].name())
+        if self.group is not None:
+            # sent without waiting (the membership's thread may be waiting on this one); a
+            # refusal comes back through ``take_refused`` and is sent again (``_retry_skipped_offsets``)
+            self.group.commit({(tp.topic, tp.partition): tp.offset for tp in offsets})
+            accepted = True
+        else:
+            try:
+                self.tasks.consumer.commit(offsets=offsets, asynchronous=False)
+                accepted = True
+            except KafkaException as exc:
+                if exc.args[0].code() not in _REBALANCING:
+                    raise
+                log.warning("group offset commit skipped (%s): the group is rebalancing; the "
+                            "commit units are durable in the changelogs", exc.args[0].name())
+                accepted = False
+        if not accepted:
             for tp in offsets:
                 self.skipped_offsets[(tp.topic, tp.partition)] = tp.offset
             return []
@@ -158,10 +181,23 @@ class Committer:
             self.skipped_offsets.pop((tp.topic, tp.partition), None)
         return offsets
 
+    def _group_metadata(self):
+        """What an exactly-once commit sends with its offsets: the membership's generation and
+        member id (Kafka fences a stale one, KIP-447)."""
+        if self.group is not None:
+            return self.group.group_metadata()
+        return self.tasks.consumer.consumer_group_metadata()
+
     def _retry_skipped_offsets(self) -> None:
         """Group offsets skipped during a rebalance, of partitions still assigned here."""
         assigned = self.tasks.assigned
         group_offsets = self.tasks.group_offsets
+        if self.group is not None:
+            for part, off in self.group.take_refused().items():
+                if off > self.skipped_offsets.get(part, -1):
+                    self.skipped_offsets[part] = off
+                    # (not committed after all: below, sent again)
+                    group_offsets[part] = min(group_offsets.get(part, 0), off - 1)
         retry = [TopicPartition(t, p, off) for (t, p), off in sorted(self.skipped_offsets.items())
                  if (t, p) in assigned and off > group_offsets.get((t, p), 0)]
         self.skipped_offsets = {tp: off for tp, off in self.skipped_offsets.items() if tp in assigned}

@@ -17,11 +17,13 @@ Invariants:
 4. **The protocol's partitions follow the tasks.** A member's assignment names, as Kafka
    partitions, exactly the source partitions of the active tasks it is given; standbys, warm-ups
    and the fleet's map travel only in the user data.
-5. **One thread.** ``FleetMembership`` runs kafka-python's group client (a ``KafkaConsumer`` whose
-   partitions are always paused: it never fetches); its rebalance callbacks run only inside
-   ``FleetMembership.poll``, while the caller waits, so the worker's main loop sees a revocation
-   or an assignment between two batches, never during one. Offsets committed through it carry
-   its generation, and the group fences a stale one.
+5. **The owner's state, on the owner's thread.** ``FleetMembership`` runs kafka-python's group
+   client (a ``KafkaConsumer`` whose partitions are always paused: it never fetches) on a thread
+   of its own; its rebalance callbacks are run by the owner (``serve``, the worker's main loop
+   between two batches) while the group client waits, so a revocation or an assignment never
+   lands during a batch. Offsets committed through it carry its generation, and the group
+   fences a stale one. (The group client is polled continuously: kafka-python 3.0.12 forgets a
+   join that completed between two polls with a zero timeout and joins again, forever.)
 
 ``FleetAssignor`` is the assignor (protocol ``processor-fleet``, cooperative, KIP-429): the
 leader decodes every member's subscription, computes the lags, places the tasks
@@ -33,7 +35,9 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -283,8 +287,9 @@ class FleetAssignor(AbstractPartitionAssignor):
 
 
 class _Callbacks(ConsumerRebalanceListener):
-    """kafka-python's rebalance listener, translated to ``FleetListener`` (plain methods: they
-    run on kafka-python's IO thread while ``poll``'s caller waits)."""
+    """kafka-python's rebalance listener, translated to ``FleetListener`` and handed to the
+    owner's thread (``FleetMembership.serve``): it runs on kafka-python's IO thread, which waits
+    until the owner has run it."""
 
     def __init__(self, membership: FleetMembership) -> None:
         self.m = membership
@@ -292,7 +297,7 @@ class _Callbacks(ConsumerRebalanceListener):
     def on_partitions_revoked(self, revoked: Any) -> None:
         parts = sorted((tp.topic, tp.partition) for tp in revoked)
         if parts:
-            self.m.listener.on_revoked(parts)
+            self.m.hand_over(lambda: self.m.listener.on_revoked(parts))
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         if assigned:
@@ -300,26 +305,32 @@ class _Callbacks(ConsumerRebalanceListener):
         parts = sorted((tp.topic, tp.partition) for tp in assigned)
         a = self.m.assignor.last_assignment
         if parts and a is not None:
-            self.m.listener.on_assigned(parts, a)
+            self.m.hand_over(lambda: self.m.listener.on_assigned(parts, a))
 
     def on_partitions_lost(self, lost: Any) -> None:
         parts = sorted((tp.topic, tp.partition) for tp in lost)
         if parts:
-            self.m.listener.on_lost(parts)
+            self.m.hand_over(lambda: self.m.listener.on_lost(parts))
 
 
 class MembershipError(Exception):
-    """The group client failed in a way the worker cannot recover from by rejoining."""
+    """The group client failed (its thread stopped); the worker stops and says why."""
 
 
 class FleetMembership:
     """This worker's membership of its group through kafka-python (invariant 5).
 
-    ``poll`` drives joins, syncs and the callbacks; ``commit`` commits group offsets with this
-    member's generation (False: the group is rebalancing or fenced this member: the offsets are
-    not committed, the changelogs hold the truth); ``group_metadata`` is what an exactly-once
-    commit sends with its offsets (librdkafka's serialized form, with this member's generation
-    and id); ``request_rejoin`` asks for a rebalance (a probing rebalance, a changed report)."""
+    A thread of its own polls the group client (joins, syncs; heartbeats have kafka-python's IO
+    thread). The rebalance callbacks are handed to the owner (the worker's main loop), which runs
+    them in ``serve`` between two batches while the group client waits: the owner's state is
+    only ever touched by the owner. So nothing the owner calls may wait on the group client:
+    ``commit`` sends group offsets with this member's generation without waiting (a refusal is
+    logged and kept in ``refused``, to be sent again; the changelogs hold the truth);
+    ``group_metadata`` is what an exactly-once commit sends with its offsets (librdkafka's
+    serialized form, with this member's generation and id); ``request_rejoin`` asks for a
+    rebalance (a probing rebalance)."""
+
+    POLL_MS = 200
 
     def __init__(self, bootstrap_servers: str, group: str, topics: list[str], rules: FleetRules,
                  report: Callable[[], Subscription], listener: FleetListener, *,
@@ -335,41 +346,112 @@ class FleetMembership:
             session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
             max_poll_interval_ms=max_poll_interval_ms, **dict(client_options or {}))
         self.consumer.subscribe(topics=sorted(topics), listener=_Callbacks(self))
-        self.rounds = 0
+        self.refused: dict[TopicPart, int] = {}     # offsets the group refused, latest per partition
+        self.error: BaseException | None = None     # what stopped the polling thread
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._detached = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll_forever, name=f"{client_id}-poll", daemon=True)
+        self._thread.start()
 
+    # -- the polling thread and the hand-over ---------------------------------------------------
+    def _poll_forever(self) -> None:
+        try:
+            while not self._stop.is_set():
+                records = self.consumer.poll(timeout_ms=self.POLL_MS)
+                if records:   # (every partition is paused: a record here is a bug of this class)
+                    raise MembershipError(f"the membership client fetched records of {sorted(records)}")
+        except BaseException as exc:
+            cause = exc.__cause__ if isinstance(exc, kafka_errors.KafkaError) and exc.__cause__ else exc
+            self.error = cause   # (a listener's own error: kafka-python wraps it)
+            if not self._stop.is_set():
+                log.error("group membership stopped: %s: %s", type(cause).__name__, cause)
+
+    def hand_over(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the owner's thread (at its next ``serve``) and wait for it; once the
+        owner detached (it is closing), here and now."""
+        with self._lock:
+            if not self._detached:
+                done = threading.Event()
+                box: dict[str, BaseException] = {}
+                self._calls.put((fn, done, box))
+            else:
+                done = None
+        if done is None:
+            fn()
+            return
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+
+    def serve(self) -> bool:
+        """Owner: run the callbacks waiting (returns whether there were any); raises
+        ``MembershipError`` once the polling thread stopped on an error."""
+        ran = False
+        while True:
+            try:
+                fn, done, box = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            ran = True
+            try:
+                fn()
+            except BaseException as exc:
+                box["error"] = exc
+                raise
+            finally:
+                done.set()
+        if self.error is not None and not self._stop.is_set():
+            raise MembershipError(f"the group membership client stopped: {type(self.error).__name__}: "
+                                  f"{self.error}") from self.error
+        return ran
+
+    def detach(self) -> None:
+        """Owner: stop serving; callbacks from now on run on the group client's thread."""
+        with self._lock:
+            self._detached = True
+        self.serve_quietly()
+
+    def serve_quietly(self) -> None:
+        while True:
+            try:
+                fn, done, box = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fn()
+            except BaseException as exc:
+                box["error"] = exc
+            finally:
+                done.set()
+
+    # -- what the owner uses -------------------------------------------------------------------
     def owned(self) -> list[TopicPart]:
         """The partitions this member owns now."""
         return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())
-
-    def poll(self, timeout_s: float = 0.0) -> None:
-        """Drive the group protocol for up to ``timeout_s`` (joins, syncs, callbacks)."""
-        try:
-            records = self.consumer.poll(timeout_ms=int(timeout_s * 1000))
-        except kafka_errors.KafkaError as exc:
-            if exc.__cause__ is not None:   # a listener's own error (kafka-python wraps it)
-                raise exc.__cause__ from None
-            raise
-        if records:   # (every partition is paused: a record here is a bug of this class)
-            raise MembershipError(f"the membership client fetched records of {sorted(records)}")
 
     @property
     def generation(self) -> tuple[int, str]:
         meta = self.consumer.group_metadata()
         return meta.generation_id, meta.member_id
 
-    def commit(self, offsets: Mapping[TopicPart, int]) -> bool:
-        """Commit ``offsets`` with this member's generation; False when the group refused them
-        because it is rebalancing or this member's generation is stale."""
+    def commit(self, offsets: Mapping[TopicPart, int]) -> None:
+        """Send ``offsets`` with this member's generation (not waiting: see the class docstring)."""
         if not offsets:
-            return True
-        try:
-            self.consumer.commit({KafkaTopicPartition(t, p): OffsetAndMetadata(o, "", -1)
-                                  for (t, p), o in offsets.items()}, timeout_ms=30_000)
-        except (kafka_errors.CommitFailedError, kafka_errors.RebalanceInProgressError,
-                kafka_errors.IllegalGenerationError, kafka_errors.UnknownMemberIdError) as exc:
-            log.warning("group offset commit refused (%s): the group is rebalancing", type(exc).__name__)
-            return False
-        return True
+            return
+        request = {KafkaTopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+        sent = dict(offsets)
+
+        def answered(_offsets: Any, response: Any) -> None:
+            if isinstance(response, Exception):
+                log.warning("group offset commit refused (%s): the group is rebalancing; the commit units are "
+                            "durable in the changelogs", type(response).__name__)
+                for tp, off in sent.items():
+                    if off > self.refused.get(tp, -1):
+                        self.refused[tp] = off
+
+        self.consumer._coordinator.commit_offsets_async(request, callback=answered)
 
     def group_metadata(self) -> bytes:
         """librdkafka's serialized group metadata with this member's generation and id (for
@@ -377,14 +459,71 @@ class FleetMembership:
         generation, member_id = self.generation
         return group_metadata_bytes(self.group, generation, member_id or "")
 
+    def in_doubt(self) -> bool:
+        """This member has no generation (its session expired, it was fenced, it has not joined
+        yet): another member may run its tasks already, so it commits nothing until it rejoined."""
+        return self.generation[0] < 0
+
     def request_rejoin(self) -> None:
-        """Ask for a rebalance at the next ``poll`` (this member's report changed)."""
+        """Ask the group for a rebalance (this member's report changed)."""
         self.consumer._coordinator.request_rejoin()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Leave the group (the callbacks revoke what this member owns first)."""
+        """Leave the group: stop polling, then close the client (its callbacks revoke what this
+        member owns: they run on this thread, the owner having detached)."""
         started = time.monotonic()
+        self.detach()
+        self._stop.set()
+        self._thread.join(timeout_s)
         try:
             self.consumer.close(autocommit=False, timeout_ms=int(timeout_s * 1000))
         finally:
             log.debug("left group %s in %.2f s", self.group, time.monotonic() - started)
+
+
+# librdkafka setting -> kafka-python's: the user's client settings reach the membership client too
+_KAFKA_PYTHON_SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "security.protocol": ("security_protocol", str.upper),
+    "ssl.ca.location": ("ssl_cafile", str),
+    "ssl.certificate.location": ("ssl_certfile", str),
+    "ssl.key.location": ("ssl_keyfile", str),
+    "ssl.key.password": ("ssl_password", str),
+    "sasl.mechanism": ("sasl_mechanism", str.upper),
+    "sasl.mechanisms": ("sasl_mechanism", str.upper),
+    "sasl.username": ("sasl_plain_username", str),
+    "sasl.password": ("sasl_plain_password", str),
+    "client.id": ("client_id", str),
+    "session.timeout.ms": ("session_timeout_ms", int),
+    "heartbeat.interval.ms": ("heartbeat_interval_ms", int),
+    "max.poll.interval.ms": ("max_poll_interval_ms", int),
+    "group.instance.id": ("group_instance_id", str),
+    "request.timeout.ms": ("request_timeout_ms", int),
+    "reconnect.backoff.ms": ("reconnect_backoff_ms", int),
+    "reconnect.backoff.max.ms": ("reconnect_backoff_max_ms", int),
+    "retry.backoff.ms": ("retry_backoff_ms", int),
+    "metadata.max.age.ms": ("metadata_max_age_ms", int),
+    "enable.ssl.certificate.verification": ("ssl_check_hostname", lambda v: str(v).lower() == "true"),
+}
+# librdkafka settings with no bearing on group membership (or handled by the data clients only)
+_NOT_FOR_MEMBERSHIP = ("bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset",
+                       "isolation.level", "enable.partition.eof", "fetch.", "queued.", "socket.",
+                       "statistics.", "debug", "log", "partition.assignment.strategy", "api.version",
+                       "broker.version", "topic.metadata", "client.dns.lookup", "enable.auto.offset.store",
+                       "check.crcs", "error_cb", "logger", "on_commit", "stats_cb", "throttle_cb")
+
+
+def kafka_python_settings(conf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The consumer settings (librdkafka's names) as kafka-python options, and the names of
+    settings that matter to a connection but kafka-python cannot take (to be named in a log
+    line, never dropped silently)."""
+    out: dict[str, Any] = {}
+    unsupported = []
+    for k, v in conf.items():
+        if k in _KAFKA_PYTHON_SETTINGS:
+            name, convert = _KAFKA_PYTHON_SETTINGS[k]
+            out[name] = convert(v)
+        elif not any(k == p or (p.endswith(".") and k.startswith(p)) for p in _NOT_FOR_MEMBERSHIP):
+            unsupported.append(k)
+    if out.get("security_protocol", "PLAINTEXT") in ("SSL", "SASL_SSL") and "ssl_cafile" in out:
+        out.setdefault("ssl_check_hostname", True)
+    return out, sorted(unsupported)

@@ -287,7 +287,7 @@ class TaskManager:
                     self.restoring.append(Restoration(
                         group_keys, ts, tps, restore_steps(ts, self.restore_consumer_config(), self.stop),
                         records_processed))
-        consumer.assign(partitions)
+        consumer.incremental_assign(partitions)
         self.ever_assigned = True
         if waiting:
             consumer.pause(waiting)

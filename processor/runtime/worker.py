@@ -54,6 +54,7 @@ from processor.runtime.changelog import RestoreInterrupted
 from processor.runtime.collector import KafkaCollector
 from processor.runtime.commit_unit import Committer
 from processor.runtime.fetch_gaps import FetchGaps
+from processor.runtime.fleet import WorkerFleet
 from processor.runtime.http_endpoint import WorkerHTTPEndpoint
 from processor.runtime.interactive_queries import StoreQueries, StoreView
 from processor.runtime.state_lock import StateDirLock
@@ -65,10 +66,13 @@ if TYPE_CHECKING:
 
     from processor.engine.task import Task
     from processor.runtime.global_tables import GlobalTables
+    from processor.runtime.standby import StandbyTasks
 
 log = logging.getLogger("processor.worker")
 
 _EOF = KafkaError._PARTITION_EOF
+# the main loop runs the group's callbacks this often (the group client, waiting, has its own thread)
+FLEET_POLL_S = 0.1
 
 
 
@@ -89,12 +93,16 @@ class Worker:
                  replication_factor: int | None = None, topic_configs: dict[str, dict] | None = None,
                  static_membership: bool = False, http_port: int | None = None, http_host: str = "0.0.0.0",
                  health_timeout_s: float = 60.0, coalesce_fk_records: bool = True,
-                 max_task_idle_ms: int = 0, config: StreamsConfig | None = None):
+                 max_task_idle_ms: int = 0, num_standby_replicas: int = 0, acceptable_recovery_lag: int = 10_000,
+                 max_warmup_replicas: int = 2, application_server: str | None = None,
+                 config: StreamsConfig | None = None):
         # the shared settings, validated once (processor/config.py); ``config=`` or the keywords
         self.config = config = StreamsConfig.of(
             config, client_config=client_config, consumer_config=consumer_config, producer_config=producer_config,
             processing_guarantee=processing_guarantee, on_error=on_error, commit_interval_ms=commit_interval_ms,
-            max_task_idle_ms=max_task_idle_ms, replication_factor=replication_factor, topic_configs=topic_configs)
+            max_task_idle_ms=max_task_idle_ms, replication_factor=replication_factor, topic_configs=topic_configs,
+            num_standby_replicas=num_standby_replicas, acceptable_recovery_lag=acceptable_recovery_lag,
+            max_warmup_replicas=max_warmup_replicas, application_server=application_server)
         self.processing_guarantee = processing_guarantee = config.processing_guarantee
         # a task with several input partitions processes them in time order
         # (processor/runtime/partition_group.py)
@@ -102,6 +110,12 @@ class Worker:
         # group.instance.id = <application id>-<worker id> (kept in the state directory), unless
         # the consumer config names one
         self.static_membership = static_membership
+        # the fleet (processor/runtime/fleet.py, docs/fleet.md): this worker's address for the
+        # others, and every member's address with its tasks as the group's last assignment gave it
+        # (replaced whole: any thread may read it)
+        self.application_server = config.application_server
+        self.fleet_map: dict[str, dict[str, list[tuple[int, int]]]] = {}
+        self.fleet: WorkerFleet | None = None   # opened by run()
         # internal topics created with these (processor/kafka/internal_topics.py); None: min(3, brokers)
         self.replication_factor = config.replication_factor
         self.topic_configs = dict(config.topic_configs)
@@ -183,6 +197,11 @@ class Worker:
     def tasks(self) -> dict[tuple[int, int], Task]:
         """The open tasks by (sub-topology, partition)."""
         return self.task_manager.tasks
+
+    @property
+    def standby_tasks(self) -> StandbyTasks | None:
+        """This worker's standby replicas (while it runs)."""
+        return None if self.fleet is None else self.fleet.standby
 
     @property
     def restored_records(self) -> int:
@@ -298,9 +317,10 @@ class Worker:
         tm.at_eof -= more
         return not more
 
-    # -- rebalance callbacks (librdkafka's eager protocol; they cannot raise into librdkafka) -----
+    # -- the group's callbacks (cooperative: only what moves; from WorkerFleet, inside its poll) ---
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Tasks for the assigned partitions (``TaskManager.assign``); an error stops the worker."""
+        """Tasks for the newly assigned partitions (``TaskManager.assign``); an error stops the
+        worker."""
         try:
             self.task_manager.assign(consumer, partitions, self.records_processed)
         except Exception as exc:  # callbacks cannot raise into librdkafka: stop the worker instead
@@ -309,8 +329,7 @@ class Worker:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """The revoked tasks' deferred emissions are flushed and committed, then the tasks are
-        kept open ("suspended") until the next assignment (closed when the worker is closing or
-        failed)."""
+        closed and their partitions unassigned (they move to another worker)."""
         tm = self.task_manager
         try:
             tm.abort_restoration()
@@ -324,7 +343,8 @@ class Worker:
             tm.forget_partitions(partitions)
             self.fetch_gaps.forget((tp.topic, tp.partition) for tp in partitions)
             tm.drop_groups(keys)
-            tm.suspend(keys, close=tm.closing or self._fatal is not None)
+            tm.suspend(keys, close=True)
+            consumer.incremental_unassign(partitions)
         except Exception as exc:
             self._fatal = self._fatal or exc
             self._stop.set()
@@ -337,6 +357,7 @@ class Worker:
         tm.forget_partitions(partitions)
         self.fetch_gaps.forget((tp.topic, tp.partition) for tp in partitions)
         tm.close_tasks(tm.keys_of(partitions))
+        consumer.incremental_unassign(partitions)
 
     def commit(self) -> None:
         """One commit unit for every task that has work (``Committer.commit``). Never after a
@@ -415,10 +436,6 @@ class Worker:
         cconf.update({"group.id": self.application_id, "session.timeout.ms": 10000,
                       "heartbeat.interval.ms": 1000, "isolation.level": self.isolation_level})
         cconf.update(self._consumer_config)
-        if self.static_membership and "group.instance.id" not in cconf:
-            cconf["group.instance.id"] = f"{self.application_id}-{self._worker_id()}"
-            log.info("static member of group %s: group.instance.id=%s", self.application_id,
-                     cconf["group.instance.id"])
         if self.topology.global_stores:
             # every global table to its topics' ends before this worker joins the group
             from processor.runtime.global_tables import GlobalTables
@@ -426,6 +443,8 @@ class Worker:
             self.global_tables = GlobalTables(self.topology, self.bootstrap_servers, self._consumer_config,
                                               self.state_dir / "global")
             self.global_tables.bootstrap()
+        # the data consumer reads what the group assigns (assign() only: the group protocol runs in
+        # WorkerFleet's membership client); its group.id is the application's (committed offsets)
         self.consumer = kafka.new_consumer(cconf, "the consumer group")
         self.fetch_gaps.consumer = self.consumer
         self.task_manager.open(self.topology, routing=self.routing, parts=self._parts, table_sinks=self._table_sinks,
@@ -435,8 +454,8 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self._stop.set())
         try:
-            self.consumer.subscribe(sorted(self._sub_of_topic), on_assign=self._on_assign,
-                                    on_revoke=self._on_revoke, on_lost=self._on_lost)
+            self.fleet = WorkerFleet(self)
+            self.committer.group = self.fleet
             while True:
                 self._loop(until_drained, max_seconds)
                 if self._fatal is not None:
@@ -453,6 +472,11 @@ class Worker:
             self.collector.flush()
         finally:
             self.task_manager.closing = True
+            try:
+                if self.fleet is not None:
+                    self.fleet.close()   # leaves the group: what this worker owns is revoked first
+            except Exception as exc:
+                log.warning("leaving the group failed (the group notices after the session timeout): %s", exc)
             try:
                 self.consumer.close()
             finally:
@@ -493,8 +517,18 @@ class Worker:
         queries = self._queries
         ordered = tm.ordered_inputs
         groups = tm.groups
+        fleet = self.fleet
+        assert fleet is not None
+        fleet_polled = 0.0
         while not stop.is_set():
             beat = metrics.loop_beat = time.monotonic()
+            if beat - fleet_polled >= FLEET_POLL_S:
+                fleet_polled = beat
+                fleet.serve()   # the group's callbacks run here, between two batches
+                if self._fatal is not None:
+                    break
+            if not restoring:
+                fleet.step()
             if queries.pending():
                 queries.serve()
             if beat - metrics.published_at >= PUBLISH_INTERVAL_S:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 import time
 
+from kafka.structs import TopicPartition as KafkaTopicPartition
+
 from processor.kafka import clients as kafka
 from processor.runtime.membership import Assignment, FleetListener, FleetMembership, FleetRules, Subscription
 from tests.integration.helpers import wait_for
@@ -42,7 +44,7 @@ class Recorder(FleetListener):
 
 
 class Member:
-    """One membership client polled by its own thread (as a worker's main loop does)."""
+    """One membership client whose callbacks a thread of the test serves (as a worker's main loop does)."""
 
     def __init__(self, bootstrap: str, group: str, topics: list[str], name: str) -> None:
         self.name = name
@@ -60,7 +62,8 @@ class Member:
     def _run(self) -> None:
         try:
             while not self.stop.is_set():
-                self.m.poll(0.05)
+                self.m.serve()
+                time.sleep(0.02)
             self.m.close()
         except BaseException as exc:   # reported by the test
             self.error = exc
@@ -131,7 +134,9 @@ def test_three_members_balanced_cooperative_and_fenced(kafka_bootstrap, unique, 
 
         # commits carry the generation; the group metadata names this member
         tp = first.owned()[0]
-        wait_for(lambda: first.m.commit({tp: 7}), 30, "a commit accepted once the group is stable")
+        first.m.commit({tp: 7})
+        wait_for(lambda: first.m.consumer.committed(KafkaTopicPartition(*tp)) == 7 or first.m.commit({tp: 7}),
+                 30, "a commit accepted once the group is stable")
         generation, member_id = first.m.generation
         assert generation >= 1 and member_id
         report(f"generation after the scale-out: {generation} (member m1 saw {first.listener.generation})")

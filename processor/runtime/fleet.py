@@ -1,0 +1,233 @@
+"""The worker's side of the fleet: its group membership, its standby replicas and its report.
+
+``WorkerFleet`` joins the application's group through ``FleetMembership``
+(``processor/runtime/membership.py``) and turns what the group decides into the worker's work:
+partitions revoked, assigned or lost go to the worker's callbacks (its ``TaskManager``); the
+standby replicas and warm-ups the assignment names are kept by ``StandbyTasks``
+(``processor/runtime/standby.py``), stepped between batches; the fleet's map (every worker's
+application server with its tasks) is ``worker.fleet_map``.
+
+Invariants:
+
+1. **A task's database is open once.** A task becoming active here stops being a standby first
+   (``StandbyTasks.release``), and a standby is opened only for a task not active here.
+2. **The report is a snapshot.** What this member tells the leader (its application server, the
+   tasks it runs, the changelog offset sum of every task it holds state of) is rebuilt by the
+   main loop (``refresh_report``) and only read by the group client, which may build a join on its
+   own thread.
+3. **Warm-ups end in a probing rebalance.** A member given warm-ups asks for a rebalance once
+   their copies have caught up (a completed standby pass), at most every ``PROBING_INTERVAL_S``,
+   so a task waiting on a warm-up moves without an operator.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from confluent_kafka import TopicPartition
+
+from processor.runtime.membership import (
+    Assignment,
+    FleetListener,
+    FleetMembership,
+    FleetRules,
+    Subscription,
+    kafka_python_settings,
+)
+from processor.runtime.standby import StandbyTasks
+from processor.state.rocksdb import RocksDBDatabase
+
+if TYPE_CHECKING:
+    from processor.runtime.worker import Worker
+
+log = logging.getLogger("processor.fleet")
+
+TaskKey = tuple[int, int]
+# the least time between two probing rebalances asked by this member
+PROBING_INTERVAL_S = 10.0
+# a standby pass's share of the main loop: this long between two polls of the data consumer
+STANDBY_STEP_S = 0.05
+
+
+def fleet_rules(worker: Worker) -> FleetRules:
+    """Every task of the worker's topology with its source partitions (a task is a partition
+    number of a sub-topology: co-partitioned inputs stay together), and which have state."""
+    topo = worker.topology
+    tasks: dict[TaskKey, list[tuple[str, int]]] = {}
+    stateful: set[TaskKey] = set()
+    for sub in range(len(topo.subtopologies)):
+        topics = sorted(topo.source_topics(sub))
+        if not topics:
+            continue
+        for p in range(worker._parts[topics[0]]):
+            tasks[(sub, p)] = [(t, p) for t in topics]
+            if topo.changelogs_of(sub):
+                stateful.add((sub, p))
+    cfg = worker.config
+    return FleetRules(partitions_of_task=tasks, stateful=stateful, num_standbys=cfg.num_standby_replicas,
+                      acceptable_recovery_lag=cfg.acceptable_recovery_lag, max_warmups=cfg.max_warmup_replicas)
+
+
+def local_offset_sums(state_dir: Path, worker: Worker, keys: set[TaskKey]) -> dict[TaskKey, int]:
+    """The changelog offset sum of each task directory under ``state_dir`` among ``keys`` (their
+    checkpoints); a directory that cannot be opened is named in a log line and left out."""
+    out = {}
+    for path in sorted(state_dir.glob("task-*_*")):
+        try:
+            sub, part = (int(x) for x in path.name[len("task-"):].split("_"))
+        except ValueError:
+            continue
+        if (sub, part) not in keys:
+            continue
+        changelogs = {(t, part) for t in worker.topology.changelogs_of(sub).values()}
+        try:
+            db = RocksDBDatabase(path)
+        except Exception as exc:
+            log.warning("local state of task %d_%d not reported to the group (%s)", sub, part, exc)
+            continue
+        try:
+            out[(sub, part)] = sum(v for tp, v in db.read_checkpoint().items() if tp in changelogs)
+        finally:
+            db.close()
+    return out
+
+
+class WorkerFleet(FleetListener):
+    """One worker's membership, standbys and report (see the module docstring)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.rules = fleet_rules(worker)
+        self.standby = StandbyTasks(worker.topology, worker.state_dir, worker.task_manager.restore_consumer_config(),
+                                    worker._stop)
+        self.assignment: Assignment | None = None
+        self.generation = -1
+        self.rebalances = 0
+        self._standby_due = False
+        self._probe_at: float | None = None
+        self._last_probe = 0.0
+        self._closed_sums: dict[TaskKey, int] = local_offset_sums(worker.state_dir, worker,
+                                                                  set(self.rules.stateful))
+        self._report = Subscription(server=worker.config.application_server, process=worker._worker_id())
+        self.refresh_report()
+        options, unsupported = kafka_python_settings(worker._consumer_config)
+        if unsupported:
+            log.warning("group membership client: these consumer settings have no kafka-python equivalent "
+                        "and are not applied to it (the data clients have them): %s", ", ".join(unsupported))
+        session = options.pop("session_timeout_ms", 10_000)
+        heartbeat = options.pop("heartbeat_interval_ms", 1_000)
+        max_poll = options.pop("max_poll_interval_ms", 300_000)
+        if worker.static_membership and "group_instance_id" not in options:
+            options["group_instance_id"] = f"{worker.application_id}-{worker._worker_id()}"
+            log.info("static member of group %s: group.instance.id=%s", worker.application_id,
+                     options["group_instance_id"])
+        client_id = options.pop("client_id", f"{worker.application_id}-membership")
+        self.membership = FleetMembership(
+            worker.bootstrap_servers.bootstrap_servers, worker.application_id, sorted(worker._sub_of_topic),
+            self.rules, self.report, self, session_timeout_ms=session, heartbeat_interval_ms=heartbeat,
+            max_poll_interval_ms=max_poll, client_id=client_id, client_options=options)
+
+    # -- the report (invariant 2) ---------------------------------------------------------------
+    def report(self) -> Subscription:
+        return self._report
+
+    def refresh_report(self) -> None:
+        """Rebuild the report from the tasks, standbys and closed tasks' sums (main loop)."""
+        tm = self.worker.task_manager
+        sums = dict(self._closed_sums)
+        sums.update(self.standby.offset_sums())
+        running = set(tm.tasks) | {k for r in tm.restoring for k in r.keys}
+        for key, writer in tm.writers.items():
+            sums[key] = sum(writer.ends.values())
+        self._report = Subscription(server=self._report.server, process=self._report.process,
+                                    sums={k: v for k, v in sums.items() if k in self.rules.stateful},
+                                    running=sorted(running))
+
+    # -- the main loop ----------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Run the group's callbacks waiting (below), then apply a new assignment's standbys."""
+        self.membership.serve()
+        if self._standby_due:
+            self._standby_due = False
+            self._apply_standbys()
+
+    def step(self) -> None:
+        """Between batches: a step of the standby pass; a probing rebalance when due."""
+        if not self.standby.dbs:
+            return
+        if self.standby.step(STANDBY_STEP_S):
+            self.refresh_report()
+            a = self.assignment
+            if a is not None and a.warmup and time.monotonic() - self._last_probe >= PROBING_INTERVAL_S:
+                self._last_probe = time.monotonic()
+                log.info("warm-up replicas %s caught up: asking the group for a probing rebalance",
+                         ", ".join(f"{s}_{p}" for s, p in a.warmup))
+                self.membership.request_rejoin()
+
+    def in_doubt(self) -> bool:
+        return self.membership.in_doubt()
+
+    def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        self.membership.commit(offsets)
+
+    def take_refused(self) -> dict[tuple[str, int], int]:
+        """Group offsets the group refused since the last call (to send again)."""
+        refused, self.membership.refused = self.membership.refused, {}
+        return refused
+
+    def group_metadata(self) -> bytes:
+        return self.membership.group_metadata()
+
+    def _apply_standbys(self) -> None:
+        a = self.assignment
+        if a is None:
+            return
+        tm = self.worker.task_manager
+        active = set(tm.tasks) | {k for r in tm.restoring for k in r.keys}
+        try:
+            self.standby.update(set(a.standby) - active)
+        except Exception as exc:   # a standby that cannot open: the worker runs its active tasks on
+            log.warning("standby replicas %s not kept: %s", sorted(a.standby), exc)
+        self.refresh_report()
+
+    # -- the group's callbacks (FleetListener) -------------------------------------------------------
+    def on_assignment(self, assignment: Assignment, generation: int) -> None:
+        self.assignment = assignment
+        self.generation = generation
+        self.rebalances += 1
+        self.worker.fleet_map = assignment.fleet
+        self._standby_due = True
+        log.info("generation %d: %d active, %d standby (%d warming up)%s", generation, len(assignment.active),
+                 len(assignment.standby), len(assignment.warmup), "; a probing rebalance follows"
+                 if assignment.probing else "")
+
+    def on_revoked(self, partitions: list[tuple[str, int]]) -> None:
+        self._remember_sums(partitions)
+        self.worker._on_revoke(self.worker.consumer, [TopicPartition(t, p) for t, p in partitions])
+
+    def on_assigned(self, partitions: list[tuple[str, int]], assignment: Assignment) -> None:
+        tm = self.worker.task_manager
+        for key in {(tm.sub_of_topic[t], p) for t, p in partitions}:
+            self.standby.release(key)   # invariant 1
+        self.worker._on_assign(self.worker.consumer, [TopicPartition(t, p) for t, p in partitions])
+
+    def on_lost(self, partitions: list[tuple[str, int]]) -> None:
+        self.worker._on_lost(self.worker.consumer, [TopicPartition(t, p) for t, p in partitions])
+
+    def _remember_sums(self, partitions: list[tuple[str, int]]) -> None:
+        tm = self.worker.task_manager
+        for key in {(tm.sub_of_topic[t], p) for t, p in partitions}:
+            writer = tm.writers.get(key)
+            if writer is not None and key in self.rules.stateful:
+                self._closed_sums[key] = sum(writer.ends.values())
+
+    def close(self) -> None:
+        """Leave the group (what this worker owns is revoked first: the worker's callbacks run),
+        then close the standbys."""
+        try:
+            self.membership.close()
+        finally:
+            self.standby.close()
