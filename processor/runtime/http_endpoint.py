@@ -25,7 +25,9 @@ Queries across the fleet (``worker.fleet_map`` from the group's assignment, each
   relayed, with ``"served_by": "<server>"``. No active in the map, or an owner that does not
   answer within ``FORWARD_TIMEOUT_S``: 503 naming the task, or the server. ``?redirect=true``:
   307 to the owner instead. ``?stale=true``: a key of a task this worker keeps a standby
-  replica of is answered here from that replica, ``"stale": true`` (never forwarded).
+  replica of is answered here from that replica, ``"stale": true`` (never forwarded). A worker
+  that knows no fleet (an empty fleet map: no member set ``--application-server``) forwards
+  nothing and scans its own tasks only, as above.
 - A prefix scan asks every server of the fleet map for its own tasks (forwarded requests) and
   merges the answers in partition order, each partition's entries in the order its server
   returned them, cut at ``limit``; a partition is taken from the first server that returns it
@@ -78,6 +80,7 @@ class PeerUnanswered(Exception):
     def __init__(self, server: str, reason: str):
         super().__init__(f"{server} did not answer: {reason}")
         self.server = server
+        self.reason = reason
 
 
 def ask_peer(server: str, path: str) -> tuple[int, dict]:
@@ -196,8 +199,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             entry, where = view.lookup(key, stale=_flag(query, "stale"))
         except KeyNotHosted:
-            if self.headers.get(FORWARDED):
-                raise   # asked by another worker: answered here only (404)
+            if self.headers.get(FORWARDED) or not getattr(self.endpoint.worker, "fleet_map", None):
+                raise   # asked by another worker, or no fleet known: answered here only (404)
             self._forward(view, key, redirect=_flag(query, "redirect"))
             return
         if entry is None:
@@ -226,7 +229,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             status, body = ask_peer(meta.active, self.path)
         except PeerUnanswered as exc:
-            raise StoreNotReady(f"store {view.name!r}: task {meta.task} is active on {exc}") from None
+            raise StoreNotReady(f"store {view.name!r}: task {meta.task} is active on {exc.server}, which did not "
+                                f"answer: {exc.reason}") from None
         self._json(status, {**body, "served_by": meta.active})
 
     def _prefix(self, view: StoreView, query: dict) -> None:
