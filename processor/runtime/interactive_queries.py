@@ -9,8 +9,9 @@ Invariants:
   read (the unit's pending writes included, as Kafka Streams' caching stores do).
 - A key is looked up only in the task that owns it: the partition its sub-topology's input
   topics put it in (their partitioners, as the worker checks them). A key owned by a task this
-  worker does not run raises ``KeyNotHosted`` naming the partition and task (HTTP 404); one
-  whose task is being restored raises ``StoreNotReady`` (HTTP 503).
+  worker does not run raises ``KeyNotHosted`` naming the partition and task (HTTP 404, or
+  forwarded to the task's worker in a fleet); one whose task is being restored raises
+  ``StoreNotReady`` (HTTP 503).
 - Values come back decoded with the topology's serdes, as ``processor state dump`` prints them
   (``{"key", "value", "timestamp"}``); only key-value stores (tables, aggregates, Processor
   API stores) are queryable, and global tables' stores, which every worker holds whole (any key
@@ -29,9 +30,8 @@ Invariants:
   Python caller that wants any key asks ``metadata_for_key`` which worker to query (over HTTP,
   ``GET /stores/...`` on any worker forwards; ``processor/runtime/http_endpoint.py``).
 - A stale read (``entry(key, stale=True)``) of a key whose task this worker keeps a standby
-  replica of (and does not run) reads the standby's database as of the last commit unit its
-  passes applied (a pass under way keeps the unit it has not finished pending: never seen), and
-  says so (``"stale": true``).
+  replica of (and does not run) reads the standby's database as of its last commit (the
+  writes a pass under way keeps pending are never seen), and says so (``"stale": true``).
 """
 
 from __future__ import annotations
