@@ -37,6 +37,13 @@ KEYS = [f"user-{i:03d}" for i in range(60)]
 COUNTS = {k: i % 5 + 1 for i, k in enumerate(KEYS)}
 
 
+class _HandWiredWorker(Worker):
+    """A Worker whose standby replicas the test sets by hand (on a fleet-wired Worker,
+    ``standby_tasks`` is a read-only property giving the fleet's own)."""
+
+    standby_tasks = None
+
+
 def _get(port: int, path: str, headers: dict | None = None) -> tuple[int, dict]:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
     try:
@@ -62,8 +69,9 @@ def test_forwarding_redirects_stale_reads_and_the_prefix_fan_out(kafka_bootstrap
     kafka.create_topics(kafka_bootstrap, {inp: PARTS, out: PARTS})
     ports = [free_port(), free_port()]
     servers = [f"127.0.0.1:{p}" for p in ports]
-    workers = [Worker(apps.counts_topology(), kafka_bootstrap, app, tmp_path / f"w{i}", commit_interval_ms=200,
-                      consumer_config=TEST_CONSUMER_CONFIG, http_port=ports[i], http_host="127.0.0.1")
+    workers = [_HandWiredWorker(apps.counts_topology(), kafka_bootstrap, app, tmp_path / f"w{i}",
+                                commit_interval_ms=200, consumer_config=TEST_CONSUMER_CONFIG, http_port=ports[i],
+                                http_host="127.0.0.1")
                for i in range(2)]
     threads = [threading.Thread(target=w.run, kwargs={"install_signal_handlers": False}, daemon=True)
                for w in workers]
@@ -83,7 +91,7 @@ def test_forwarding_redirects_stale_reads_and_the_prefix_fan_out(kafka_bootstrap
         w0 = workers[0]
         standby = StandbyTasks(w0.topology, w0.state_dir, w0.task_manager.restore_consumer_config(),
                                threading.Event())
-        w0.standby_tasks = standby   # (the worker's own code does not step it: caught up once, here)
+        w0.standby_tasks = standby   # (no pass runs by itself: caught up once, here)
         w0._queries.call(lambda: (standby.update(held[1]), standby.catch_up()), timeout_s=90)
         fleet = {servers[0]: {"active": held[0], "standby": held[1]},
                  servers[1]: {"active": held[1], "standby": []}}
