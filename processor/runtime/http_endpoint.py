@@ -14,27 +14,53 @@ Routes:
   store. Keys in the path are text: a string-keyed store takes them as they are, any other
   store parses them as JSON (``/stores/counts/42``). A Processor API window or session store
   answers a key with ``{"key", "windows": [...], "partition", "task"}`` (its live windows).
+- ``GET /metadata/<store>/<key>``: ``{"active", "standbys", "partition", "task"}``, which
+  servers hold the key (``StoreView.metadata``).
+
+Queries across the fleet (``worker.fleet_map`` from the group's assignment, each member's
+``--application-server``):
+- A key whose task this worker does not run is forwarded, once, to the server the fleet map
+  names as its task's active (the request carries ``X-Processor-Forwarded: 1``; a forwarded
+  request is never forwarded again: it answers 404 as above): the owner's status and body are
+  relayed, with ``"served_by": "<server>"``. No active in the map, or an owner that does not
+  answer within ``FORWARD_TIMEOUT_S``: 503 naming the task, or the server. ``?redirect=true``:
+  307 to the owner instead. ``?stale=true``: a key of a task this worker keeps a standby
+  replica of is answered here from that replica, ``"stale": true`` (never forwarded). A worker
+  that knows no fleet (an empty fleet map: no member set ``--application-server``) forwards
+  nothing and scans its own tasks only, as above.
+- A prefix scan asks every server of the fleet map for its own tasks (forwarded requests) and
+  merges the answers in partition order, each partition's entries in the order its server
+  returned them, cut at ``limit``; a partition is taken from the first server that returns it
+  (this worker first), so no key comes twice. A server that does not answer 200 makes the
+  whole answer 503 naming it, never a silently partial one; ``?partial=true`` answers with
+  what came and ``"missing": [servers]``. A global store's scan is answered here (every worker
+  holds it whole).
 
 Invariant: the server threads never touch a task, a store or a Kafka client: metrics come from
 the snapshot the main loop publishes, store reads are run by the main loop
-(``processor/runtime/interactive_queries.py``), health reads one timestamp.
+(``processor/runtime/interactive_queries.py``), health reads one timestamp, and the fleet map
+is read as one object (the worker replaces it whole).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import threading
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from processor.errors import ConfigError
-from processor.runtime.interactive_queries import DEFAULT_LIMIT, KeyNotHosted, QueryError, StoreView
+from processor.runtime.interactive_queries import DEFAULT_LIMIT, KeyNotHosted, QueryError, StoreNotReady, StoreView
 from processor.serde import StringSerde
 
 if TYPE_CHECKING:
@@ -43,6 +69,37 @@ if TYPE_CHECKING:
 log = logging.getLogger("processor.http")
 
 DEFAULT_HEALTH_TIMEOUT_S = 60.0
+FORWARDED = "X-Processor-Forwarded"   # a request one worker sends another: answered here only
+FORWARD_TIMEOUT_S = 5.0               # how long a worker waits for another's answer
+ROUTES = "/metrics /healthz /readyz /stores/<store>/<key> /metadata/<store>/<key>"
+
+
+class PeerUnanswered(Exception):
+    """Another worker of the fleet did not answer a forwarded request."""
+
+    def __init__(self, server: str, reason: str):
+        super().__init__(f"{server} did not answer: {reason}")
+        self.server = server
+        self.reason = reason
+
+
+def ask_peer(server: str, path: str) -> tuple[int, dict]:
+    """``(status, JSON body)`` of ``GET path`` on worker ``server`` (``host:port``), asked as a
+    forwarded request; ``PeerUnanswered`` when it cannot be reached, times out or answers
+    something that is not a JSON object."""
+    req = urllib.request.Request(f"http://{server}{path}", headers={FORWARDED: "1"})
+    try:
+        try:
+            with urllib.request.urlopen(req, timeout=FORWARD_TIMEOUT_S) as r:
+                status, raw = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+        body = json.loads(raw)
+    except (OSError, ValueError) as exc:   # refused, timed out, reset; a body that is not JSON
+        raise PeerUnanswered(server, f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(body, dict):
+        raise PeerUnanswered(server, f"a {type(body).__name__} instead of a JSON object")
+    return status, body
 
 
 class WorkerHTTPEndpoint:
@@ -61,7 +118,7 @@ class WorkerHTTPEndpoint:
 
     def start(self) -> WorkerHTTPEndpoint:
         self._thread.start()
-        log.info("HTTP endpoint on port %d: /metrics /healthz /readyz /stores/<store>/<key>", self.port)
+        log.info("HTTP endpoint on port %d: %s", self.port, ROUTES)
         return self
 
     def stop(self) -> None:
@@ -81,15 +138,18 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):   # access log at debug level, not on stderr
         log.debug("%s " + fmt, self.address_string(), *args)
 
-    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+    def _send(self, status: int, body: bytes, content_type: str = "application/json",
+              headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    def _json(self, status: int, obj) -> None:
-        self._send(status, (json.dumps(obj, default=repr) + "\n").encode())
+    def _json(self, status: int, obj, headers: dict[str, str] | None = None) -> None:
+        self._send(status, (json.dumps(obj, default=repr) + "\n").encode(), headers=headers)
 
     def do_GET(self):
         ep = self.endpoint
@@ -113,8 +173,14 @@ class _Handler(BaseHTTPRequestHandler):
                     "restoring": sorted((restoring.get("restore") or {}).keys())})
             elif path.startswith("/stores/"):
                 self._store(path[len("/stores/"):], parse_qs(url.query))
+            elif path.startswith("/metadata/"):
+                name, _, key_text = path[len("/metadata/"):].partition("/")
+                view = StoreView(ep.worker, unquote(name))
+                if not key_text:
+                    raise QueryError(f"/metadata/{name}: no key (GET /metadata/<store>/<key>)")
+                self._json(200, dataclasses.asdict(view.metadata(_key(view, key_text))))
             else:
-                self._json(404, {"error": f"no route {path}; routes: /metrics /healthz /readyz /stores/<store>/<key>"})
+                self._json(404, {"error": f"no route {path}; routes: {ROUTES}"})
         except KeyNotHosted as exc:
             self._json(404, {"error": str(exc), "partition": exc.partition, "task": exc.task})
         except QueryError as exc:
@@ -126,17 +192,100 @@ class _Handler(BaseHTTPRequestHandler):
     def _store(self, rest: str, query: dict) -> None:
         name, _, key_text = rest.partition("/")
         view = StoreView(self.endpoint.worker, unquote(name))
-        if key_text:
-            key_text = unquote(key_text)
-            key = key_text if isinstance(view.key_serde, StringSerde) else json.loads(key_text)
-            entry = view.entry(key)
-            if entry is None:
-                self._json(404, {"error": f"no row for key {key_text!r} in store {view.name!r}",
-                                 "partition": view.worker._queries.call(
-                                     lambda: view.owner_partition(view.key_serde.serialize(key))),
-                                 "hosted_here": True})   # (serialized by the main loop)
-            else:
-                self._json(200, entry)
+        if not key_text:
+            self._prefix(view, query)
             return
+        key = _key(view, key_text)
+        try:
+            entry, where = view.lookup(key, stale=_flag(query, "stale"))
+        except KeyNotHosted:
+            if self.headers.get(FORWARDED) or not getattr(self.endpoint.worker, "fleet_map", None):
+                raise   # asked by another worker, or no fleet known: answered here only (404)
+            self._forward(view, key, redirect=_flag(query, "redirect"))
+            return
+        if entry is None:
+            self._json(404, {"error": f"no row for key {unquote(key_text)!r} in store {view.name!r}",
+                             **where, "hosted_here": True})
+        else:
+            self._json(200, entry)
+
+    def _forward(self, view: StoreView, key, redirect: bool) -> None:
+        """Answer for a key whose task runs elsewhere: relay its active owner's answer (or send
+        the caller there)."""
+        meta = view.metadata(key)
+        me = getattr(self.endpoint.worker, "application_server", None)
+        if meta.active is None:
+            raise StoreNotReady(f"store {view.name!r}: task {meta.task} (partition {meta.partition}) has no "
+                                f"active worker in the fleet's assignment")
+        if meta.active == me:
+            raise StoreNotReady(f"store {view.name!r}: task {meta.task} is assigned to this worker ({me}) "
+                                f"but not open here yet")
+        if redirect:
+            url = urlsplit(self.path)
+            query = urlencode([(k, v) for k, v in parse_qs(url.query).items() if k != "redirect"], doseq=True)
+            location = f"http://{meta.active}{url.path}" + (f"?{query}" if query else "")
+            self._json(307, {"location": location, "task": meta.task}, headers={"Location": location})
+            return
+        try:
+            status, body = ask_peer(meta.active, self.path)
+        except PeerUnanswered as exc:
+            raise StoreNotReady(f"store {view.name!r}: task {meta.task} is active on {exc.server}, which did not "
+                                f"answer: {exc.reason}") from None
+        self._json(status, {**body, "served_by": meta.active})
+
+    def _prefix(self, view: StoreView, query: dict) -> None:
+        """This worker's entries, and (unless asked by another worker) every other server's."""
+        worker = self.endpoint.worker
         limit = int(query.get("limit", [DEFAULT_LIMIT])[0])
-        self._json(200, {"entries": view.prefix(query.get("prefix", [""])[0], limit=limit)})
+        prefix = query.get("prefix", [""])[0]
+        entries = view.prefix(prefix, limit=limit)   # first: a refused scan is refused here
+        fleet_map = getattr(worker, "fleet_map", None) or {}
+        if view.is_global or self.headers.get(FORWARDED) or not fleet_map:
+            self._json(200, {"entries": entries})
+            return
+        me = getattr(worker, "application_server", None)
+        others = sorted(s for s in fleet_map if s != me)
+        path = f"/stores/{quote(view.name, safe='')}?" + urlencode({"prefix": prefix, "limit": limit})
+        answers: list[tuple[str | None, list[dict]]] = [(me, entries)]
+        missing: dict[str, str] = {}
+        with ThreadPoolExecutor(max(1, len(others))) as pool:
+            for server, got in zip(others, pool.map(lambda s: _scan_of(s, path), others), strict=True):
+                if isinstance(got, str):
+                    missing[server] = got
+                else:
+                    answers.append((server, got))
+        if missing and not _flag(query, "partial"):
+            raise StoreNotReady(f"store {view.name!r}: the prefix scan is incomplete: "
+                                + "; ".join(missing.values()) + " (?partial=true answers without them)")
+        taken_from: dict[int, str | None] = {}   # partition -> the server whose entries are taken
+        merged = []
+        for server, got in answers:
+            for e in got:
+                if taken_from.setdefault(e["partition"], server) == server:
+                    merged.append(e)
+        merged.sort(key=lambda e: e["partition"])   # stable: each partition in its server's order
+        body: dict = {"entries": merged[:limit]}
+        if _flag(query, "partial"):
+            body["missing"] = sorted(missing)
+        self._json(200, body)
+
+
+def _scan_of(server: str, path: str) -> list[dict] | str:
+    """A server's own entries of a prefix scan, or why there are none."""
+    try:
+        status, body = ask_peer(server, path)
+    except PeerUnanswered as exc:
+        return str(exc)
+    if status != 200 or not isinstance(body.get("entries"), list):
+        return f"{server} answered {status}: {body.get('error', body)}"
+    return body["entries"]
+
+
+def _key(view: StoreView, key_text: str):
+    """A key from its text in a path: as it is for a string-keyed store, else JSON."""
+    key_text = unquote(key_text)
+    return key_text if isinstance(view.key_serde, StringSerde) else json.loads(key_text)
+
+
+def _flag(query: dict, name: str) -> bool:
+    return query.get(name, [""])[-1].lower() in ("true", "1", "yes")

@@ -9,8 +9,9 @@ Invariants:
   read (the unit's pending writes included, as Kafka Streams' caching stores do).
 - A key is looked up only in the task that owns it: the partition its sub-topology's input
   topics put it in (their partitioners, as the worker checks them). A key owned by a task this
-  worker does not run raises ``KeyNotHosted`` naming the partition and task (HTTP 404); one
-  whose task is being restored raises ``StoreNotReady`` (HTTP 503).
+  worker does not run raises ``KeyNotHosted`` naming the partition and task (HTTP 404, or
+  forwarded to the task's worker in a fleet); one whose task is being restored raises
+  ``StoreNotReady`` (HTTP 503).
 - Values come back decoded with the topology's serdes, as ``processor state dump`` prints them
   (``{"key", "value", "timestamp"}``); only key-value stores (tables, aggregates, Processor
   API stores) are queryable, and global tables' stores, which every worker holds whole (any key
@@ -20,14 +21,26 @@ Invariants:
   (``session_start``/``session_end``), in time order, expired ones left out as the store's own
   fetches leave them (``processor/papi_windowed.py``); no entry when it has none. A prefix scan
   of one is refused (``QueryError``, 400): its keys are windows, not the user's keys.
+- Who holds a key is decided in one place, ``StoreView.metadata`` (``worker.metadata_for_key``,
+  Kafka Streams' ``queryMetadataForKey``): the key's partition as a lookup computes it, and the
+  servers the group's latest assignment (``worker.fleet_map``) names for its task, as active and
+  as standbys. A global store's keys are on every worker: ``active`` is this worker's server
+  (the one asked answers, as in Kafka Streams), ``standbys`` every other server. The Python
+  API never forwards: ``worker.store(name).get(key)`` reads this worker's tasks only, and a
+  Python caller that wants any key asks ``metadata_for_key`` which worker to query (over HTTP,
+  ``GET /stores/...`` on any worker forwards; ``processor/runtime/http_endpoint.py``).
+- A stale read (``entry(key, stale=True)``) of a key whose task this worker keeps a standby
+  replica of (and does not run) reads the standby's database as of its last commit (the
+  writes a pass under way keeps pending are never seen), and says so (``"stale": true``).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from processor.errors import ProcessorError
@@ -63,6 +76,30 @@ class KeyNotHosted(QueryError):
 
 class StoreNotReady(QueryError):
     http_status = 503
+
+
+@dataclass(frozen=True)
+class KeyQueryMetadata:
+    """Where a key of a store lives (Kafka Streams' ``KeyQueryMetadata``): the application
+    server (``host:port``) running its task as active (None: no member of the latest assignment
+    does), those keeping standby replicas of it (sorted), its partition (None: a global store)
+    and its task (``"<sub>_<partition>"`` or ``"global"``)."""
+
+    active: str | None
+    standbys: list[str]
+    partition: int | None
+    task: str
+
+
+def task_holders(fleet_map: Mapping[str, Mapping[str, list]], task: tuple[int, int]) -> tuple[str | None, list[str]]:
+    """``(active server or None, sorted standby servers)`` of ``task`` in a fleet map
+    (``{server: {"active": [task keys], "standby": [task keys]}}``). An assignment names one
+    active per task; should two servers claim it, the first in sorted order is taken."""
+    def holding(role: str) -> list[str]:
+        return sorted(s for s, tasks in fleet_map.items() if task in {tuple(t) for t in tasks.get(role, ())})
+
+    actives = holding("active")
+    return (actives[0] if actives else None), holding("standby")
 
 
 class StoreQueries:
@@ -141,10 +178,28 @@ class StoreView:
         entry = self.entry(key)
         return None if entry is None else entry["value"]
 
-    def entry(self, key, timeout_s: float = 10.0) -> dict | None:
-        """``{"key", "value", "timestamp", "partition", "task"}`` for ``key``, or None."""
+    def entry(self, key, timeout_s: float = 10.0, stale: bool = False) -> dict | None:
+        """``{"key", "value", "timestamp", "partition", "task"}`` for ``key``, or None; with
+        ``stale``, read from a standby replica when this worker keeps one of the key's task and
+        does not run it (``"stale": True`` added)."""
+        return self.lookup(key, timeout_s, stale)[0]
+
+    def lookup(self, key, timeout_s: float = 10.0, stale: bool = False) -> tuple[dict | None, dict]:
+        """``(entry or None, {"partition", "task"(, "stale")})``: ``entry``, and where it was read."""
         # (serialized by the main loop too: a serde may keep client state)
-        return self.worker._queries.call(lambda: self._lookup(self.key_serde.serialize(key)), timeout_s)
+        return self.worker._queries.call(lambda: self._lookup(self.key_serde.serialize(key), stale), timeout_s)
+
+    def metadata(self, key, timeout_s: float = 10.0) -> KeyQueryMetadata:
+        """Which servers hold ``key`` (see the module docstring); ``worker.fleet_map`` is read
+        as one object (the worker replaces it whole at each assignment)."""
+        part = self.worker._queries.call(lambda: self.owner_partition(self.key_serde.serialize(key)), timeout_s)
+        fleet_map = getattr(self.worker, "fleet_map", None) or {}
+        if self.sub is None:   # a global store
+            me = getattr(self.worker, "application_server", None)
+            return KeyQueryMetadata(me, sorted(s for s in fleet_map if s != me), None, GLOBAL_TASK)
+        assert part is not None
+        active, standbys = task_holders(fleet_map, (self.sub, part))
+        return KeyQueryMetadata(active, standbys, part, f"{self.sub}_{part}")
 
     def prefix(self, prefix, limit: int = DEFAULT_LIMIT, timeout_s: float = 10.0) -> list[dict]:
         """Entries whose key bytes start with ``prefix``'s (a ``str`` is taken as UTF-8, ``bytes``
@@ -179,35 +234,40 @@ class StoreView:
                 return p.partition(kb, w._parts[t])
         raise QueryError(f"store {self.name!r}: no input topic of its sub-topology places key {kb!r}")
 
-    def _lookup(self, kb: bytes) -> dict | None:
+    def _lookup(self, kb: bytes, stale: bool = False) -> tuple[dict | None, dict]:
         w = self.worker
         if self.is_global:
+            where: dict = {"partition": None, "task": GLOBAL_TASK}
             raw = self._global_store().get(kb)
-            return None if raw is None else {**decode_entry(self.spec, kb, raw), "partition": None,
-                                             "task": GLOBAL_TASK}
+            return (None if raw is None else {**decode_entry(self.spec, kb, raw), **where}), where
         sub = self.sub
         assert sub is not None   # a task store's view (a global one returned above)
         part = self._partition_of(kb)
         task_id = f"{sub}_{part}"
+        where = {"partition": part, "task": task_id}
         task = w.tasks.get((sub, part))
-        if task is None:
+        stores: Any = None if task is None else task.stores
+        standby_tasks = getattr(w, "standby_tasks", None)
+        if stores is None and stale and standby_tasks is not None and (sub, part) in standby_tasks.dbs:
+            stores, where = _AsCommitted(standby_tasks.dbs[(sub, part)]), {**where, "stale": True}
+        if stores is None:
             if any((sub, part) in r.keys for r in w._restoring):
                 raise StoreNotReady(f"store {self.name!r}: task {task_id} (partition {part}) is being restored")
             raise KeyNotHosted(f"store {self.name!r}: the key belongs to partition {part} (task {task_id}), "
                                f"which this worker does not run", part, task_id)
         if self.windowed:
-            return self._windows(task, kb, part, task_id)
-        raw = task.stores.store(self.name).get(kb)
-        if raw is None:
-            return None
-        return {**decode_entry(self.spec, kb, raw), "partition": part, "task": task_id}
+            entry = self._windows(stores, kb)
+        else:
+            raw = stores.store(self.name).get(kb)
+            entry = None if raw is None else decode_entry(self.spec, kb, raw)
+        return (None if entry is None else {**entry, **where}), where
 
-    def _windows(self, task, kb: bytes, part: int, task_id: str) -> dict | None:
+    def _windows(self, stores, kb: bytes) -> dict | None:
         from processor import papi_windowed
         from processor.state.store import BOOKKEEPING_STORE
 
         cls = papi_windowed.WindowStore if self.spec.kind == "window" else papi_windowed.SessionStore
-        view = cls(self.name, task.stores.store(self.name), task.stores.store(BOOKKEEPING_STORE),
+        view = cls(self.name, stores.store(self.name), stores.store(BOOKKEEPING_STORE),
                    self.spec.key_serde, self.spec.value_serde, lambda: 0)
         windows = []
         for k, v in view.live_entries(kb):
@@ -216,7 +276,7 @@ class StoreView:
             windows.append(e)
         if not windows:
             return None
-        return {"key": self.key_serde.deserialize(kb), "windows": windows, "partition": part, "task": task_id}
+        return {"key": self.key_serde.deserialize(kb), "windows": windows}
 
     def _scan(self, pb: bytes, limit: int) -> list[dict]:
         w = self.worker
@@ -239,3 +299,25 @@ class StoreView:
                     return out
                 out.append({**decode_entry(self.spec, k, v), "partition": part, "task": task.id})
         return out
+
+
+class _AsCommitted:
+    """A standby replica's database as a task's stores, read as of its last applied commit
+    unit: ``store(name)`` answers ``get`` and ``range`` without the writes a pass keeps pending."""
+
+    def __init__(self, db) -> None:
+        self._db = db
+
+    def store(self, name: str) -> _CommittedStore:
+        return _CommittedStore(self._db.store(name))
+
+
+class _CommittedStore:
+    def __init__(self, store) -> None:
+        self._store = store
+
+    def get(self, key):
+        return self._store.committed(key)
+
+    def range(self, lo=None, hi=None):
+        return self._store.committed_range(lo, hi)

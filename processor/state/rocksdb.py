@@ -165,6 +165,10 @@ class RocksDBStore:
             return self._base_range(lo, hi)
         return merge_sorted(self._base_range(lo, hi), overlay)
 
+    def committed_range(self, lo=None, hi=None):
+        """``range`` as of the last commit (pending writes ignored)."""
+        return self._base_range(lo, hi)
+
     def _base_range(self, lo, hi):
         ro = rocksdict.ReadOptions()
         if hi is not None:

@@ -263,3 +263,12 @@ def http_topology():
         .aggregate(_region_init, _region_add, _region_sub, name="by-region") \
         .to_stream().to(os.environ["APP_OUTPUT"])
     return b.build()
+
+
+def counts_topology():
+    """Events of ``$APP_INPUT`` (string keys placed by murmur2) counted per key into store
+    ``counts`` (one sub-topology, no repartition), the counts -> ``$APP_OUTPUT``."""
+    b = StreamsBuilder()
+    b.stream(os.environ["APP_INPUT"], key_serde=Serdes.string(), value_serde=Serdes.json(), partitioner="murmur2") \
+        .group_by_key().count(name="counts").to_stream().to(os.environ["APP_OUTPUT"])
+    return b.build()
