@@ -148,6 +148,18 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--http-host", default="0.0.0.0", help="the address --http-port listens on (default: 0.0.0.0)")
     r.add_argument("--health-timeout-s", type=float, default=60.0, metavar="S",
                    help="/healthz answers 503 when the main loop has not iterated for S seconds (default: 60)")
+    fl = r.add_argument_group("fleet", "several workers of one application (docs/fleet.md)")
+    fl.add_argument("--num-standby-replicas", type=int, default=0, metavar="N",
+                    help="keep each stateful task's stores warm on N other workers, so a failover reads "
+                         "only the changelog tail (default: 0)")
+    fl.add_argument("--acceptable-recovery-lag", type=int, default=10_000, metavar="RECORDS",
+                    help="a task moves to a worker whose copy is more changelog records behind only after "
+                         "a warm-up there (default: 10000)")
+    fl.add_argument("--max-warmup-replicas", type=int, default=2, metavar="N",
+                    help="warm-up copies kept at once over the fleet (default: 2)")
+    fl.add_argument("--application-server", default=None, metavar="HOST:PORT",
+                    help="where other workers and clients reach this worker's HTTP endpoint (--http-port): "
+                         "any worker then answers queries for any key (default: none)")
 
     de = sub.add_parser("describe", help="print a topology's sub-topologies, processors and stores")
     de.add_argument("topology", metavar="MODULE:ATTR")
@@ -257,7 +269,9 @@ def streams_config_from_args(args: argparse.Namespace, clients: ClientConfig) ->
     """The ``StreamsConfig`` of ``processor run`` / ``processor backfill``'s arguments (the
     worker's commit interval and idle time: their defaults for the backfill, which has no such
     flags), with the client settings of ``client_config_from_args``."""
-    extra = {name: getattr(args, name) for name in ("commit_interval_ms", "max_task_idle_ms") if hasattr(args, name)}
+    extra = {name: getattr(args, name) for name in ("commit_interval_ms", "max_task_idle_ms", "num_standby_replicas",
+                                                    "acceptable_recovery_lag", "max_warmup_replicas",
+                                                    "application_server") if hasattr(args, name)}
     return StreamsConfig(processing_guarantee=args.processing_guarantee, on_error=args.on_error, clients=clients,
                          **topic_settings_from_args(args), **extra)
 
@@ -363,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
 
     logs.configure(level, args.log_format)
     logging.getLogger("py4j").setLevel(max(logging.getLevelName(level), logging.WARNING))  # Spark's RPC chatter
+    # kafka-python (the group membership client) logs every join at INFO; the worker logs what changed
+    logging.getLogger("kafka").setLevel(max(logging.getLevelName(level), logging.WARNING))
     # librdkafka chatter (connection retries) is noise next to our own one-line errors
     logging.getLogger("processor.kafka").setLevel(max(logging.getLevelName(level), logging.ERROR)
                                                   if args.command != "run" else level)

@@ -246,6 +246,7 @@ class FleetAssignor(AbstractPartitionAssignor):
         self.listener = listener
         self.last_assignment: Assignment | None = None
         self.leader_rounds = 0
+        self._short = -1   # the fleet size last warned about (fewer workers than standbys asked)
 
     def supported_protocols(self) -> list[RebalanceProtocol]:
         return [RebalanceProtocol.COOPERATIVE]
@@ -266,6 +267,11 @@ class FleetAssignor(AbstractPartitionAssignor):
             owned[m.member_id] = [(tp.topic, p) for tp in (m.metadata.owned_partitions or []) for p in tp.partitions]
         assignments = assign_fleet(self.rules, subs, owned)
         self.leader_rounds += 1
+        if self.rules.stateful and self.rules.num_standbys > len(subs) - 1 and self._short != len(subs):
+            self._short = len(subs)   # (one line per fleet size, not one per rebalance)
+            log.warning("num_standby_replicas=%d, but the group has %d member(s): each task keeps %d standby "
+                        "cop%s until more workers join", self.rules.num_standbys, len(subs), len(subs) - 1,
+                        "y" if len(subs) == 2 else "ies")
         log.info("leader: placed %d tasks over %d member(s): %s", len(self.rules.partitions_of_task), len(subs),
                  "; ".join(f"{subs[m].server or m}: {len(a.active)} active, {len(a.standby)} standby"
                            f"{f' ({len(a.warmup)} warming up)' if a.warmup else ''}"

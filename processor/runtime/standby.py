@@ -53,6 +53,7 @@ class StandbyTasks:
         self.dbs: dict[TaskKey, RocksDBDatabase] = {}
         self.records_read: dict[TaskKey, int] = {}   # changelog records applied, per task, in all passes
         self.passes = 0
+        self._lag: dict[TaskKey, int] = {}   # as the last pass found it (0 when it caught up)
         self._pass: Generator[None, None, None] | None = None
         self._targets: dict[TaskKey, RestoreTarget] = {}
         self._next_pass_at = 0.0
@@ -73,6 +74,7 @@ class StandbyTasks:
         self._abort_pass()
         for key in dropped:
             self.dbs.pop(key).close()
+            self._lag.pop(key, None)
         for sub, partition in sorted(added):
             self.dbs[(sub, partition)] = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
             self.records_read.setdefault((sub, partition), 0)
@@ -110,6 +112,7 @@ class StandbyTasks:
             raise
         for key, t in self._targets.items():
             self.records_read[key] += t.restored
+            self._lag[key] = 0
         self._pass = None
         self._targets = {}
         self._drop_uncommitted()
@@ -127,6 +130,19 @@ class StandbyTasks:
         while not self.step(budget_s=1.0):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"standby replicas {sorted(self.dbs)} did not catch up in {timeout_s:.0f} s")
+
+    def lags(self) -> dict[TaskKey, int]:
+        """Per standby, the changelog records it is behind: during a pass, what the pass has left
+        to apply; between passes, 0 (the last pass reached the changelogs' ends as they were when
+        it started). A standby whose first pass has not measured it yet is left out."""
+        out = {}
+        for key in self.dbs:
+            t = self._targets.get(key)
+            if t is not None and t.to_restore is not None:
+                out[key] = max(0, t.to_restore - t.store_restored)
+            elif key in self._lag:
+                out[key] = self._lag[key]
+        return out
 
     def offset_sums(self) -> dict[TaskKey, int]:
         """Per standby, the sum of its changelog checkpoint: how far its state reaches (what a

@@ -275,25 +275,55 @@ class TaskManager:
                 # resolve OFFSET_BEGINNING asynchronously and could overwrite the later seek.
                 tp.offset = self.group_offsets[(tp.topic, tp.partition)]
         if new:
-            # tasks reopened from local state first (usually a short catch-up: they start
-            # processing while the others restore), then those restored from scratch
-            targets = self._restore_targets(new)
-            for local in (True, False):
-                group = [(k, t) for k, t in zip(new, targets, strict=False) if bool(t.local) is local]
-                if group:
-                    group_keys = [k for k, _ in group]
-                    ts = [t for _, t in group]
-                    tps = [tp for tp in waiting if (sub_of_topic[tp.topic], tp.partition) in set(group_keys)]
-                    self.restoring.append(Restoration(
-                        group_keys, ts, tps, restore_steps(ts, self.restore_consumer_config(), self.stop),
-                        records_processed))
+            self._start_restoring(new, waiting, records_processed)
         consumer.incremental_assign(partitions)
         self.ever_assigned = True
         if waiting:
             consumer.pause(waiting)
-        log.info("assigned %s%s", ", ".join(f"{tp.topic}[{tp.partition}]@{'restoring' if tp in waiting else tp.offset}"
-                                            for tp in partitions),
+        added = {(tp.topic, tp.partition): "restoring" if tp in waiting else str(tp.offset) for tp in partitions}
+        log.info("assigned %s%s", self.describe_assignment(added),
                  f"; restoring task(s) {', '.join(f'{a}_{b}' for a, b in new)} first" if new else "")
+
+    def describe_assignment(self, added: dict[TopicPart, str] | None = None) -> str:
+        """The whole assignment for a log line: ``topic[partition]@...`` each, ``@running`` for
+        a partition assigned before (a cooperative rebalance names only what moves), else the
+        offset it starts at or ``@restoring``; ``nothing`` when empty."""
+        added = added or {}
+        return ", ".join(f"{t}[{p}]@{added.get((t, p), 'running')}" for t, p in sorted(self.assigned)) or "nothing"
+
+    def _start_restoring(self, keys: list[TaskKey], partitions: list[TopicPartition], records_processed: int) -> None:
+        """Restorations of ``keys`` (their input ``partitions`` paused): tasks reopened from local
+        state first (usually a short catch-up: they start processing while the others restore),
+        then those restored from scratch."""
+        targets = self._restore_targets(keys)
+        for local in (True, False):
+            group = [(k, t) for k, t in zip(keys, targets, strict=False) if bool(t.local) is local]
+            if group:
+                group_keys = [k for k, _ in group]
+                ts = [t for _, t in group]
+                tps = [tp for tp in partitions if (self.sub_of_topic[tp.topic], tp.partition) in set(group_keys)]
+                self.restoring.append(Restoration(
+                    group_keys, ts, tps, restore_steps(ts, self.restore_consumer_config(), self.stop),
+                    records_processed))
+
+    def abort_restoration_of(self, keys: set[TaskKey], records_processed: int) -> None:
+        """Revoked tasks being restored: their restorations stop; the other tasks of those
+        restorations start again (from what their databases kept)."""
+        hit = [r for r in self.restoring if set(r.keys) & keys]
+        if not hit:
+            return
+        for r in hit:
+            self.restoring.remove(r)
+            try:
+                r.steps.close()
+            finally:
+                for t in r.targets:
+                    t.db.close()
+        rest = [k for r in hit for k in r.keys if k not in keys]
+        if rest:
+            self._start_restoring(rest, [tp for r in hit for tp in r.partitions
+                                         if (self.sub_of_topic[tp.topic], tp.partition) in set(rest)],
+                                  records_processed)
 
     def _start_offset(self, topic: str, partition: int) -> int:
         """Where a task resumes an input partition: its committed position (a group offset beyond
@@ -342,9 +372,9 @@ class TaskManager:
         self.consumer.resume(r.partitions)
         self._wake_fetchers(r.partitions)
         self.resumed_at = time.monotonic()   # (after the wake-ups: the guard lasts 5 s from here)
-        log.info("restored and resumed %s after %.1f s; meanwhile the open tasks processed %d records",
-                 ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in r.partitions),
-                 time.monotonic() - r.started, meanwhile)
+        log.info("restored and resumed %s after %.1f s, %d changelog records read; meanwhile the open tasks "
+                 "processed %d records", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in r.partitions),
+                 time.monotonic() - r.started, sum(t.restored for t in r.targets), meanwhile)
     def _seek_offsets(self, positions: dict[TopicPart, int], budget_s: float = 0.2) -> dict[TopicPart, int]:
         """Where to seek each ``(topic, partition)`` to resume at ``position``: the position itself,
         a concrete offset, wherever one is known. A logical one (OFFSET_BEGINNING) makes

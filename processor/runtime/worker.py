@@ -56,7 +56,7 @@ from processor.runtime.commit_unit import Committer
 from processor.runtime.fetch_gaps import FetchGaps
 from processor.runtime.fleet import WorkerFleet
 from processor.runtime.http_endpoint import WorkerHTTPEndpoint
-from processor.runtime.interactive_queries import StoreQueries, StoreView
+from processor.runtime.interactive_queries import KeyQueryMetadata, StoreQueries, StoreView
 from processor.runtime.state_lock import StateDirLock
 from processor.runtime.task_manager import Restoration, TaskManager
 from processor.runtime.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics
@@ -332,8 +332,11 @@ class Worker:
         closed and their partitions unassigned (they move to another worker)."""
         tm = self.task_manager
         try:
-            tm.abort_restoration()
             keys = tm.keys_of(partitions)
+            if tm.closing or self._fatal is not None:
+                tm.abort_restoration()
+            else:
+                tm.abort_restoration_of(keys, self.records_processed)
             if not tm.closing and self._fatal is None:
                 tm.flush(keys)
                 self.commit()
@@ -345,6 +348,9 @@ class Worker:
             tm.drop_groups(keys)
             tm.suspend(keys, close=True)
             consumer.incremental_unassign(partitions)
+            if not tm.closing:
+                log.info("assigned %s; revoked %s (they move to another worker)", tm.describe_assignment(),
+                         ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
         except Exception as exc:
             self._fatal = self._fatal or exc
             self._stop.set()
@@ -358,6 +364,8 @@ class Worker:
         self.fetch_gaps.forget((tp.topic, tp.partition) for tp in partitions)
         tm.close_tasks(tm.keys_of(partitions))
         consumer.incremental_unassign(partitions)
+        log.warning("assigned %s; lost %s (the group gave them to another worker: closed without committing)",
+                    tm.describe_assignment(), ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
 
     def commit(self) -> None:
         """One commit unit for every task that has work (``Committer.commit``). Never after a
@@ -392,6 +400,12 @@ class Worker:
         from any thread: ``worker.store("totals").get("alice")`` (``KeyNotHosted`` names the
         partition when another worker owns the key; ``processor/runtime/interactive_queries.py``)."""
         return StoreView(self, name)
+
+    def metadata_for_key(self, store: str, key) -> KeyQueryMetadata:
+        """Which worker runs ``key``'s task of ``store`` as active, which keep standbys, its
+        partition and task (Kafka Streams' ``queryMetadataForKey``), from any thread while the
+        worker runs. Python reads never forward: query the worker this names."""
+        return StoreView(self, store).metadata(key)
 
     def run(self, until_drained: bool = False, install_signal_handlers: bool = True,
             max_seconds: float | None = None) -> None:

@@ -104,6 +104,9 @@ class WorkerMetrics:
             "restore_rate": restored / max(now - started, 1e-3) if started is not None else 0.0,
             "assigned": len(worker.tasks),
             "ready": worker.ready(),
+            "standby": {f"{s}_{p}": lag for (s, p), lag in sorted(standby.lags().items())}
+            if (standby := worker.standby_tasks) is not None else {},
+            "standby_tasks": 0 if standby is None else len(standby.dbs),
         }
 
 
@@ -173,3 +176,12 @@ class _SnapshotCollector:
         ready = GaugeMetricFamily("processor_ready", "1 when /readyz answers 200")
         ready.add_metric([], 1 if s["ready"] else 0)
         yield ready
+        standbys = GaugeMetricFamily("processor_standby_tasks", "Standby replicas (warm-ups included) kept here")
+        standbys.add_metric([], s["standby_tasks"])
+        yield standbys
+        standby_lag = GaugeMetricFamily("processor_standby_lag_records",
+                                        "Changelog records a standby replica is behind (0 once its pass caught up)",
+                                        labels=["task"])
+        for task_id, v in s["standby"].items():
+            standby_lag.add_metric([task_id], v)
+        yield standby_lag

@@ -72,11 +72,12 @@ def test_a_restore_longer_than_max_poll_interval_costs_no_rebalance(kafka_bootst
                          conf=[f"max.poll.interval.ms={MAX_POLL_MS}"])
     text = open(log2).read()
     assigned = re.findall(r"processor\.worker: assigned (.*)", text)
-    resumed = re.findall(r"restored and resumed (.*) after ([\d.]+) s; "
+    resumed = re.findall(r"restored and resumed (.*) after ([\d.]+) s, \d+ changelog records read; "
                          r"meanwhile the open tasks processed (\d+) records", text)
     assert len(resumed) == 2, text[-3000:]    # task 0_0 (local state) first, then the three wiped ones
     assert "[0]@" in resumed[0][0] and "[0]@" not in resumed[1][0], resumed
-    m = re.search(re.escape(resumed[1][0]) + r" after ([\d.]+) s; meanwhile the open tasks processed (\d+) records",
+    m = re.search(re.escape(resumed[1][0]) + r" after ([\d.]+) s, \d+ changelog records read; meanwhile the open "
+                  r"tasks processed (\d+) records",
                   text)
     restore_s, meanwhile = float(m.group(1)), int(m.group(2))
     restored = sum(int(n) for n in re.findall(r"restored task 0_[123] from its changelogs: (\d+) records", text))

@@ -1,0 +1,131 @@
+"""Failover of a fleet on the real broker (issue 36): two worker processes count events per key over
+6 partitions; one is SIGKILLed; the survivor takes its tasks over.
+
+With ``--num-standby-replicas 1`` the survivor already holds a copy of every task the killed worker
+ran, so it reads only the changelog tail its copy has not seen; without, it reads each moved task's
+whole changelog. Both ways, under both processing guarantees, the final counts equal the
+broker-free driver's for every key, and the survivor ends up running every task.
+
+Figures reported: the changelog records the survivor read to take the tasks over against the
+records those changelogs hold, and the seconds from the kill to the survivor's first output of a
+moved partition.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+
+import pytest
+
+from processor.kafka import clients as kafka
+from processor.runtime.local_broker import free_port
+from tests.integration import apps
+from tests.integration.helpers import (
+    final_table,
+    kill_leftover_workers,
+    produce_with_partitioner,
+    start_worker_process,
+    stop_workers,
+    wait_for,
+    wait_until_tasks_committed,
+)
+
+SPEC = "tests.integration.apps:counts_topology"
+PARTS = 6
+KEYS = 30_000
+
+
+def _events(keys: range, round_: int) -> list[tuple[str, bytes, bytes]]:
+    return [("", f"k{i:06d}".encode(), json.dumps({"r": round_}).encode()) for i in keys]
+
+
+def _owned(log_text: str) -> set[int]:
+    """The partitions of a worker's last "assigned" line (the whole assignment after each change)."""
+    lines = [ln for ln in log_text.splitlines() if "processor.worker: assigned" in ln]
+    return {int(p) for p in re.findall(r"\[(\d+)\]@", lines[-1])} if lines else set()
+
+
+def _ends(bootstrap: str, topic: str) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ends-{time.time_ns()}"})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                for p in range(PARTS)}
+    finally:
+        c.close()
+
+
+def _restored(log_text: str) -> int:
+    return sum(int(n) for n in re.findall(r", (\d+) changelog records read;", log_text))
+
+
+@pytest.mark.parametrize("standbys", [1, 0])
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_sigkill_one_of_two_workers_survivor_takes_over(kafka_bootstrap, unique, tmp_path, monkeypatch, report,
+                                                         guarantee, standbys):
+    inp, out, app = f"events-{unique}", f"counts-{unique}", f"failover-{unique}"
+    monkeypatch.setenv("APP_INPUT", inp)
+    monkeypatch.setenv("APP_OUTPUT", out)
+    kafka.create_topics(kafka_bootstrap, {inp: PARTS, out: PARTS})
+    env = {"APP_INPUT": inp, "APP_OUTPUT": out}
+    topo = apps.counts_topology().for_application(app)
+    isolation = "read_uncommitted"
+    history = [(inp, k, v) for _, k, v in _events(range(KEYS), 0)]
+    produce_with_partitioner(kafka_bootstrap, history, "murmur2_random")   # before the workers start
+    logs = [tmp_path / f"w{i}.log" for i in range(2)]
+    procs = [start_worker_process(kafka_bootstrap, SPEC, app, tmp_path / f"w{i}", logs[i], env, guarantee,
+                                  consumer_config=[f"isolation.level={isolation}"],
+                                  extra_args=["--num-standby-replicas", str(standbys),
+                                              "--http-port", str(free_port())]) for i in range(2)]
+    try:
+        def both_run_tasks():
+            return all(_owned(open(log).read()) for log in logs) and \
+                len(_owned(open(logs[0]).read()) | _owned(open(logs[1]).read())) == PARTS
+
+        wait_for(both_run_tasks, 90, "both workers run tasks", list(zip(procs, logs, strict=True)))
+        wait_until_tasks_committed(kafka_bootstrap, topo, {inp: PARTS}, isolation, timeout_s=180)
+        time.sleep(3)   # standby passes (every second) reach the last commit
+        victim, survivor = 0, 1
+        moved = _owned(open(logs[victim]).read())
+        held = _ends(kafka_bootstrap, topo.changelog_topic("counts", 0))
+        out_before = _ends(kafka_bootstrap, out)
+        before = _restored(open(logs[survivor]).read())
+        procs[victim].send_signal(signal.SIGKILL)
+        procs[victim].wait()
+        killed_at = time.time()
+        tail = [(inp, k, v) for _, k, v in _events(range(0, KEYS, 7), 1)]
+        produce_with_partitioner(kafka_bootstrap, tail, "murmur2_random")
+        first_moved = None
+        while first_moved is None and time.time() - killed_at < 120:   # an output of a moved partition
+            now = _ends(kafka_bootstrap, out)
+            if any(now[p] > out_before[p] for p in moved):
+                first_moved = time.time()
+            else:
+                time.sleep(0.1)
+        wait_for(lambda: _owned(open(logs[survivor]).read()) >= set(range(PARTS)), 120,
+                 "the survivor runs every task", [(procs[survivor], logs[survivor])])
+        wait_until_tasks_committed(kafka_bootstrap, topo, {inp: PARTS}, isolation, timeout_s=180)
+        read = _restored(open(logs[survivor]).read()) - before
+
+        outputs = kafka.read_topic(kafka_bootstrap, out)
+        want = {}
+        for _, k, _ in history + tail:
+            want[k] = want.get(k, 0) + 1
+        got = {k: json.loads(v) for k, v in final_table(outputs).items()}
+        assert got == want
+        assert first_moved is not None, "no output of a moved partition within 120 s of the kill"
+        stop_workers([procs[survivor]], [logs[survivor]])
+    finally:
+        kill_leftover_workers([p for p in procs])
+    holds = sum(n for p, n in held.items() if p in moved)
+    report(f"{guarantee}, {standbys} standby: the survivor read {read} changelog records to take over "
+           f"{len(moved)} tasks whose counts changelog holds {holds} ({100 * read / holds:.1f}%); first output of a "
+           f"moved partition {first_moved - killed_at:.1f} s after the kill")
+    if standbys:
+        assert read < 0.05 * holds, (read, holds)
+    else:
+        assert read >= 0.9 * holds, (read, holds)
