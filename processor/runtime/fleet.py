@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import TopicPartition
 
+from processor.runtime.changelog import RestoreInterrupted
 from processor.runtime.membership import (
     Assignment,
     FleetListener,
@@ -158,7 +159,11 @@ class WorkerFleet(FleetListener):
         """Between batches: a step of the standby pass; a probing rebalance when due."""
         if not self.standby.dbs:
             return
-        if self.standby.step(STANDBY_STEP_S):
+        try:
+            caught_up = self.standby.step(STANDBY_STEP_S)
+        except RestoreInterrupted:   # the worker stops: the pass ends where it is
+            return
+        if caught_up:
             self.refresh_report()
             a = self.assignment
             if a is not None and a.warmup and time.monotonic() - self._last_probe >= PROBING_INTERVAL_S:

@@ -8,8 +8,9 @@ Invariants:
 1. **Versioned user data.** Subscription and assignment user data start with a version byte
    (``1``); any other version is refused with a ``ValueError`` naming it.
 2. **Lags from reported sums.** A member's lag for a task = the highest changelog offset sum any
-   member reported for it (the running owner's included) minus its own; ``RUNNING`` stays
-   ``RUNNING``; a task the member reports nothing for is absent (no state).
+   member reported for it (the running owner's included) minus its own (all of it when it
+   reports none: a task small enough moves at once, KIP-441); ``RUNNING`` stays ``RUNNING``; a
+   task nobody reports a sum for is absent (no state anywhere).
 3. **Two-phase moves (KIP-429).** A task whose partitions another member reported in
    ``owned_partitions`` this round is not given to its new member in this generation: it stays
    unassigned, its owner revokes it, and the follow-up rebalance gives it over.
@@ -148,7 +149,9 @@ def lags_of(subs: Mapping[str, Subscription]) -> dict[str, dict[TaskId, int]]:
             top[t] = max(top.get(t, v), v)
     out: dict[str, dict[TaskId, int]] = {}
     for m, s in subs.items():
-        lag = {t: top[t] - v for t, v in s.sums.items()}
+        # no state of a task: behind by all of it (a small task moves at once, as in KIP-441)
+        lag = dict(top)
+        lag.update({t: top[t] - v for t, v in s.sums.items()})
         for t in s.running:
             lag[t] = RUNNING
         out[m] = lag

@@ -37,7 +37,9 @@ def test_lags_from_sums():
     subs = {"a": Subscription(None, "pa", sums={(0, 0): 100}, running=[(0, 0)]),
             "b": Subscription(None, "pb", sums={(0, 0): 60, (0, 1): 3}),
             "c": Subscription(None, "pc", sums={(0, 1): 10})}
-    assert lags_of(subs) == {"a": {(0, 0): RUNNING}, "b": {(0, 0): 40, (0, 1): 7}, "c": {(0, 1): 0}}
+    # a member with no state of a task is behind by all of it
+    assert lags_of(subs) == {"a": {(0, 0): RUNNING, (0, 1): 10}, "b": {(0, 0): 40, (0, 1): 7},
+                             "c": {(0, 0): 100, (0, 1): 0}}
 
 
 def test_two_phase_withholds_owned_elsewhere():
