@@ -60,6 +60,7 @@ class Committer:
         # it, with its generation; no unit is committed while it is in doubt
         self.group: WorkerFleet | None = None
         self.units_held = 0   # commits put off while the membership was in doubt
+        self.resent_at = 0.0  # group offsets not acknowledged were last sent again then
 
     def commit(self, records_processed: int) -> None:
         """One commit unit for every task that has work (see the module docstring); never moves
@@ -159,8 +160,8 @@ class Committer:
         if not offsets:
             return []
         if self.group is not None:
-            # sent without waiting (the membership's thread may be waiting on this one); a
-            # refusal comes back through ``take_refused`` and is sent again (``_retry_skipped_offsets``)
+            # sent without waiting (the membership's thread may be waiting on this one); what the
+            # group did not accept is sent again when the worker is idle (``_retry_skipped_offsets``)
             self.group.commit({(tp.topic, tp.partition): tp.offset for tp in offsets})
             accepted = True
         else:
@@ -193,11 +194,13 @@ class Committer:
         assigned = self.tasks.assigned
         group_offsets = self.tasks.group_offsets
         if self.group is not None:
-            for part, off in self.group.take_refused().items():
-                if off > self.skipped_offsets.get(part, -1):
-                    self.skipped_offsets[part] = off
-                    # (not committed after all: below, sent again)
-                    group_offsets[part] = min(group_offsets.get(part, 0), off - 1)
+            # what the group refused or never answered (a rebalance, a coordinator moving)
+            now = time.monotonic()
+            if now - self.resent_at >= 1.0:
+                self.resent_at = now
+                again = self.group.unacknowledged({tp: off for tp, off in group_offsets.items() if tp in assigned})
+                if again:
+                    self.group.commit(again)
         retry = [TopicPartition(t, p, off) for (t, p), off in sorted(self.skipped_offsets.items())
                  if (t, p) in assigned and off > group_offsets.get((t, p), 0)]
         self.skipped_offsets = {tp: off for tp, off in self.skipped_offsets.items() if tp in assigned}

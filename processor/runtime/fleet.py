@@ -178,10 +178,10 @@ class WorkerFleet(FleetListener):
     def commit(self, offsets: dict[tuple[str, int], int]) -> None:
         self.membership.commit(offsets)
 
-    def take_refused(self) -> dict[tuple[str, int], int]:
-        """Group offsets the group refused since the last call (to send again)."""
-        refused, self.membership.refused = self.membership.refused, {}
-        return refused
+    def unacknowledged(self, sent: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """Of the group offsets ``sent``, those the group has not accepted (yet)."""
+        acked = self.membership.acked
+        return {tp: off for tp, off in sent.items() if off > acked.get(tp, -1)}
 
     def group_metadata(self) -> bytes:
         return self.membership.group_metadata()

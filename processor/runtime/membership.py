@@ -333,8 +333,9 @@ class FleetMembership:
     thread). The rebalance callbacks are handed to the owner (the worker's main loop), which runs
     them in ``serve`` between two batches while the group client waits: the owner's state is
     only ever touched by the owner. So nothing the owner calls may wait on the group client:
-    ``commit`` sends group offsets with this member's generation without waiting (a refusal is
-    logged and kept in ``refused``, to be sent again; the changelogs hold the truth);
+    ``commit`` sends group offsets with this member's generation without waiting (``acked``
+    keeps what the group accepted, so what it refused or never answered is sent again; the
+    changelogs hold the truth);
     ``group_metadata`` is what an exactly-once commit sends with its offsets (librdkafka's
     serialized form, with this member's generation and id); ``request_rejoin`` asks for a
     rebalance (a probing rebalance)."""
@@ -355,7 +356,7 @@ class FleetMembership:
             session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
             max_poll_interval_ms=max_poll_interval_ms, **dict(client_options or {}))
         self.consumer.subscribe(topics=sorted(topics), listener=_Callbacks(self))
-        self.refused: dict[TopicPart, int] = {}     # offsets the group refused, latest per partition
+        self.acked: dict[TopicPart, int] = {}       # offsets the group accepted, highest per partition
         self.error: BaseException | None = None     # what stopped the polling thread
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -454,11 +455,12 @@ class FleetMembership:
 
         def answered(_offsets: Any, response: Any) -> None:
             if isinstance(response, Exception):
-                log.warning("group offset commit refused (%s): the group is rebalancing; the commit units are "
-                            "durable in the changelogs", type(response).__name__)
-                for tp, off in sent.items():
-                    if off > self.refused.get(tp, -1):
-                        self.refused[tp] = off
+                log.info("group offset commit refused (%s): sent again later; the commit units are durable in "
+                         "the changelogs", type(response).__name__)
+                return
+            for tp, off in sent.items():
+                if off > self.acked.get(tp, -1):
+                    self.acked[tp] = off
 
         self.consumer._coordinator.commit_offsets_async(request, callback=answered)
 
