@@ -21,7 +21,8 @@ Queries across the fleet (``worker.fleet_map`` from the group's assignment, each
 ``--application-server``):
 - A key whose task this worker does not run is forwarded, once, to the server the fleet map
   names as its task's active (the request carries ``X-Processor-Forwarded: 1``; a forwarded
-  request is never forwarded again: it answers 404 as above): the owner's status and body are
+  request is never forwarded again: a worker asked for a key it does not run answers 503, the task
+  moving between workers): the owner's status and body are
   relayed, with ``"served_by": "<server>"``. No active in the map, or an owner that does not
   answer within ``FORWARD_TIMEOUT_S``: 503 naming the task, or the server. ``?redirect=true``:
   307 to the owner instead. ``?stale=true``: a key of a task this worker keeps a standby
@@ -198,9 +199,13 @@ class _Handler(BaseHTTPRequestHandler):
         key = _key(view, key_text)
         try:
             entry, where = view.lookup(key, stale=_flag(query, "stale"))
-        except KeyNotHosted:
-            if self.headers.get(FORWARDED) or not getattr(self.endpoint.worker, "fleet_map", None):
-                raise   # asked by another worker, or no fleet known: answered here only (404)
+        except KeyNotHosted as exc:
+            if not getattr(self.endpoint.worker, "fleet_map", None):
+                raise   # no fleet known: answered here only (404)
+            if self.headers.get(FORWARDED):
+                # the asking worker's map named this one, which does not run the task (any more, or
+                # not yet): the task is moving, so ask again (never forwarded twice)
+                raise StoreNotReady(f"{exc} (the task is moving between workers: ask again)") from None
             self._forward(view, key, redirect=_flag(query, "redirect"))
             return
         if entry is None:

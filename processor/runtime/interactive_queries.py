@@ -249,6 +249,10 @@ class StoreView:
         stores: Any = None if task is None else task.stores
         standby_tasks = getattr(w, "standby_tasks", None)
         if stores is None and stale and standby_tasks is not None and (sub, part) in standby_tasks.dbs:
+            if not standby_tasks.caught_up_once((sub, part)):
+                # a copy that never reached a commit of the task's may lack rows: not an answer
+                raise StoreNotReady(f"store {self.name!r}: the standby replica of task {task_id} here has not "
+                                    f"caught up yet")
             stores, where = _AsCommitted(standby_tasks.dbs[(sub, part)]), {**where, "stale": True}
         if stores is None:
             if any((sub, part) in r.keys for r in w._restoring):

@@ -131,6 +131,10 @@ class StandbyTasks:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"standby replicas {sorted(self.dbs)} did not catch up in {timeout_s:.0f} s")
 
+    def caught_up_once(self, key: TaskKey) -> bool:
+        """Whether a pass over ``key`` has completed since it became a standby here."""
+        return key in self._lag
+
     def lags(self) -> dict[TaskKey, int]:
         """Per standby, the changelog records it is behind: during a pass, what the pass has left
         to apply; between passes, 0 (the last pass reached the changelogs' ends as they were when
