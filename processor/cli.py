@@ -379,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(max(logging.getLevelName(level), logging.WARNING))  # Spark's RPC chatter
     # kafka-python (the group membership client) logs every join at INFO; the worker logs what changed
     logging.getLogger("kafka").setLevel(max(logging.getLevelName(level), logging.WARNING))
+    # its IO loop waits while the worker runs a rebalance callback, by design (membership.py): not a warning
+    logging.getLogger("kafka.net.selector").setLevel(max(logging.getLevelName(level), logging.ERROR))
     # librdkafka chatter (connection retries) is noise next to our own one-line errors
     logging.getLogger("processor.kafka").setLevel(max(logging.getLevelName(level), logging.ERROR)
                                                   if args.command != "run" else level)

@@ -200,8 +200,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             entry, where = view.lookup(key, stale=_flag(query, "stale"))
         except KeyNotHosted as exc:
-            if not getattr(self.endpoint.worker, "fleet_map", None):
-                raise   # no fleet known: answered here only (404)
+            worker = self.endpoint.worker
+            if worker.application_server is None and not worker.fleet_map:
+                raise   # not in a fleet that answers for any key: answered here only (404)
+            if not worker.fleet_map:
+                raise StoreNotReady(f"{exc} (this worker has no assignment from its group yet: ask again)") from None
             if self.headers.get(FORWARDED):
                 # the asking worker's map named this one, which does not run the task (any more, or
                 # not yet): the task is moving, so ask again (never forwarded twice)
@@ -218,7 +221,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Answer for a key whose task runs elsewhere: relay its active owner's answer (or send
         the caller there)."""
         meta = view.metadata(key)
-        me = getattr(self.endpoint.worker, "application_server", None)
+        me = self.endpoint.worker.application_server
         if meta.active is None:
             raise StoreNotReady(f"store {view.name!r}: task {meta.task} (partition {meta.partition}) has no "
                                 f"active worker in the fleet's assignment")
@@ -244,14 +247,15 @@ class _Handler(BaseHTTPRequestHandler):
         limit = int(query.get("limit", [DEFAULT_LIMIT])[0])
         prefix = query.get("prefix", [""])[0]
         entries = view.prefix(prefix, limit=limit)   # first: a refused scan is refused here
-        fleet_map = getattr(worker, "fleet_map", None) or {}
+        fleet_map = worker.fleet_map
         if view.is_global or self.headers.get(FORWARDED) or not fleet_map:
             self._json(200, {"entries": entries})
             return
-        me = getattr(worker, "application_server", None)
+        me = worker.application_server
         others = sorted(s for s in fleet_map if s != me)
         path = f"/stores/{quote(view.name, safe='')}?" + urlencode({"prefix": prefix, "limit": limit})
         answers: list[tuple[str | None, list[dict]]] = [(me, entries)]
+        server: str | None
         missing: dict[str, str] = {}
         with ThreadPoolExecutor(max(1, len(others))) as pool:
             for server, got in zip(others, pool.map(lambda s: _scan_of(s, path), others), strict=True):
@@ -264,7 +268,7 @@ class _Handler(BaseHTTPRequestHandler):
                                 + "; ".join(missing.values()) + " (?partial=true answers without them)")
         taken_from: dict[int, str | None] = {}   # partition -> the server whose entries are taken
         merged = []
-        for server, got in answers:
+        for server, got in answers:   # (server None: this worker, no application server)
             for e in got:
                 if taken_from.setdefault(e["partition"], server) == server:
                     merged.append(e)

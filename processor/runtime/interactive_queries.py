@@ -193,9 +193,9 @@ class StoreView:
         """Which servers hold ``key`` (see the module docstring); ``worker.fleet_map`` is read
         as one object (the worker replaces it whole at each assignment)."""
         part = self.worker._queries.call(lambda: self.owner_partition(self.key_serde.serialize(key)), timeout_s)
-        fleet_map = getattr(self.worker, "fleet_map", None) or {}
+        fleet_map = self.worker.fleet_map
         if self.sub is None:   # a global store
-            me = getattr(self.worker, "application_server", None)
+            me = self.worker.application_server
             return KeyQueryMetadata(me, sorted(s for s in fleet_map if s != me), None, GLOBAL_TASK)
         assert part is not None
         active, standbys = task_holders(fleet_map, (self.sub, part))
@@ -247,7 +247,7 @@ class StoreView:
         where = {"partition": part, "task": task_id}
         task = w.tasks.get((sub, part))
         stores: Any = None if task is None else task.stores
-        standby_tasks = getattr(w, "standby_tasks", None)
+        standby_tasks = w.standby_tasks
         if stores is None and stale and standby_tasks is not None and (sub, part) in standby_tasks.dbs:
             if not standby_tasks.caught_up_once((sub, part)):
                 # a copy that never reached a commit of the task's may lack rows: not an answer

@@ -88,6 +88,7 @@ class StandbyTasks:
         if key in self.dbs:
             self._abort_pass()
             self.dbs.pop(key).close()
+            self._lag.pop(key, None)
             self._next_pass_at = 0.0
 
     def step(self, budget_s: float = 0.2) -> bool:
@@ -132,7 +133,8 @@ class StandbyTasks:
                 raise TimeoutError(f"standby replicas {sorted(self.dbs)} did not catch up in {timeout_s:.0f} s")
 
     def caught_up_once(self, key: TaskKey) -> bool:
-        """Whether a pass over ``key`` has completed since it became a standby here."""
+        """Whether a pass over ``key`` has completed since it became a standby here and since the
+        last pass cut short (which may leave it partway)."""
         return key in self._lag
 
     def lags(self) -> dict[TaskKey, int]:
@@ -159,6 +161,8 @@ class StandbyTasks:
 
     def _abort_pass(self) -> None:
         if self._pass is not None:
+            for key in self._targets:   # a pass cut short may leave a copy partway: not caught up
+                self._lag.pop(key, None)
             try:
                 self._pass.close()
             finally:

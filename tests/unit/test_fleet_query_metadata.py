@@ -85,8 +85,9 @@ def test_a_global_store_is_on_every_server_and_answered_by_the_one_asked(worker)
 
 
 def test_before_any_assignment_no_server_holds_anything(worker):
-    """Today's Worker has neither attribute: the metadata names the partition and task only."""
-    assert not hasattr(worker, "fleet_map")
+    """No assignment yet (an empty fleet map, no application server): the metadata names the
+    partition and task only."""
+    assert worker.fleet_map == {} and worker.application_server is None
     assert [worker.store("accounts").metadata(k) for k in ACCOUNTS[:2]] == [
         KeyQueryMetadata(None, [], 3, "0_3"), KeyQueryMetadata(None, [], 0, "0_0")]
     assert worker.store("products").metadata("p1") == KeyQueryMetadata(None, [], None, "global")
