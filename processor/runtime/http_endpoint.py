@@ -26,7 +26,8 @@ Queries across the fleet (``worker.fleet_map`` from the group's assignment, each
   relayed, with ``"served_by": "<server>"``. No active in the map, or an owner that does not
   answer within ``FORWARD_TIMEOUT_S``: 503 naming the task, or the server. ``?redirect=true``:
   307 to the owner instead. ``?stale=true``: a key of a task this worker keeps a standby
-  replica of is answered here from that replica, ``"stale": true`` (never forwarded). A worker
+  replica of is answered here from that replica, ``"stale": true``; a key the replica has no row
+  for is forwarded to the active (a replica behind is no proof of absence). A worker
   that knows no fleet (an empty fleet map: no member set ``--application-server``) forwards
   nothing and scans its own tasks only, as above.
 - A prefix scan asks every server of the fleet map for its own tasks (forwarded requests) and
@@ -209,6 +210,10 @@ class _Handler(BaseHTTPRequestHandler):
                 # the asking worker's map named this one, which does not run the task (any more, or
                 # not yet): the task is moving, so ask again (never forwarded twice)
                 raise StoreNotReady(f"{exc} (the task is moving between workers: ask again)") from None
+            self._forward(view, key, redirect=_flag(query, "redirect"))
+            return
+        if entry is None and where.get("stale") and not self.headers.get(FORWARDED):
+            # a standby without the row is no proof the key has none: the active answers
             self._forward(view, key, redirect=_flag(query, "redirect"))
             return
         if entry is None:
