@@ -110,6 +110,7 @@ class WorkerFleet(FleetListener):
         self._standby_due = False
         self._probe_at: float | None = None
         self._last_probe = 0.0
+        self._reported_at = 0.0
         self._closed_sums: dict[TaskKey, int] = local_offset_sums(worker.state_dir, worker,
                                                                   set(self.rules.stateful))
         self._report = Subscription(server=worker.config.application_server, process=worker._worker_id())
@@ -143,14 +144,17 @@ class WorkerFleet(FleetListener):
         running = set(tm.tasks) | {k for r in tm.restoring for k in r.keys}
         for key, writer in tm.writers.items():
             sums[key] = sum(writer.ends.values())
+        self._reported_at = time.monotonic()
         self._report = Subscription(server=self._report.server, process=self._report.process,
                                     sums={k: v for k, v in sums.items() if k in self.rules.stateful},
                                     running=sorted(running))
 
     # -- the main loop ----------------------------------------------------------------------------
     def serve(self) -> None:
-        """Run the group's callbacks waiting (below), then apply a new assignment's standbys."""
-        self.membership.serve()
+        """Run the group's callbacks waiting (below), then apply a new assignment's standbys;
+        the report follows the tasks (a join may be built at any time)."""
+        if self.membership.serve() or time.monotonic() - self._reported_at >= 1.0:
+            self.refresh_report()
         if self._standby_due:
             self._standby_due = False
             self._apply_standbys()
@@ -220,6 +224,7 @@ class WorkerFleet(FleetListener):
         self.worker._on_assign(self.worker.consumer, [TopicPartition(t, p) for t, p in partitions])
 
     def on_lost(self, partitions: list[tuple[str, int]]) -> None:
+        self._remember_sums(partitions)
         self.worker._on_lost(self.worker.consumer, [TopicPartition(t, p) for t, p in partitions])
 
     def _remember_sums(self, partitions: list[tuple[str, int]]) -> None:

@@ -240,7 +240,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(307, {"location": location, "task": meta.task}, headers={"Location": location})
             return
         try:
-            status, body = ask_peer(meta.active, self.path)
+            # (without ?stale: the active answers from its task, never from a standby it may keep)
+            url = urlsplit(self.path)
+            query = urlencode([(k, v) for k, v in parse_qs(url.query).items() if k != "stale"], doseq=True)
+            status, body = ask_peer(meta.active, url.path + (f"?{query}" if query else ""))
         except PeerUnanswered as exc:
             raise StoreNotReady(f"store {view.name!r}: task {meta.task} is active on {exc.server}, which did not "
                                 f"answer: {exc.reason}") from None

@@ -364,6 +364,16 @@ class Worker:
         self.fetch_gaps.forget((tp.topic, tp.partition) for tp in partitions)
         tm.close_tasks(tm.keys_of(partitions))
         consumer.incremental_unassign(partitions)
+        collector = getattr(self, "collector", None)
+        if collector is not None and collector.transactional and not tm.closing:
+            # exactly once: the open transaction holds the lost tasks' outputs since their last
+            # commit, which their new owner produces again: abort it (the tasks still here, if
+            # any, are rebuilt from their changelogs, as after any aborted transaction)
+            collector.abort()
+            self.fetch_gaps.clear()
+            collector.begin()
+            if tm.tasks:
+                tm.reopen_all()
         log.warning("assigned %s; lost %s (the group gave them to another worker: closed without committing)",
                     tm.describe_assignment(), ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
 
