@@ -1,9 +1,10 @@
 """The worker's task management: which tasks this worker runs, and how they open and close.
 
-Assignment (librdkafka's eager rebalance callbacks): tasks are created for assigned partition
-numbers (the range assignor keeps partition ``i`` of co-partitioned topics on one worker). A task
-suspended by the previous revocation and assigned again resumes at once (nobody else can have
-owned it in between). Every other task is restored before it processes anything: its database
+Assignment (the fleet's cooperative callbacks, ``processor/runtime/fleet.py``: only what moves):
+tasks are created for newly assigned partitions (the fleet's assignor gives a task, partition
+``i`` of every co-partitioned topic, whole). A revoked task is committed and closed (it moves to
+another worker; the "suspended" table of the eager protocol stays empty). Every new task is
+restored before it processes anything: its database
 is brought up to its changelogs' last commit (``processor/runtime/changelog.py``) and it resumes
 its inputs from the positions in that commit; a group offset beyond them means the changelogs
 lost data: ``ChangelogMismatch``, never a silent skip.
@@ -17,7 +18,7 @@ Tasks reopened from local state restore first (usually a short catch-up), then t
 from scratch. Tasks with table sinks then read their sinks' tails (``sink_tails``).
 
 Revocation: the revoked tasks' deferred emissions are flushed and committed, then the tasks are
-kept open ("suspended") until the next assignment. Lost partitions: closed without a commit.
+closed. Lost partitions: closed without a commit.
 
 ``TaskManager`` keeps this worker's tasks and everything per task or per assigned partition
 (writers, suspended tasks, restorations, end-of-partition marks, group offsets, time-ordering
