@@ -599,3 +599,12 @@ def worker_equals_driver_per_partition(bootstrap: str, topology_for, t: dict, ap
     for o in want:
         assert by_key(kafka.read_topic(bootstrap, o)) == want[o], o
     return want, metrics
+
+
+def assigned_partitions_now(log_text: str) -> set[int]:
+    """The partition numbers of a worker log's last "assigned" line: the whole assignment after the
+    last change (a cooperative rebalance logs one such line per change, a revocation included)."""
+    import re
+
+    lines = [ln for ln in log_text.splitlines() if "processor.worker: assigned" in ln]
+    return {int(p) for p in re.findall(r"\[(\d+)\]@", lines[-1])} if lines else set()

@@ -24,6 +24,7 @@ from processor.kafka import clients as kafka
 from processor.runtime.local_broker import free_port
 from tests.integration import apps
 from tests.integration.helpers import (
+    assigned_partitions_now,
     final_table,
     kill_leftover_workers,
     produce_with_partitioner,
@@ -41,11 +42,6 @@ KEYS = 30_000
 def _events(keys: range, round_: int) -> list[tuple[str, bytes, bytes]]:
     return [("", f"k{i:06d}".encode(), json.dumps({"r": round_}).encode()) for i in keys]
 
-
-def _owned(log_text: str) -> set[int]:
-    """The partitions of a worker's last "assigned" line (the whole assignment after each change)."""
-    lines = [ln for ln in log_text.splitlines() if "processor.worker: assigned" in ln]
-    return {int(p) for p in re.findall(r"\[(\d+)\]@", lines[-1])} if lines else set()
 
 
 def _ends(bootstrap: str, topic: str) -> dict[int, int]:
@@ -83,14 +79,14 @@ def test_sigkill_one_of_two_workers_survivor_takes_over(kafka_bootstrap, unique,
                                               "--http-port", str(free_port())]) for i in range(2)]
     try:
         def both_run_tasks():
-            return all(_owned(open(log).read()) for log in logs) and \
-                len(_owned(open(logs[0]).read()) | _owned(open(logs[1]).read())) == PARTS
+            now = [assigned_partitions_now(open(log).read()) for log in logs]
+            return all(now) and len(now[0] | now[1]) == PARTS
 
         wait_for(both_run_tasks, 90, "both workers run tasks", list(zip(procs, logs, strict=True)))
         wait_until_tasks_committed(kafka_bootstrap, topo, {inp: PARTS}, isolation, timeout_s=180)
         time.sleep(3)   # standby passes (every second) reach the last commit
         victim, survivor = 0, 1
-        moved = _owned(open(logs[victim]).read())
+        moved = assigned_partitions_now(open(logs[victim]).read())
         held = {}   # records in the changelogs of each task (every store's, the task's own included)
         for topic in topo.changelogs_of(0).values():
             for p, n in _ends(kafka_bootstrap, topic).items():
@@ -109,7 +105,7 @@ def test_sigkill_one_of_two_workers_survivor_takes_over(kafka_bootstrap, unique,
                 first_moved = time.time()
             else:
                 time.sleep(0.1)
-        wait_for(lambda: _owned(open(logs[survivor]).read()) >= set(range(PARTS)), 120,
+        wait_for(lambda: assigned_partitions_now(open(logs[survivor]).read()) >= set(range(PARTS)), 120,
                  "the survivor runs every task", [(procs[survivor], logs[survivor])])
         wait_until_tasks_committed(kafka_bootstrap, topo, {inp: PARTS}, isolation, timeout_s=180)
         read = _restored(open(logs[survivor]).read()) - before

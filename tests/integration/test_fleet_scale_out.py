@@ -10,7 +10,6 @@ end balanced (2 per worker) and the final counts equal the events produced.
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 
@@ -20,6 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 from processor.kafka import clients as kafka
 from tests.integration import apps
 from tests.integration.helpers import (
+    assigned_partitions_now,
     final_table,
     kill_leftover_workers,
     produce_with_partitioner,
@@ -34,10 +34,6 @@ PARTS = 6
 KEYS = [f"k{i:04d}" for i in range(600)]
 COMMIT_MS = 1000
 
-
-def _owned(log_text: str) -> set[int]:
-    lines = [ln for ln in log_text.splitlines() if "processor.worker: assigned" in ln]
-    return {int(p) for p in re.findall(r"\[(\d+)\]@", lines[-1])} if lines else set()
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
@@ -88,22 +84,22 @@ def test_scale_out_does_not_pause_partitions_that_stay(kafka_bootstrap, unique, 
     procs = [start(0), start(1)]
     threads = [threading.Thread(target=load, daemon=True), threading.Thread(target=watch, daemon=True)]
     try:
-        wait_for(lambda: all(len(_owned(open(log).read())) == 3 for log in logs[:2]), 90, "3 tasks on each of 2",
-                 list(zip(procs, logs, strict=False)))
+        wait_for(lambda: all(len(assigned_partitions_now(open(log).read())) == 3 for log in logs[:2]), 90,
+                 "3 tasks on each of 2", list(zip(procs, logs, strict=False)))
         for t in threads:
             t.start()
         time.sleep(4)
-        before = [_owned(open(log).read()) for log in logs[:2]]
+        before = [assigned_partitions_now(open(log).read()) for log in logs[:2]]
         joined_at = time.monotonic()
         procs.append(start(2))
-        wait_for(lambda: sorted(len(_owned(open(log).read())) for log in logs) == [2, 2, 2], 90,
+        wait_for(lambda: sorted(len(assigned_partitions_now(open(log).read())) for log in logs) == [2, 2, 2], 90,
                  "2 tasks on each of 3", list(zip(procs, logs, strict=True)))
         settled_at = time.monotonic()
         time.sleep(3)
         stop.set()
         for t in threads:
             t.join(30)
-        after = [_owned(open(log).read()) for log in logs[:2]]
+        after = [assigned_partitions_now(open(log).read()) for log in logs[:2]]
         stayed = sorted(set().union(*(b & a for b, a in zip(before, after, strict=True))))
         assert len(stayed) == 4, (before, after)    # 2 of the 6 tasks moved, the other 4 stayed
         window = [t for t in samples if joined_at - 1 <= t <= settled_at + 2]
