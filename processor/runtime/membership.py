@@ -21,10 +21,11 @@ Invariants:
 5. **The owner's state, on the owner's thread.** ``FleetMembership`` runs kafka-python's group
    client (a ``KafkaConsumer`` whose partitions are always paused: it never fetches) on a thread
    of its own; its rebalance callbacks are run by the owner (``serve``, the worker's main loop
-   between two batches) while the group client waits, so a revocation or an assignment never
-   lands during a batch. Offsets committed through it carry its generation, and the group
-   fences a stale one. (The group client is polled continuously: kafka-python 3.0.12 forgets a
-   join that completed between two polls with a zero timeout and joins again, forever.)
+   between two batches) while the group client's callback, a coroutine on its IO loop, waits
+   (heartbeats go on meanwhile), so a revocation or an assignment never lands during a batch.
+   Offsets committed through it carry its generation, and the group fences a stale one. (The
+   group client is polled continuously: kafka-python 3.0.12 forgets a join that completed
+   between two polls with a zero timeout and joins again, forever.)
 
 ``FleetAssignor`` is the assignor (protocol ``processor-fleet``, cooperative, KIP-429): the
 leader decodes every member's subscription, computes the lags, places the tasks
@@ -46,8 +47,9 @@ from typing import Any
 
 from kafka import KafkaConsumer
 from kafka import errors as kafka_errors
-from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.coordinator.assignors.abstract import AbstractPartitionAssignor, RebalanceProtocol
+from kafka.future import Future as KafkaFuture
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
 from kafka.structs import OffsetAndMetadata
 from kafka.structs import TopicPartition as KafkaTopicPartition
@@ -295,31 +297,32 @@ class FleetAssignor(AbstractPartitionAssignor):
         self.listener.on_assignment(a, generation)
 
 
-class _Callbacks(ConsumerRebalanceListener):
+class _Callbacks(AsyncConsumerRebalanceListener):
     """kafka-python's rebalance listener, translated to ``FleetListener`` and handed to the
-    owner's thread (``FleetMembership.serve``): it runs on kafka-python's IO thread, which waits
-    until the owner has run it."""
+    owner's thread (``FleetMembership.serve``). The callbacks are coroutines on kafka-python's IO
+    loop: while one waits for the owner, the loop runs on, heartbeats included, so a long
+    revocation (a commit, a flush) or assignment never costs this member its session."""
 
     def __init__(self, membership: FleetMembership) -> None:
         self.m = membership
 
-    def on_partitions_revoked(self, revoked: Any) -> None:
+    async def on_partitions_revoked(self, revoked: Any) -> None:
         parts = sorted((tp.topic, tp.partition) for tp in revoked)
         if parts:
-            self.m.hand_over(lambda: self.m.listener.on_revoked(parts))
+            await self.m.hand_over(lambda: self.m.listener.on_revoked(parts))
 
-    def on_partitions_assigned(self, assigned: Any) -> None:
+    async def on_partitions_assigned(self, assigned: Any) -> None:
         if assigned:
             self.m.consumer.pause(*assigned)   # this client never fetches
         parts = sorted((tp.topic, tp.partition) for tp in assigned)
         a = self.m.assignor.last_assignment
         if parts and a is not None:
-            self.m.hand_over(lambda: self.m.listener.on_assigned(parts, a))
+            await self.m.hand_over(lambda: self.m.listener.on_assigned(parts, a))
 
-    def on_partitions_lost(self, lost: Any) -> None:
+    async def on_partitions_lost(self, lost: Any) -> None:
         parts = sorted((tp.topic, tp.partition) for tp in lost)
         if parts:
-            self.m.hand_over(lambda: self.m.listener.on_lost(parts))
+            await self.m.hand_over(lambda: self.m.listener.on_lost(parts))
 
 
 class MembershipError(Exception):
@@ -331,7 +334,7 @@ class FleetMembership:
 
     A thread of its own polls the group client (joins, syncs; heartbeats have kafka-python's IO
     thread). The rebalance callbacks are handed to the owner (the worker's main loop), which runs
-    them in ``serve`` between two batches while the group client waits: the owner's state is
+    them in ``serve`` between two batches while the callback waits: the owner's state is
     only ever touched by the owner. So nothing the owner calls may wait on the group client:
     ``commit`` sends group offsets with this member's generation without waiting (``acked``
     keeps what the group accepted, so what it refused or never answered is sent again; the
@@ -378,22 +381,31 @@ class FleetMembership:
             if not self._stop.is_set():
                 log.error("group membership stopped: %s: %s", type(cause).__name__, cause)
 
-    def hand_over(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the owner's thread (at its next ``serve``) and wait for it; once the
-        owner detached (it is closing), here and now."""
+    async def hand_over(self, fn: Callable[[], None]) -> None:
+        """On kafka-python's IO loop: have ``fn`` run on the owner's thread (at its next ``serve``)
+        and wait for it without blocking the loop; once the owner detached (it is closing), run
+        it here and now."""
         with self._lock:
+            done: KafkaFuture | None = None
             if not self._detached:
-                done = threading.Event()
-                box: dict[str, BaseException] = {}
-                self._calls.put((fn, done, box))
-            else:
-                done = None
+                done = KafkaFuture()
+                self._calls.put((fn, done))
         if done is None:
             fn()
             return
-        done.wait()
-        if "error" in box:
-            raise box["error"]
+        await done
+
+    def _settle(self, done: KafkaFuture, error: BaseException | None) -> None:
+        """Resolve a hand-over's future on the IO loop (which wakes the callback waiting on it)."""
+        def settle() -> None:
+            if error is None:
+                done.success(None)
+            else:
+                done.failure(error)
+        try:
+            self.consumer._net.call_soon_threadsafe(settle)
+        except RuntimeError:   # the loop is closed: nobody waits any more
+            settle()
 
     def serve(self) -> bool:
         """Owner: run the callbacks waiting (returns whether there were any); raises
@@ -401,24 +413,23 @@ class FleetMembership:
         ran = False
         while True:
             try:
-                fn, done, box = self._calls.get_nowait()
+                fn, done = self._calls.get_nowait()
             except queue.Empty:
                 break
             ran = True
             try:
                 fn()
             except BaseException as exc:
-                box["error"] = exc
+                self._settle(done, exc)
                 raise
-            finally:
-                done.set()
+            self._settle(done, None)
         if self.error is not None and not self._stop.is_set():
             raise MembershipError(f"the group membership client stopped: {type(self.error).__name__}: "
                                   f"{self.error}") from self.error
         return ran
 
     def detach(self) -> None:
-        """Owner: stop serving; callbacks from now on run on the group client's thread."""
+        """Owner: stop serving; callbacks from now on run on the group client's loop."""
         with self._lock:
             self._detached = True
         self.serve_quietly()
@@ -426,15 +437,15 @@ class FleetMembership:
     def serve_quietly(self) -> None:
         while True:
             try:
-                fn, done, box = self._calls.get_nowait()
+                fn, done = self._calls.get_nowait()
             except queue.Empty:
                 return
             try:
                 fn()
             except BaseException as exc:
-                box["error"] = exc
-            finally:
-                done.set()
+                self._settle(done, exc)
+            else:
+                self._settle(done, None)
 
     # -- what the owner uses -------------------------------------------------------------------
     def owned(self) -> list[TopicPart]:

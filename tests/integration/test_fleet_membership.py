@@ -46,9 +46,10 @@ class Recorder(FleetListener):
 class Member:
     """One membership client whose callbacks a thread of the test serves (as a worker's main loop does)."""
 
-    def __init__(self, bootstrap: str, group: str, topics: list[str], name: str) -> None:
+    def __init__(self, bootstrap: str, group: str, topics: list[str], name: str,
+                 listener: Recorder | None = None) -> None:
         self.name = name
-        self.listener = Recorder()
+        self.listener = listener or Recorder()
         rules = FleetRules(partitions_of_task={(s, p): [(topics[s], p)] for s in range(2) for p in range(PARTS)},
                            stateful=set())
         self.m = FleetMembership(bootstrap, group, topics, rules,
@@ -151,6 +152,57 @@ def test_three_members_balanced_cooperative_and_fenced(kafka_bootstrap, unique, 
         started = time.monotonic()
         wait_for(lambda: settled(members, topics), 90, "two members settle after a leave")
         report(f"leave 3 -> 2 settled: {time.monotonic() - started:.1f} s")
+        assert sorted(len(m.owned()) for m in members) == [4, 4]
+    finally:
+        for m in members:
+            if m.thread.is_alive():
+                m.leave()
+
+
+class SlowRevoker(Recorder):
+    """A listener whose revocation takes longer than the session timeout (a big commit, a flush); it
+    samples the group client's heartbeat answers meanwhile."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.heartbeat = None            # the member's kafka-python Heartbeat, set by the test
+        self.answers_meanwhile: list[float] = []
+
+    def on_revoked(self, partitions):
+        until = time.monotonic() + self.seconds
+        while time.monotonic() < until:
+            time.sleep(0.25)
+            self.answers_meanwhile.append(self.heartbeat.last_receive)
+        super().on_revoked(partitions)
+
+
+def test_a_revocation_longer_than_the_session_keeps_the_member(kafka_bootstrap, unique, report):
+    """The callback waits on the owner's thread while kafka-python's loop goes on heartbeating: a
+    revocation that takes twice the session timeout neither stops the heartbeats (Kafka expels a
+    member that misses them for a session; Tansu tolerates it, so the heartbeats are sampled) nor
+    loses the member its tasks."""
+    topics = [f"{t}-{unique}" for t in TOPICS]
+    kafka.create_topics(kafka_bootstrap, {t: PARTS for t in topics})
+    group = f"fleet-slow-{unique}"
+    slow = SlowRevoker(2 * SESSION_MS / 1000)
+    first = Member(kafka_bootstrap, group, topics, "m1", slow)
+    slow.heartbeat = first.m.consumer._coordinator.heartbeat
+    members = [first]
+    try:
+        wait_for(lambda: settled(members, topics), 60, "one member settles")
+        _, member_id = first.m.generation
+        second = Member(kafka_bootstrap, group, topics, "m2")
+        members.append(second)
+        started = time.monotonic()
+        wait_for(lambda: settled(members, topics), 90, "two members settle")
+        took = time.monotonic() - started
+        answers = sorted(set(slow.answers_meanwhile))
+        report(f"scale-out 1 -> 2 with a {slow.seconds:.0f} s revocation: settled in {took:.1f} s; "
+               f"{len(answers)} heartbeat answers during the revocation")
+        assert [e[0] for e in first.listener.events if e[0] != "assigned"] == ["revoked"]
+        assert len(answers) >= 2 * slow.seconds * 1000 / SESSION_MS, answers   # one per heartbeat interval, at least
+        assert first.m.generation[1] == member_id, "the slow member was expelled and joined again"
         assert sorted(len(m.owned()) for m in members) == [4, 4]
     finally:
         for m in members:
