@@ -67,7 +67,17 @@ class Committer:
         a group offset backwards. (Every record sent belongs to a unit: outputs advance
         positions; outbox records leave the outbox entry to delete.)"""
         tm = self.tasks
-        if self.group is not None and self.group.in_doubt() and tm.tasks:
+        group_metadata = None   # exactly once: what this unit's offsets go with, read once
+        if self.group is not None and tm.tasks:
+            if tm.collector.transactional:
+                # (a generation read later could be -1 by then, and Kafka does not fence that)
+                group_metadata = self.group.group_metadata()
+                in_doubt = group_metadata is None
+            else:
+                in_doubt = self.group.in_doubt()
+        else:
+            in_doubt = False
+        if in_doubt:
             # another member may run these tasks already (this member's session expired or it was
             # fenced): writing their commit records could interleave with the new owner's. The
             # group client's next poll reports the partitions lost, and they close uncommitted.
@@ -118,7 +128,9 @@ class Committer:
                     offsets.append(TopicPartition(topic, part, off))
         if collector.transactional:
             try:
-                collector.commit_transaction(offsets, self._group_metadata())
+                if self.group is None:
+                    group_metadata = self._group_metadata()
+                collector.commit_transaction(offsets, group_metadata)
             except KafkaException as exc:
                 self._transaction_failed(exc)
                 return
@@ -183,10 +195,8 @@ class Committer:
         return offsets
 
     def _group_metadata(self):
-        """What an exactly-once commit sends with its offsets: the membership's generation and
-        member id (Kafka fences a stale one, KIP-447)."""
-        if self.group is not None:
-            return self.group.group_metadata()
+        """What an exactly-once commit sends with its offsets without a fleet membership: the
+        data consumer's (Kafka fences a stale generation, KIP-447)."""
         return self.tasks.consumer.consumer_group_metadata()
 
     def _retry_skipped_offsets(self) -> None:

@@ -187,7 +187,7 @@ class WorkerFleet(FleetListener):
         acked = self.membership.acked
         return {tp: off for tp, off in sent.items() if off > acked.get(tp, -1)}
 
-    def group_metadata(self) -> bytes:
+    def group_metadata(self) -> bytes | None:
         return self.membership.group_metadata()
 
     def _apply_standbys(self) -> None:

@@ -475,10 +475,13 @@ class FleetMembership:
 
         self.consumer._coordinator.commit_offsets_async(request, callback=answered)
 
-    def group_metadata(self) -> bytes:
+    def group_metadata(self) -> bytes | None:
         """librdkafka's serialized group metadata with this member's generation and id (for
-        ``send_offsets_to_transaction``: Kafka fences a stale generation, KIP-447)."""
+        ``send_offsets_to_transaction``: Kafka fences a stale generation, KIP-447); ``None``
+        while in doubt (no generation: Kafka would not fence generation -1, it skips the check)."""
         generation, member_id = self.generation
+        if generation < 0:
+            return None
         return group_metadata_bytes(self.group, generation, member_id or "")
 
     def in_doubt(self) -> bool:
