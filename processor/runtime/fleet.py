@@ -40,6 +40,7 @@ from processor.runtime.membership import (
 )
 from processor.runtime.standby import StandbyTasks
 from processor.state.rocksdb import RocksDBDatabase
+from processor.state.task_owner import claim_task_dir, owner_of
 
 if TYPE_CHECKING:
     from processor.runtime.worker import Worker
@@ -74,7 +75,8 @@ def fleet_rules(worker: Worker) -> FleetRules:
 
 def local_offset_sums(state_dir: Path, worker: Worker, keys: set[TaskKey]) -> dict[TaskKey, int]:
     """The changelog offset sum of each task directory under ``state_dir`` among ``keys`` (their
-    checkpoints); a directory that cannot be opened is named in a log line and left out."""
+    checkpoints); a directory that cannot be opened is named in a log line and left out, and so
+    is one another application or topology wrote (put out of the way: ``state/task_owner.py``)."""
     out = {}
     for path in sorted(state_dir.glob("task-*_*")):
         try:
@@ -85,6 +87,8 @@ def local_offset_sums(state_dir: Path, worker: Worker, keys: set[TaskKey]) -> di
             continue
         changelogs = {(t, part) for t in worker.topology.changelogs_of(sub).values()}
         try:
+            if claim_task_dir(path, owner_of(worker.topology, sub, part)) in ("moved", "wiped"):
+                continue   # another writer's: nothing of this task's state here
             db = RocksDBDatabase(path)
         except Exception as exc:
             log.warning("local state of task %d_%d not reported to the group (%s)", sub, part, exc)

@@ -38,6 +38,17 @@ Queries across the fleet (``worker.fleet_map`` from the group's assignment, each
   what came and ``"missing": [servers]``. A global store's scan is answered here (every worker
   holds it whole).
 
+Every answer carries ``X-Processor-Instance``: a random id of this endpoint, made when it starts.
+``check_advertised`` uses it: once the endpoint listens, a worker given
+``--application-server`` asks ``GET /healthz`` of that address itself and expects its own id
+back. An address that does not resolve, refuses or times out, answers without the header, or
+answers with another worker's id (an address copied from another worker's command) is named in
+one warning line: the other workers' queries forwarded there will fail (or reach the wrong
+worker); the worker runs on, processing is unaffected. ``--application-server`` without
+``--http-port`` is named in one such line too. (Kafka Streams checks only that
+``application.server`` is ``host:port``; the probe is ours. It asks from this worker: an address
+only other machines can reach, behind a NAT without hairpinning, is reported unreachable.)
+
 Invariant: the server threads never touch a task, a store or a Kafka client: metrics come from
 the snapshot the main loop publishes, store reads are run by the main loop
 (``processor/runtime/interactive_queries.py``), health reads one timestamp, and the fleet map
@@ -50,10 +61,12 @@ import dataclasses
 import json
 import logging
 import math
+import socket
 import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
@@ -61,6 +74,7 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from processor.config import check_application_server
 from processor.errors import ConfigError
 from processor.runtime.interactive_queries import DEFAULT_LIMIT, KeyNotHosted, QueryError, StoreNotReady, StoreView
 from processor.serde import StringSerde
@@ -73,6 +87,8 @@ log = logging.getLogger("processor.http")
 DEFAULT_HEALTH_TIMEOUT_S = 60.0
 FORWARDED = "X-Processor-Forwarded"   # a request one worker sends another: answered here only
 FORWARD_TIMEOUT_S = 5.0               # how long a worker waits for another's answer
+INSTANCE = "X-Processor-Instance"     # on every answer: the id of the endpoint that answered
+PROBE_TIMEOUT_S = 5.0                 # how long the probe of the advertised address waits
 ROUTES = "/metrics /healthz /readyz /stores/<store>/<key> /metadata/<store>/<key>"
 
 
@@ -104,10 +120,63 @@ def ask_peer(server: str, path: str) -> tuple[int, dict]:
     return status, body
 
 
+def probe_application_server(server: str, instance: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why ``server`` (``host:port``) does not reach the endpoint whose id is ``instance``, or
+    None when it does: ``GET /healthz`` there must answer with ``X-Processor-Instance: instance``
+    (any status: the probe is about the address, not the worker's health)."""
+    host, port = check_application_server(server)
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"host {host!r} does not resolve ({exc})"
+    try:
+        with urllib.request.urlopen(f"http://{server}/healthz", timeout=timeout_s) as r:
+            status, got = r.status, r.headers.get(INSTANCE)
+    except urllib.error.HTTPError as e:
+        status, got = e.code, e.headers.get(INSTANCE)
+    except (OSError, ValueError) as exc:   # refused, timed out, reset, not HTTP
+        reason = getattr(exc, "reason", exc)
+        return f"no HTTP answer ({type(reason).__name__}: {reason})"
+    if got is None:
+        return f"it answered HTTP {status}, but not as a processor worker (no {INSTANCE} header)"
+    if got != instance:
+        return f"another worker's endpoint answered there (instance {got}, this one is {instance})"
+    return None
+
+
+def check_advertised(server: str | None, endpoint: WorkerHTTPEndpoint | None) -> threading.Thread | None:
+    """The worker's ``--application-server`` checked against its endpoint (module docstring):
+    one warning line when it has no endpoint, else a probe on a daemon thread (returned) that
+    logs one line with its outcome."""
+    if server is None:
+        return None
+    if endpoint is None:
+        log.warning("application server %s: this worker serves no HTTP endpoint (no --http-port), so other workers' "
+                    "queries forwarded to it fail; processing is unaffected", server)
+        return None
+
+    def probe() -> None:
+        try:
+            why = probe_application_server(server, endpoint.instance)
+        except Exception as exc:   # never the worker's concern beyond this line
+            why = f"the probe failed ({type(exc).__name__}: {exc})"
+        if why is None:
+            log.info("application server %s reaches this worker's HTTP endpoint", server)
+        else:
+            log.warning("application server %s does not reach this worker's HTTP endpoint (port %d): %s; queries "
+                        "the other workers forward there will not reach this worker; processing is unaffected",
+                        server, endpoint.port, why)
+
+    t = threading.Thread(target=probe, name="processor-http-probe", daemon=True)
+    t.start()
+    return t
+
+
 class WorkerHTTPEndpoint:
     def __init__(self, worker: Worker, port: int, host: str = "0.0.0.0",
                  health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S):
         self.worker = worker
+        self.instance = uuid.uuid4().hex   # X-Processor-Instance of every answer
         self.health_timeout_s = health_timeout_s
         handler = type("Handler", (_Handler,), {"endpoint": self})
         try:
@@ -144,6 +213,7 @@ class _Handler(BaseHTTPRequestHandler):
               headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        self.send_header(INSTANCE, self.endpoint.instance)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from processor.runtime.changelog import RestoreTarget, restore_steps, restore_target
 from processor.state.rocksdb import RocksDBDatabase
+from processor.state.task_owner import claim_task_dir, owner_of
 
 if TYPE_CHECKING:
     from processor.topology.core import Topology
@@ -76,6 +77,7 @@ class StandbyTasks:
             self.dbs.pop(key).close()
             self._lag.pop(key, None)
         for sub, partition in sorted(added):
+            claim_task_dir(self.state_dir / f"task-{sub}_{partition}", owner_of(self.topology, sub, partition))
             self.dbs[(sub, partition)] = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
             self.records_read.setdefault((sub, partition), 0)
         self._next_pass_at = 0.0

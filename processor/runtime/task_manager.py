@@ -54,6 +54,7 @@ from processor.runtime.changelog import (
 from processor.runtime.partition_group import PartitionGroup
 from processor.runtime.worker_metrics import add_counters
 from processor.state.rocksdb import RocksDBDatabase
+from processor.state.task_owner import claim_task_dir, owner_of
 
 if TYPE_CHECKING:
     from processor.engine.routing import Routing
@@ -194,7 +195,9 @@ class TaskManager:
         topology = self.topology
         try:
             for sub, partition in keys:
-                db = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
+                path = self.state_dir / f"task-{sub}_{partition}"
+                claim_task_dir(path, owner_of(topology, sub, partition))   # another writer's: rebuilt
+                db = RocksDBDatabase(path)
                 targets.append(restore_target(topology, db, sub, partition))
         except BaseException:
             for t in targets:

@@ -55,7 +55,7 @@ from processor.runtime.collector import KafkaCollector
 from processor.runtime.commit_unit import Committer
 from processor.runtime.fetch_gaps import FetchGaps
 from processor.runtime.fleet import WorkerFleet
-from processor.runtime.http_endpoint import WorkerHTTPEndpoint
+from processor.runtime.http_endpoint import WorkerHTTPEndpoint, check_advertised
 from processor.runtime.interactive_queries import KeyQueryMetadata, StoreQueries, StoreView
 from processor.runtime.state_lock import StateDirLock
 from processor.runtime.task_manager import Restoration, TaskManager
@@ -429,6 +429,8 @@ class Worker:
                 self.metrics_state.loop_beat = time.monotonic()
                 self.http_endpoint = WorkerHTTPEndpoint(self, self.http_port, self._http_host,
                                                         self._health_timeout_s).start()
+            # does --application-server reach this endpoint? one line if not (the worker runs on)
+            check_advertised(self.application_server, self.http_endpoint)
             self._queries.loop_thread = threading.current_thread()
             self._run_locked(until_drained, install_signal_handlers, max_seconds)
         finally:

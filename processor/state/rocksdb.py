@@ -13,6 +13,9 @@ Column families:
                     after the last changelog record) this database reflects
   ``<store>``       one per store, values in the timestamped layout (state/timestamped.py)
 
+The directory also holds ``task-owner.json``, which names the application and sub-topology that
+wrote it (``processor/state/task_owner.py``, checked before a worker opens a task's database).
+
 Databases are opened with a bloom filter and a shared block cache, and reopened with all of
 their existing column families.
 """

@@ -31,6 +31,16 @@ def _topology():
     ("topic_configs", {"changelog": {"cleanup.policy": "delete"}},
      "--changelog-topic-config cleanup.policy=delete: changelog topics need cleanup.policy=compact"),
     ("topic_configs", {"state": {}}, "internal topic kind must be one of"),
+    ("num_standby_replicas", -1, "num_standby_replicas must be an integer >= 0, not -1"),
+    ("application_server", "localhost", "application_server must be host:port (the address other workers and "
+                                        "clients use to reach this worker's HTTP endpoint), not 'localhost'"),
+    ("application_server", "h:0", "application_server must be host:port"),
+    ("application_server", "h:65536", "application_server must be host:port"),
+    ("application_server", "h:http", "application_server must be host:port"),
+    ("application_server", ":8080", "application_server must be host:port"),
+    ("application_server", "http://h:8080", "application_server must be host:port"),
+    ("application_server", "my host:8080", "application_server must be host:port"),
+    ("application_server", 8080, "application_server must be host:port"),
     ("clients", ClientConfig(consumer={"isolation.level": "committed"}),
      "consumer setting isolation.level must be one of read_uncommitted, read_committed, not 'committed'"),
 ])

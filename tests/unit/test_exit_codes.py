@@ -90,3 +90,19 @@ def test_state_memory_flags_reach_rocksdb_and_bad_sizes_are_2(monkeypatch, capsy
         assert "--state-write-buffer-mb must be at least 1" in capsys.readouterr().err
     finally:
         rocksdb.configure_memory()
+
+
+def test_a_malformed_application_server_is_2_on_one_line(monkeypatch, capsys):
+    """``--application-server`` that is not host:port: refused before any broker or state is touched."""
+    from processor import StreamsBuilder
+    from processor.runtime import worker as worker_module
+
+    b = StreamsBuilder()
+    b.stream("in").to("out")
+    monkeypatch.setattr(cli, "resolve_topology", lambda spec: b.build())
+    monkeypatch.setattr(worker_module, "Worker", lambda *a, **k: pytest.fail("a worker was made"))
+    for given in ("worker-1", "worker-1:port", "http://worker-1:8080"):
+        assert cli.main(run_args() + ["--http-port", "8080", "--application-server", given]) == 2
+        assert capsys.readouterr().err == (
+            f"processor: error: application_server must be host:port (the address other workers and clients use "
+            f"to reach this worker's HTTP endpoint), not {given!r}\n")
