@@ -34,8 +34,10 @@ Queries across the fleet (``worker.fleet_map`` from the group's assignment, each
   merges the answers in partition order, each partition's entries in the order its server
   returned them, cut at ``limit``; a partition is taken from the first server that returns it
   (this worker first), so no key comes twice. A server that does not answer 200 makes the
-  whole answer 503 naming it, never a silently partial one; ``?partial=true`` answers with
-  what came and ``"missing": [servers]``. A global store's scan is answered here (every worker
+  whole answer 503 naming it, never a silently partial one, and so does a partition no server
+  read (each answer names the partitions its server runs: a task restoring or between two
+  owners is in none); ``?partial=true`` answers with what came, ``"missing": [servers]`` and
+  ``"missing_partitions": [partitions]``. A global store's scan is answered here (every worker
   holds it whole).
 
 Every answer carries ``X-Processor-Instance``: a random id of this endpoint, made when it starts.
@@ -324,15 +326,15 @@ class _Handler(BaseHTTPRequestHandler):
         worker = self.endpoint.worker
         limit = int(query.get("limit", [DEFAULT_LIMIT])[0])
         prefix = query.get("prefix", [""])[0]
-        entries = view.prefix(prefix, limit=limit)   # first: a refused scan is refused here
+        entries, partitions = view.scan(prefix, limit=limit)   # first: a refused scan is refused here
         fleet_map = worker.fleet_map
         if view.is_global or self.headers.get(FORWARDED) or not fleet_map:
-            self._json(200, {"entries": entries})
+            self._json(200, {"entries": entries, "partitions": partitions})
             return
         me = worker.application_server
         others = sorted(s for s in fleet_map if s != me)
         path = f"/stores/{quote(view.name, safe='')}?" + urlencode({"prefix": prefix, "limit": limit})
-        answers: list[tuple[str | None, list[dict]]] = [(me, entries)]
+        answers: list[tuple[str | None, list[dict], list[int]]] = [(me, entries, partitions)]
         server: str | None
         missing: dict[str, str] = {}
         with ThreadPoolExecutor(max(1, len(others))) as pool:
@@ -340,32 +342,39 @@ class _Handler(BaseHTTPRequestHandler):
                 if isinstance(got, str):
                     missing[server] = got
                 else:
-                    answers.append((server, got))
-        if missing and not _flag(query, "partial"):
-            raise StoreNotReady(f"store {view.name!r}: the prefix scan is incomplete: "
-                                + "; ".join(missing.values()) + " (?partial=true answers without them)")
+                    answers.append((server, *got))
+        # a partition whose task no server runs now (restoring, or between two owners) has no
+        # entries in any answer: the scan is incomplete, never silently short
         taken_from: dict[int, str | None] = {}   # partition -> the server whose entries are taken
-        merged = []
-        for server, got in answers:   # (server None: this worker, no application server)
-            for e in got:
-                if taken_from.setdefault(e["partition"], server) == server:
-                    merged.append(e)
+        for server, _, parts in answers:   # (server None: this worker, no application server)
+            for p in parts:
+                taken_from.setdefault(p, server)
+        unanswered = [p for p in range(view.partition_count()) if p not in taken_from]
+        if (missing or unanswered) and not _flag(query, "partial"):
+            why = list(missing.values())
+            if unanswered:
+                why.append(f"no worker runs the task of partition(s) {unanswered} now (restoring or moving)")
+            raise StoreNotReady(f"store {view.name!r}: the prefix scan is incomplete: "
+                                + "; ".join(why) + " (?partial=true answers without them)")
+        merged = [e for server, got, _ in answers for e in got if taken_from.get(e["partition"]) == server]
         merged.sort(key=lambda e: e["partition"])   # stable: each partition in its server's order
         body: dict = {"entries": merged[:limit]}
         if _flag(query, "partial"):
             body["missing"] = sorted(missing)
+            body["missing_partitions"] = unanswered
         self._json(200, body)
 
 
-def _scan_of(server: str, path: str) -> list[dict] | str:
-    """A server's own entries of a prefix scan, or why there are none."""
+def _scan_of(server: str, path: str) -> tuple[list[dict], list[int]] | str:
+    """A server's own entries of a prefix scan and the partitions it read them from, or why there
+    are none."""
     try:
         status, body = ask_peer(server, path)
     except PeerUnanswered as exc:
         return str(exc)
-    if status != 200 or not isinstance(body.get("entries"), list):
+    if status != 200 or not isinstance(body.get("entries"), list) or not isinstance(body.get("partitions"), list):
         return f"{server} answered {status}: {body.get('error', body)}"
-    return body["entries"]
+    return body["entries"], body["partitions"]
 
 
 def _key(view: StoreView, key_text: str):

@@ -204,11 +204,22 @@ class StoreView:
     def prefix(self, prefix, limit: int = DEFAULT_LIMIT, timeout_s: float = 10.0) -> list[dict]:
         """Entries whose key bytes start with ``prefix``'s (a ``str`` is taken as UTF-8, ``bytes``
         as they are), over every task of this store this worker runs, in key order per task."""
+        return self.scan(prefix, limit, timeout_s)[0]
+
+    def scan(self, prefix, limit: int = DEFAULT_LIMIT, timeout_s: float = 10.0) -> tuple[list[dict], list[int]]:
+        """``prefix``'s entries here, and the partitions they were read from: every partition of
+        this store whose task runs here (open, not restoring), scanned or cut off by ``limit``
+        (a fleet's scan knows from them which partitions nobody answered for)."""
         if self.windowed:
             raise QueryError(f"store {self.name!r} is a {self.spec.kind} store: it answers a key "
                              f"(/stores/{self.name}/<key>: every live window of it), not a prefix scan")
         pb = prefix.encode() if isinstance(prefix, str) else bytes(prefix)
         return self.worker._queries.call(lambda: self._scan(pb, limit), timeout_s)
+
+    def partition_count(self) -> int:
+        """The partitions of this store's sub-topology (its tasks)."""
+        w = self.worker
+        return max(n for t, n in w._parts.items() if w._sub_of_topic.get(t) == self.sub)
 
     # -- main loop -------------------------------------------------------------------------
     def _global_store(self):
@@ -282,7 +293,7 @@ class StoreView:
             return None
         return {"key": self.key_serde.deserialize(kb), "windows": windows}
 
-    def _scan(self, pb: bytes, limit: int) -> list[dict]:
+    def _scan(self, pb: bytes, limit: int) -> tuple[list[dict], list[int]]:
         w = self.worker
         out: list[dict] = []
         if self.is_global:
@@ -292,17 +303,16 @@ class StoreView:
                 if len(out) >= limit:
                     break
                 out.append({**decode_entry(self.spec, k, v), "partition": None, "task": GLOBAL_TASK})
-            return out
-        for (sub, part), task in sorted(w.tasks.items()):
-            if sub != self.sub:
-                continue
+            return out, []
+        here = sorted((part, task) for (sub, part), task in w.tasks.items() if sub == self.sub)
+        for part, task in here:
             for k, v in task.stores.store(self.name).prefix(pb):
                 if v is None:
                     continue
                 if len(out) >= limit:
-                    return out
+                    return out, [p for p, _ in here]
                 out.append({**decode_entry(self.spec, k, v), "partition": part, "task": task.id})
-        return out
+        return out, [p for p, _ in here]
 
 
 class _AsCommitted:

@@ -145,6 +145,10 @@ def test_forwarding_redirects_stale_reads_and_the_prefix_fan_out(kafka_bootstrap
         assert [e["partition"] for e in entries] == sorted(e["partition"] for e in entries)
         assert {e["key"]: e["value"] for e in entries} == COUNTS
         assert _get(ports[1], "/stores/counts?prefix=user-&limit=7") == (200, {"entries": entries[:7]})
+        # each worker's own answer names the partitions it read (all it runs, even past the limit)
+        own_parts = _get(ports[1], "/stores/counts?prefix=user-&limit=1", {"X-Processor-Forwarded": "1"})[1]
+        assert own_parts["partitions"] == sorted(int(t.split("_")[1]) for t in set(tasks) if owner_of[t] == servers[1])
+        assert len(own_parts["entries"]) == 1
         # asked as a forwarded request, a worker answers its own tasks only
         own = _get(ports[1], "/stores/counts?prefix=user-", {"X-Processor-Forwarded": "1"})[1]["entries"]
         assert own == [e for e in entries if owner_of[e["task"]] == servers[1]]
@@ -158,9 +162,17 @@ def test_forwarding_redirects_stale_reads_and_the_prefix_fan_out(kafka_bootstrap
         status, body = _get(ports[0], "/stores/counts?prefix=user-")
         assert status == 503 and f"{dead} did not answer" in body["error"], body
         assert _get(ports[0], "/stores/counts?prefix=user-&partial=true") == (200, {
-            "entries": [e for e in entries if owner_of[e["task"]] == servers[0]], "missing": [dead]})
-        # no active for worker 1's tasks at all: 503 naming the task
+            "entries": [e for e in entries if owner_of[e["task"]] == servers[0]], "missing": [dead],
+            "missing_partitions": sorted(int(t.split("_")[1]) for t in set(tasks) if owner_of[t] == servers[1])})
+        # no active for worker 1's tasks at all (moving, restoring): 503 naming the task; the scan
+        # names the partitions nobody answered for, never a silently short answer
         w0.fleet_map = {servers[0]: {"active": held[0], "standby": []}}
+        nobody = sorted(int(t.split("_")[1]) for t in set(tasks) if owner_of[t] == servers[1])
+        status, body = _get(ports[0], "/stores/counts?prefix=user-")
+        assert status == 503 and f"no worker runs the task of partition(s) {nobody} now" in body["error"], body
+        assert _get(ports[0], "/stores/counts?prefix=user-&partial=true") == (200, {
+            "entries": [e for e in entries if owner_of[e["task"]] == servers[0]], "missing": [],
+            "missing_partitions": nobody})
         assert _get(ports[0], f"/stores/counts/{k1}") == (503, {
             "error": f"store 'counts': task {t1} (partition {t1.split('_')[1]}) has no active worker in the "
                      f"fleet's assignment"})
