@@ -156,10 +156,14 @@ class WorkerFleet(FleetListener):
     # -- the main loop ----------------------------------------------------------------------------
     def serve(self) -> None:
         """Run the group's callbacks waiting (below), then apply a new assignment's standbys;
-        the report follows the tasks (a join may be built at any time)."""
-        if self.membership.serve() or time.monotonic() - self._reported_at >= 1.0:
+        the report follows the tasks (a join may be built at any time). The assignment arrives
+        before its revocations and assignments are served (``on_assignment`` runs on the group
+        client's thread): the standbys are applied again after each callback, so a task revoked
+        here that stays here as a standby becomes one."""
+        ran = self.membership.serve()
+        if ran or time.monotonic() - self._reported_at >= 1.0:
             self.refresh_report()
-        if self._standby_due:
+        if self._standby_due or ran:
             self._standby_due = False
             self._apply_standbys()
 

@@ -26,8 +26,11 @@ Queries across the fleet (``worker.fleet_map`` from the group's assignment, each
   relayed, with ``"served_by": "<server>"``. No active in the map, or an owner that does not
   answer within ``FORWARD_TIMEOUT_S``: 503 naming the task, or the server. ``?redirect=true``:
   307 to the owner instead. ``?stale=true``: a key of a task this worker keeps a standby
-  replica of is answered here from that replica, ``"stale": true``; a key the replica has no row
-  for is forwarded to the active (a replica behind is no proof of absence). A worker
+  replica of (caught up once) is answered here from that replica, ``"stale": true``; a key the
+  replica has no row for is forwarded to the active (a replica behind is no proof of absence,
+  so a replica asked by another worker answers 503, never 404). With ``?stale=true``, when the
+  active cannot answer (down, restoring, the task between owners; or this worker is the active
+  and restores it), the task's standbys are asked in turn: 503 only when no copy answers. A worker
   that knows no fleet (an empty fleet map: no member set ``--application-server``) forwards
   nothing and scans its own tasks only, as above.
 - A prefix scan asks every server of the fleet map for its own tasks (forwarded requests) and
@@ -270,23 +273,33 @@ class _Handler(BaseHTTPRequestHandler):
             self._prefix(view, query)
             return
         key = _key(view, key_text)
+        worker = self.endpoint.worker
+        stale, redirect, forwarded = _flag(query, "stale"), _flag(query, "redirect"), bool(self.headers.get(FORWARDED))
         try:
-            entry, where = view.lookup(key, stale=_flag(query, "stale"))
+            entry, where = view.lookup(key, stale=stale)
         except KeyNotHosted as exc:
-            worker = self.endpoint.worker
             if worker.application_server is None and not worker.fleet_map:
                 raise   # not in a fleet that answers for any key: answered here only (404)
             if not worker.fleet_map:
                 raise StoreNotReady(f"{exc} (this worker has no assignment from its group yet: ask again)") from None
-            if self.headers.get(FORWARDED):
+            if forwarded:
                 # the asking worker's map named this one, which does not run the task (any more, or
                 # not yet): the task is moving, so ask again (never forwarded twice)
                 raise StoreNotReady(f"{exc} (the task is moving between workers: ask again)") from None
-            self._forward(view, key, redirect=_flag(query, "redirect"))
+            self._forward(view, key, redirect, stale)
             return
-        if entry is None and where.get("stale") and not self.headers.get(FORWARDED):
+        except StoreNotReady:
+            # restoring here, or a standby here that never caught up: another copy may answer
+            if forwarded or not worker.fleet_map:
+                raise
+            self._forward(view, key, redirect, stale)
+            return
+        if entry is None and where.get("stale"):
             # a standby without the row is no proof the key has none: the active answers
-            self._forward(view, key, redirect=_flag(query, "redirect"))
+            if forwarded:
+                raise StoreNotReady(f"store {view.name!r}: the standby replica of task {where['task']} here has "
+                                    f"no row for the key, which is no proof that the task has none")
+            self._forward(view, key, redirect, stale=True)
             return
         if entry is None:
             self._json(404, {"error": f"no row for key {unquote(key_text)!r} in store {view.name!r}",
@@ -294,32 +307,53 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(200, entry)
 
-    def _forward(self, view: StoreView, key, redirect: bool) -> None:
-        """Answer for a key whose task runs elsewhere: relay its active owner's answer (or send
-        the caller there)."""
+    def _forward(self, view: StoreView, key, redirect: bool, stale: bool) -> None:
+        """Answer for a key whose task this worker cannot answer for: relay its active owner's
+        answer (or send the caller there); with ``stale``, when the active cannot answer (down,
+        restoring, the task between owners), a standby's. 503 only when no copy answers."""
         meta = view.metadata(key)
         me = self.endpoint.worker.application_server
+        url = urlsplit(self.path)
+        params = [(k, v) for k, v in parse_qs(url.query).items() if k not in ("stale", "redirect")]
+        failures = []
         if meta.active is None:
-            raise StoreNotReady(f"store {view.name!r}: task {meta.task} (partition {meta.partition}) has no "
-                                f"active worker in the fleet's assignment")
-        if meta.active == me:
-            raise StoreNotReady(f"store {view.name!r}: task {meta.task} is assigned to this worker ({me}) "
-                                f"but not open here yet")
-        if redirect:
-            url = urlsplit(self.path)
+            failures.append(f"store {view.name!r}: task {meta.task} (partition {meta.partition}) has no active "
+                            f"worker in the fleet's assignment")
+        elif meta.active == me:
+            failures.append(f"store {view.name!r}: task {meta.task} is assigned to this worker ({me}) but not "
+                            f"open here yet")
+        elif redirect:
             query = urlencode([(k, v) for k, v in parse_qs(url.query).items() if k != "redirect"], doseq=True)
             location = f"http://{meta.active}{url.path}" + (f"?{query}" if query else "")
             self._json(307, {"location": location, "task": meta.task}, headers={"Location": location})
             return
-        try:
-            # (without ?stale: the active answers from its task, never from a standby it may keep)
-            url = urlsplit(self.path)
-            query = urlencode([(k, v) for k, v in parse_qs(url.query).items() if k != "stale"], doseq=True)
-            status, body = ask_peer(meta.active, url.path + (f"?{query}" if query else ""))
-        except PeerUnanswered as exc:
-            raise StoreNotReady(f"store {view.name!r}: task {meta.task} is active on {exc.server}, which did not "
-                                f"answer: {exc.reason}") from None
-        self._json(status, {**body, "served_by": meta.active})
+        else:
+            try:
+                # (without ?stale: the active answers from its task, never from a standby it may keep)
+                query = urlencode(params, doseq=True)
+                status, body = ask_peer(meta.active, url.path + (f"?{query}" if query else ""))
+                if status != 503 or not stale:
+                    self._json(status, {**body, "served_by": meta.active})
+                    return
+                failures.append(f"{meta.active} answered 503: {body.get('error', body)}")
+            except PeerUnanswered as exc:
+                failures.append(f"store {view.name!r}: task {meta.task} is active on {exc.server}, which did not "
+                                f"answer: {exc.reason}")
+        if stale:
+            query = urlencode(params + [("stale", ["true"])], doseq=True)
+            for server in meta.standbys:
+                if server == me:
+                    continue   # (this worker's own copy was asked first)
+                try:
+                    status, body = ask_peer(server, url.path + f"?{query}")
+                except PeerUnanswered as exc:
+                    failures.append(str(exc))
+                    continue
+                if status == 200:   # (stale from its replica; fresh if the task runs there by now)
+                    self._json(status, {**body, "served_by": server})
+                    return
+                failures.append(f"standby {server} answered {status}: {body.get('error', body)}")
+        raise StoreNotReady("; ".join(failures))
 
     def _prefix(self, view: StoreView, query: dict) -> None:
         """This worker's entries, and (unless asked by another worker) every other server's."""

@@ -136,6 +136,14 @@ def test_forwarding_redirects_stale_reads_and_the_prefix_fan_out(kafka_bootstrap
             "partition": int(t1.split("_")[1]), "task": t1, "stale": True})
         status, body = _get(ports[1], f"/stores/counts/{k0}?stale=true")
         assert (status, body["value"], body["served_by"], "stale" in body) == (200, COUNTS[k0], servers[0], False)
+        # a standby asked (forwarded) for a key it has no row of: 503, never a 404 (no proof of
+        # absence); asked by a client, the active answers the 404
+        absent = next(k for k in (f"absent-{i}" for i in range(1000))
+                      if _get(ports[0], f"/metadata/counts/{k}")[1]["active"] == servers[1])
+        status, body = _get(ports[0], f"/stores/counts/{absent}?stale=true", {"X-Processor-Forwarded": "1"})
+        assert status == 503 and "no proof" in body["error"], body
+        status, body = _get(ports[0], f"/stores/counts/{absent}?stale=true")
+        assert (status, body["served_by"], body["hosted_here"]) == (404, servers[1], True), body
 
         # the prefix fan-out, asked at either worker: every key once, in partition order
         scans = [_get(port, "/stores/counts?prefix=user-") for port in ports]
