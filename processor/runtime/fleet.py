@@ -171,7 +171,7 @@ class WorkerFleet(FleetListener):
 
     def step(self) -> None:
         """Between batches: a step of the standby pass; a probing rebalance when due."""
-        if not self.standby.dbs:
+        if not self.standby.wanted:
             return
         try:
             caught_up = self.standby.step(STANDBY_STEP_S)
@@ -206,9 +206,9 @@ class WorkerFleet(FleetListener):
             return
         tm = self.worker.task_manager
         active = set(tm.tasks) | {k for r in tm.restoring for k in r.keys}
-        try:
+        try:   # (a standby that cannot open is set aside by update itself, the others kept)
             self.standby.update(set(a.standby) - active)
-        except Exception as exc:   # a standby that cannot open: the worker runs its active tasks on
+        except Exception as exc:   # the worker runs its active tasks on
             log.warning("standby replicas %s not kept: %s", sorted(a.standby), exc)
         self.refresh_report()
 

@@ -345,8 +345,7 @@ class Worker:
                 self.commit()
             tm.forget_partitions(partitions)
             self.fetch_gaps.forget((tp.topic, tp.partition) for tp in partitions)
-            tm.drop_groups(keys)
-            tm.suspend(keys, close=True)
+            tm.close_tasks(keys)
             consumer.incremental_unassign(partitions)
             if not tm.closing:
                 log.info("assigned %s; revoked %s (they move to another worker)", tm.describe_assignment(),
