@@ -17,7 +17,12 @@ Example:
     [('k', 'HELLO')]
 """
 
-from processor.config import StreamsConfig
+# first: the compiled per-record path, unless stale or PROCESSOR_PURE_PYTHON=1 (docs/compiled.md)
+from processor import _compiled
+
+_compiled.install()
+
+from processor.config import StreamsConfig  # noqa: E402
 from processor.dsl import (
                            Emit,
                            JoinWindows,

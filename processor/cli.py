@@ -92,6 +92,9 @@ def resolve_topology(spec: str):
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="processor", description="Kafka-native stream processor")
+    from processor import __version__, _compiled
+    ap.add_argument("--version", action="version",
+                    version=f"processor {__version__}, per-record path: {_compiled.build_info()}")
     ap.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default per command)")
     ap.add_argument("--log-format", choices=["text", "json"], default="text",
                     help="text (default) or json: one JSON object per line with the record's task, topic, "
