@@ -83,6 +83,7 @@ SPEC = "fleet_failover:topology"     # this module, as the workers import it (be
 SESSION_TIMEOUT_MS = 6000
 TAIL_EVERY_S = 0.05
 TAIL_BEFORE_KILL_S = 3.0
+READ_COMMITTED_WAIT_S = 70.0   # past librdkafka's transaction.timeout.ms (60 s) of the victim's open transaction
 # ``python -m processor.cli``, with kafka-python's group coordinator lines at INFO (the command keeps
 # the "kafka" loggers at WARNING): when the survivor learns of the rebalance and joins, for the
 # decomposition of the failover time
@@ -225,7 +226,7 @@ class Tail(threading.Thread):
 
 class Worker:
     def __init__(self, i: int, bootstrap: str, app: str, tmp: Path, env: dict, guarantee: str, standbys: int,
-                 commit_interval_ms: int):
+                 commit_interval_ms: int, consumer_config: list[str]):
         self.i, self.log, self.port = i, tmp / f"w{i}.log", free_port()
         self.state = tmp / f"w{i}"
         e = dict(os.environ, **env)
@@ -239,6 +240,7 @@ class Worker:
              "--consumer-config", f"session.timeout.ms={SESSION_TIMEOUT_MS}",
              "--consumer-config", "heartbeat.interval.ms=500",
              "--consumer-config", "isolation.level=read_uncommitted",
+             *[a for kv in consumer_config for a in ("--consumer-config", kv)],
              "--num-standby-replicas", str(standbys), "--http-port", str(self.port)],
             cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=open(self.log, "a"))
 
@@ -367,8 +369,8 @@ def run(bootstrap: str, args, standbys: int, guarantee: str, tag: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="failover-bench-") as tmpd:
         tmp = Path(tmpd)
         started = time.time()
-        workers = [Worker(i, bootstrap, app, tmp, env, guarantee, standbys, args.commit_interval_ms)
-                   for i in range(2)]
+        workers = [Worker(i, bootstrap, app, tmp, env, guarantee, standbys, args.commit_interval_ms,
+                          args.consumer_config) for i in range(2)]
         victim, survivor = workers[victim_i], workers[1 - victim_i]
         commits = CommitWatch(bootstrap, topo, parts)
         tail = None
@@ -432,7 +434,7 @@ def run(bootstrap: str, args, standbys: int, guarantee: str, tag: str) -> dict:
 
             wait_for(taken_over, 300, "the survivor to run the victim's tasks and output on each", [survivor])
             if len(watches) > 1:   # read_committed: the victim's open transaction may hold it back
-                deadline = time.monotonic() + 15
+                deadline = time.monotonic() + READ_COMMITTED_WAIT_S
                 while time.monotonic() < deadline and not all(q in watches[1].first for q in moved):
                     time.sleep(0.1)
             time.sleep(1.0)
@@ -497,7 +499,7 @@ def report(res: dict) -> str:
     pct = 100 * res["records_read"] / res["held"] if res["held"] else 0.0
     committed = res.get("first_committed_output", "")
     if committed != "":
-        committed = ("; read_committed: none within 15 s" if committed is None else
+        committed = (f"; read_committed: none {READ_COMMITTED_WAIT_S:.0f} s after that" if committed is None else
                      f"; read_committed {committed:.1f} s")
     line = (f"{res['guarantee']}, {res['standbys']} standby, {res['keys']:,} keys: kill -> first output of a moved "
             f"partition {res['first_output']:.1f} s (last of the {moved} moved partitions "
@@ -522,6 +524,8 @@ def main():
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--victim", type=int, choices=[0, 1], default=0, help="the worker killed (0: started first)")
     ap.add_argument("--commit-interval-ms", type=int, default=300)
+    ap.add_argument("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
+                    help="more consumer settings for the workers (e.g. debug=fetch for a diagnosis)")
     ap.add_argument("--no-verify", action="store_true", help="skip the final count check")
     ap.add_argument("--keep-logs", metavar="DIR", help="copy the workers' logs here")
     ap.add_argument("--bootstrap-servers")
