@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import TypeVar, cast
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
@@ -58,6 +58,7 @@ RESTORE_COMMIT_EVERY = 50_000
 PROGRESS_EVERY_S = 2.0
 SILENT_S = 3.0     # a partition silent this long: check that its start is not past its end
 STALL_S = 60.0
+_E = TypeVar("_E", bound=Exception)
 
 
 class ChangelogWriter:
@@ -244,15 +245,8 @@ def restore_tasks(targets: list[RestoreTarget], consumer_config: dict, stop=None
         pass
 
 
-def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None, quiet: bool = False):
-    """``restore_tasks`` in steps: a generator that yields after each batch it read (a few
-    thousand records at most), so a host can restore between polls of its group consumer
-    (``processor/runtime/worker.py``). Closing it stops the restore (its consumer closes;
-    progress up to the last intermediate commit is kept). ``quiet``: progress and results at
-    debug level (standby replicas restore every second: ``processor/runtime/standby.py``)."""
-    if not targets:
-        return
-    t0 = time.monotonic()
+def restore_consumer_settings(consumer_config: dict) -> dict:
+    """The settings of a consumer that restores task stores, from the host's ``consumer_config``."""
     conf = dict(consumer_config)
     conf["auto.offset.reset"] = "error"      # an offset past the end is a mismatch, not "earliest"
     conf["enable.partition.eof"] = True
@@ -260,7 +254,31 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
     # report their end only after a fetch that finds nothing; at 50 ms here and in consume()
     # below, the two phases of four empty tasks took 0.3 s before the first record, now 0.12 s)
     conf["fetch.wait.max.ms"] = 10
-    consumer = kafka.new_consumer(conf, "restoring task stores")
+    return conf
+
+
+def new_restore_consumer(consumer_config: dict):
+    """A consumer for ``restore_steps(..., consumer=)``, to reuse over many restores (standby
+    passes): each restore assigns it what it reads and leaves it unassigned."""
+    return kafka.new_consumer(restore_consumer_settings(consumer_config), "restoring task stores")
+
+
+def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None, quiet: bool = False,
+                  consumer=None):
+    """``restore_tasks`` in steps: a generator that yields after each batch it read (a few
+    thousand records at most), so a host can restore between polls of its group consumer
+    (``processor/runtime/worker.py``). Closing it stops the restore (progress up to the last
+    intermediate commit is kept). ``quiet``: progress and results at debug level (standby
+    replicas restore every second: ``processor/runtime/standby.py``). ``consumer``: one made by
+    ``new_restore_consumer``, left open and unassigned at the end (by default the restore opens
+    its own and closes it)."""
+    if not targets:
+        return
+    t0 = time.monotonic()
+    conf = restore_consumer_settings(consumer_config)
+    own = consumer is None
+    if own:
+        consumer = kafka.new_consumer(conf, "restoring task stores")
     try:
         names = {}
         for t in targets:
@@ -364,10 +382,10 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
         for tp, (t, _) in by_store_tp.items():
             e = t.ends.get(tp, 0)
             if reader.eof.get(tp, 0) < e:
-                raise ChangelogMismatch(
+                raise _of_task(ChangelogMismatch(
                     f"task {t.task_id}: changelog {tp[0]}[{tp[1]}] ends at offset {reader.eof.get(tp, 0)}, "
                     f"but the last commit of this task says it reaches {e}; the changelog was "
-                    f"recreated or truncated: delete the state directory and reset the application")
+                    f"recreated or truncated: delete the state directory and reset the application"), t.task_id)
         for t in targets:    # a base's overlay, after its changelog (source_changelog docstring)
             for name in t.base_overlay:
                 store = t.db.store(name)
@@ -379,7 +397,8 @@ def restore_steps(targets: list[RestoreTarget], consumer_config: dict, stop=None
         for t in targets:
             _finish(t, seconds, quiet)
     finally:
-        consumer.close()
+        if own:
+            consumer.close()
 
 
 def _local_past_end(t: RestoreTarget, topic: str, at: int, end: int, store: str | None = None):
@@ -387,9 +406,16 @@ def _local_past_end(t: RestoreTarget, topic: str, at: int, end: int, store: str 
     the last commit gives it, or, with ``store``, the end that store was restored to."""
     where = (f"store {store} was restored from it up to {end} only" if store is not None
              else f"the last commit recorded in the changelogs ends it at {end}")
-    return ChangelogMismatch(f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] "
-                             f"up to offset {at}, but {where}; the state directory does not belong to these "
-                             f"topics: delete it to restore")
+    return _of_task(ChangelogMismatch(
+        f"task {t.task_id}: local state says it reflects changelog {topic}[{t.partition}] up to offset {at}, "
+        f"but {where}; the state directory does not belong to these topics: delete it to restore"), t.task_id)
+
+
+def _of_task(exc: _E, task_id: str | None) -> _E:
+    """``exc``, naming the task it concerns as ``exc.task_id`` (a standby pass sets that task's
+    replica aside and goes on with the others: ``processor/runtime/standby.py``)."""
+    exc.task_id = task_id   # type: ignore[attr-defined]
+    return exc
 
 
 def _base_of_uncovered(t: RestoreTarget, name: str, tp) -> int:
@@ -466,11 +492,11 @@ def _restore_from_sources(targets: list[RestoreTarget], reader: _Reader):
             tp = (topic, t.partition)
             s, e = max(t.local.get(tp, 0), t.source_floor.get(name, 0)), committed.get(tp, 0)
             if s > e:
-                raise ChangelogMismatch(
+                raise _of_task(ChangelogMismatch(
                     f"task {t.task_id}: local state says store {name} reflects its source topic "
                     f"{topic}[{t.partition}] up to offset {s}, but the last commit recorded in the "
                     f"changelogs ends it at {e}; the state directory does not belong to these topics: "
-                    f"delete it to restore")
+                    f"delete it to restore"), t.task_id)
             if e > s:
                 readers.setdefault(tp, []).append((t, name))
                 starts[tp], ends[tp] = s, e
@@ -507,10 +533,10 @@ def _restore_from_sources(targets: list[RestoreTarget], reader: _Reader):
         eof = reader.eof.get(tp)
         if eof is not None and eof < end:
             t = readers[tp][0][0]
-            raise ChangelogMismatch(
+            raise _of_task(ChangelogMismatch(
                 f"task {t.task_id}: source topic {tp[0]}[{tp[1]}] ends at offset {eof}, but the last "
                 f"commit of this task says its table reflects it up to {end}; the topic was recreated "
-                f"or truncated: delete the state directory and reset the application")
+                f"or truncated: delete the state directory and reset the application"), t.task_id)
 
 
 def _finish(t: RestoreTarget, seconds: float, quiet: bool = False) -> None:
@@ -627,17 +653,19 @@ class _Reader:
                             continue
                         if err.code() == KafkaError._AUTO_OFFSET_RESET or err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
                             if tp in ends:
-                                raise ChangelogMismatch(
+                                raise _of_task(ChangelogMismatch(
                                     f"task {self.names.get(tp)}: restoring a table from its source topic "
                                     f"{tp[0]}[{tp[1]}] needs its records from offset {starts.get(tp)} on, but "
                                     f"the broker does not hold them ({err.str()}): deleted by retention, or "
-                                    f"the topic was recreated; reset the application or backfill it")
-                            raise ChangelogMismatch(
+                                    f"the topic was recreated; reset the application or backfill it"),
+                                    self.names.get(tp))
+                            raise _of_task(ChangelogMismatch(
                                 f"task {self.names.get(tp)}: local state says it reflects changelog "
                                 f"{tp[0]}[{tp[1]}] up to offset {starts.get(tp)}, past the changelog's "
                                 f"end ({err.str()}); the changelog was recreated or the state directory "
-                                f"belongs to another cluster: delete it to restore")
-                        raise KafkaIOError(f"restoring task {self.names.get(tp)} from {tp[0]}[{tp[1]}]: {err.str()}")
+                                f"belongs to another cluster: delete it to restore"), self.names.get(tp))
+                        raise _of_task(KafkaIOError(f"restoring task {self.names.get(tp)} from {tp[0]}[{tp[1]}]: "
+                                                    f"{err.str()}"), self.names.get(tp))
                     if tp in done:
                         continue
                     off = m.offset()
@@ -661,11 +689,11 @@ class _Reader:
                         if starts[tp] > 0:
                             end = _end_offset(self.probe_config, tp)
                             if end < starts[tp]:
-                                raise ChangelogMismatch(
+                                raise _of_task(ChangelogMismatch(
                                     f"task {self.names.get(tp)}: local state says it reflects changelog "
                                     f"{tp[0]}[{tp[1]}] up to offset {starts[tp]}, but the changelog ends at "
                                     f"offset {end}; the changelog was recreated or the state directory "
-                                    f"belongs to another cluster: delete it to restore")
+                                    f"belongs to another cluster: delete it to restore"), self.names.get(tp))
                 if now - last_progress > STALL_S:
                     raise KafkaIOError(f"restoring tasks: no progress for {STALL_S:.0f} s "
                                       f"(partitions not at their end: {sorted(set(starts) - done)})")

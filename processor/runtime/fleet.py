@@ -56,7 +56,9 @@ STANDBY_STEP_S = 0.05
 
 def fleet_rules(worker: Worker) -> FleetRules:
     """Every task of the worker's topology with its source partitions (a task is a partition
-    number of a sub-topology: co-partitioned inputs stay together), and which have state."""
+    number of a sub-topology: co-partitioned inputs stay together), and which have state (stores
+    of the user's: a stateless task has no standby and moves without a warm-up, as in Kafka
+    Streams)."""
     topo = worker.topology
     tasks: dict[TaskKey, list[tuple[str, int]]] = {}
     stateful: set[TaskKey] = set()
@@ -66,8 +68,8 @@ def fleet_rules(worker: Worker) -> FleetRules:
             continue
         for p in range(worker._parts[topics[0]]):
             tasks[(sub, p)] = [(t, p) for t in topics]
-            if topo.changelogs_of(sub):
-                stateful.add((sub, p))
+            if topo.stores_of(sub):   # (every task has its ``__task`` and ``_bookkeeping``
+                stateful.add((sub, p))  # stores: small, restored at once, never a reason for a standby)
     cfg = worker.config
     return FleetRules(partitions_of_task=tasks, stateful=stateful, num_standbys=cfg.num_standby_replicas,
                       acceptable_recovery_lag=cfg.acceptable_recovery_lag, max_warmups=cfg.max_warmup_replicas)
@@ -169,7 +171,7 @@ class WorkerFleet(FleetListener):
 
     def step(self) -> None:
         """Between batches: a step of the standby pass; a probing rebalance when due."""
-        if not self.standby.dbs:
+        if not self.standby.wanted:
             return
         try:
             caught_up = self.standby.step(STANDBY_STEP_S)
@@ -204,9 +206,9 @@ class WorkerFleet(FleetListener):
             return
         tm = self.worker.task_manager
         active = set(tm.tasks) | {k for r in tm.restoring for k in r.keys}
-        try:
+        try:   # (a standby that cannot open is set aside by update itself, the others kept)
             self.standby.update(set(a.standby) - active)
-        except Exception as exc:   # a standby that cannot open: the worker runs its active tasks on
+        except Exception as exc:   # the worker runs its active tasks on
             log.warning("standby replicas %s not kept: %s", sorted(a.standby), exc)
         self.refresh_report()
 

@@ -290,7 +290,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         except StoreNotReady:
             # restoring here, or a standby here that never caught up: another copy may answer
-            if forwarded or not worker.fleet_map:
+            # (a global store's tables are bootstrapping: every worker's are, or were, so here)
+            if forwarded or not worker.fleet_map or view.is_global:
                 raise
             self._forward(view, key, redirect, stale)
             return

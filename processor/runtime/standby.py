@@ -17,7 +17,14 @@ standby's database is the one an active task of this worker would open (``task-<
 promoting a standby is ``release`` then opening the task as usual.
 
 Passes run in steps (``step``, a budget of whole restore batches), between the worker's polls,
-like the active tasks' restores; a pass starts ``interval_s`` after the previous one ended.
+like the active tasks' restores; a pass starts ``interval_s`` after the previous one ended. Every
+pass reads through the same consumer (assigned what the pass reads, unassigned after it).
+
+A standby whose database cannot be opened, or whose pass fails on it (its local state does not
+match its changelogs: ``ChangelogMismatch``), is set aside: one log line, the other standbys go
+on, and it is tried again every ``retry_s`` (a line again only if the reason changes). A pass
+failing for no one task (the broker) sets every standby of the pass aside the same way; the worker
+and its active tasks run on.
 """
 
 from __future__ import annotations
@@ -29,7 +36,13 @@ from collections.abc import Generator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from processor.runtime.changelog import RestoreTarget, restore_steps, restore_target
+from processor.runtime.changelog import (
+    RestoreInterrupted,
+    RestoreTarget,
+    new_restore_consumer,
+    restore_steps,
+    restore_target,
+)
 from processor.state.rocksdb import RocksDBDatabase
 from processor.state.task_owner import claim_task_dir, owner_of
 
@@ -39,19 +52,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("processor.standby")
 
 TaskKey = tuple[int, int]   # (sub-topology, partition)
+# a standby set aside (its database could not be opened or restored) is tried again this often
+RETRY_S = 30.0
 
 
 class StandbyTasks:
     """This worker's standby replicas: which tasks, their databases, the pass under way."""
 
     def __init__(self, topology: Topology, state_dir: Path, consumer_config: dict, stop: threading.Event,
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, retry_s: float = RETRY_S) -> None:
         self.topology = topology
         self.state_dir = Path(state_dir)
         self.consumer_config = consumer_config   # assign() only, never commits (the restore's)
         self.stop = stop
         self.interval_s = interval_s
+        self.retry_s = retry_s
+        self.wanted: set[TaskKey] = set()     # the standbys asked for (``update``): open or set aside
         self.dbs: dict[TaskKey, RocksDBDatabase] = {}
+        self.set_aside: dict[TaskKey, float] = {}   # -> when to try again (time.monotonic())
+        self._reasons: dict[TaskKey, str] = {}      # why each was set aside, as last logged
+        self._consumer = None                       # the passes' consumer, opened by the first one
+        self.consumers_opened = 0
         self.records_read: dict[TaskKey, int] = {}   # changelog records applied, per task, in all passes
         self.passes = 0
         self._lag: dict[TaskKey, int] = {}   # as the last pass found it (0 when it caught up)
@@ -61,48 +82,103 @@ class StandbyTasks:
 
     @property
     def keys(self) -> set[TaskKey]:
-        """The tasks this worker keeps standby replicas of."""
+        """The tasks this worker keeps standby replicas of (set aside ones not included)."""
         return set(self.dbs)
 
     def update(self, keys: Iterable[TaskKey]) -> None:
         """Keep standby replicas of exactly ``keys``: open the new ones (a pass starts at once),
         close the others."""
         keys = set(keys)
-        dropped = set(self.dbs) - keys
-        added = keys - set(self.dbs)
+        dropped = self.wanted - keys
+        added = keys - self.wanted
         if not dropped and not added:
             return
         self._abort_pass()
         for key in dropped:
-            self.dbs.pop(key).close()
-            self._lag.pop(key, None)
-        for sub, partition in sorted(added):
-            claim_task_dir(self.state_dir / f"task-{sub}_{partition}", owner_of(self.topology, sub, partition))
-            self.dbs[(sub, partition)] = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
-            self.records_read.setdefault((sub, partition), 0)
+            self._forget(key)
+        self.wanted = keys
+        for key in sorted(added):
+            self._open(key)
         self._next_pass_at = 0.0
-        if added or dropped:
-            log.info("standby replicas: %s", ", ".join(f"{s}_{p}" for s, p in sorted(self.dbs)) or "none")
+        log.info("standby replicas: %s", ", ".join(f"{s}_{p}" for s, p in sorted(self.wanted)) or "none")
 
     def release(self, key: TaskKey) -> None:
         """Stop keeping ``key`` (it becomes an active task here, or goes): its database closes,
         as of its last completed commit unit."""
-        if key in self.dbs:
-            self._abort_pass()
-            self.dbs.pop(key).close()
-            self._lag.pop(key, None)
+        if key in self.wanted:
+            if key in self.dbs:
+                self._abort_pass()
+            self._forget(key)
+            self.wanted.discard(key)
             self._next_pass_at = 0.0
+
+    def _forget(self, key: TaskKey) -> None:
+        db = self.dbs.pop(key, None)
+        if db is not None:
+            db.close()
+        self._lag.pop(key, None)
+        self.set_aside.pop(key, None)
+        self._reasons.pop(key, None)
+
+    def _open(self, key: TaskKey) -> None:
+        sub, partition = key
+        try:
+            claim_task_dir(self.state_dir / f"task-{sub}_{partition}", owner_of(self.topology, sub, partition))
+            self.dbs[key] = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
+        except Exception as exc:
+            self._put_aside(key, exc)
+            return
+        self.records_read.setdefault(key, 0)
+        self.set_aside.pop(key, None)
+
+    def _put_aside(self, key: TaskKey, exc: BaseException) -> None:
+        """A standby whose database cannot be opened or restored: closed, tried again in ``retry_s``
+        (a log line when first set aside, or when the reason changes)."""
+        db = self.dbs.pop(key, None)
+        if db is not None:
+            try:
+                db.close()
+            except Exception as close_exc:
+                log.debug("closing the standby database of task %d_%d: %s", *key, close_exc)
+        self._lag.pop(key, None)
+        self.set_aside[key] = time.monotonic() + self.retry_s
+        reason = f"{type(exc).__name__}: {exc}"
+        if self._reasons.get(key) != reason:
+            self._reasons[key] = reason
+            log.warning("standby replica of task %d_%d set aside (tried again every %g s; the other standbys "
+                        "go on): %s", key[0], key[1], self.retry_s, reason)
+
+    def _retry_set_aside(self, now: float) -> None:
+        for key, at in sorted(self.set_aside.items()):
+            if at <= now:
+                self.set_aside.pop(key)
+                self._open(key)
 
     def step(self, budget_s: float = 0.2) -> bool:
         """Run the pass under way (or start one when due) for up to ``budget_s`` of whole restore
         batches. Returns whether a pass ended in this call."""
-        if not self.dbs:
+        if not self.wanted:
             return False
         if self._pass is None:
-            if time.monotonic() < self._next_pass_at:
+            now = time.monotonic()
+            if self.set_aside:
+                self._retry_set_aside(now)
+            if not self.dbs or now < self._next_pass_at:
                 return False
-            self._targets = {key: restore_target(self.topology, db, *key) for key, db in self.dbs.items()}
-            self._pass = restore_steps(list(self._targets.values()), self.consumer_config, self.stop, quiet=True)
+            targets = {}
+            for key, db in list(self.dbs.items()):
+                try:
+                    targets[key] = restore_target(self.topology, db, *key)
+                except Exception as exc:
+                    self._put_aside(key, exc)
+            if not targets:
+                return False
+            if self._consumer is None:
+                self._consumer = new_restore_consumer(self.consumer_config)
+                self.consumers_opened += 1
+            self._targets = targets
+            self._pass = restore_steps(list(targets.values()), self.consumer_config, self.stop, quiet=True,
+                                       consumer=self._consumer)
         deadline = time.monotonic() + budget_s
         try:
             while time.monotonic() < deadline:
@@ -110,18 +186,47 @@ class StandbyTasks:
             return False
         except StopIteration:
             pass
+        except RestoreInterrupted:
+            self._abort_pass()
+            raise
+        except Exception as exc:
+            self._pass_failed(exc)
+            return False
         except BaseException:
             self._abort_pass()
             raise
         for key, t in self._targets.items():
             self.records_read[key] += t.restored
             self._lag[key] = 0
+            if self._reasons.pop(key, None) is not None:
+                log.info("standby replica of task %d_%d caught up: it is kept again", *key)
         self._pass = None
         self._targets = {}
         self._drop_uncommitted()
         self.passes += 1
         self._next_pass_at = time.monotonic() + self.interval_s
         return True
+
+    def _pass_failed(self, exc: Exception) -> None:
+        """The pass failed: the standby it names is set aside (``exc.task_id``), or every standby
+        of the pass when it names none (the consumer too is opened anew); the others go on at once."""
+        task_id = getattr(exc, "task_id", None)
+        named = [key for key in self._targets if f"{key[0]}_{key[1]}" == task_id]
+        keys = named or list(self._targets)
+        self._abort_pass()
+        if not named:
+            self._close_consumer()
+        for key in keys:
+            self._put_aside(key, exc)
+        self._next_pass_at = 0.0
+
+    def _close_consumer(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            try:
+                consumer.close()
+            except Exception as exc:
+                log.debug("closing the standby passes' consumer: %s", exc)
 
     def catch_up(self, timeout_s: float = 60.0) -> None:
         """One whole pass from now (tests, and a worker about to report its standbys)."""
@@ -180,8 +285,15 @@ class StandbyTasks:
                 store.clear_pending()
 
     def close(self) -> None:
-        """Close every standby's database (the worker stops)."""
-        self._abort_pass()
-        for db in self.dbs.values():
-            db.close()
-        self.dbs.clear()
+        """Close every standby's database and the passes' consumer (the worker stops)."""
+        try:
+            self._abort_pass()
+            for db in self.dbs.values():
+                db.close()
+        finally:
+            self.dbs.clear()
+            self.wanted.clear()
+            self.set_aside.clear()
+            self._reasons.clear()
+            self._lag.clear()
+            self._close_consumer()

@@ -2,12 +2,12 @@
 
 Assignment (the fleet's cooperative callbacks, ``processor/runtime/fleet.py``: only what moves):
 tasks are created for newly assigned partitions (the fleet's assignor gives a task, partition
-``i`` of every co-partitioned topic, whole). A revoked task is committed and closed (it moves to
-another worker; the "suspended" table of the eager protocol stays empty). Every new task is
-restored before it processes anything: its database
-is brought up to its changelogs' last commit (``processor/runtime/changelog.py``) and it resumes
-its inputs from the positions in that commit; a group offset beyond them means the changelogs
-lost data: ``ChangelogMismatch``, never a silent skip.
+``i`` of every co-partitioned topic, whole). A revoked task is committed and closed: it moves to
+another worker (a cooperative rebalance revokes only what moves, so nothing is kept open for a
+return). Every new task is restored before it processes anything: its database is brought up
+to its changelogs' last commit (``processor/runtime/changelog.py``) and it resumes its inputs
+from the positions in that commit; a group offset beyond them means the changelogs lost data:
+``ChangelogMismatch``, never a silent skip.
 
 The restore is a phase of the main loop, not of the assignment callback: the new tasks'
 partitions stay paused while the loop calls ``restore_step`` (``RESTORE_STEP_S`` of whole
@@ -21,12 +21,12 @@ Revocation: the revoked tasks' deferred emissions are flushed and committed, the
 closed. Lost partitions: closed without a commit.
 
 ``TaskManager`` keeps this worker's tasks and everything per task or per assigned partition
-(writers, suspended tasks, restorations, end-of-partition marks, group offsets, time-ordering
-partition groups). Invariant: a task key is in at most one of ``tasks`` (open, processing),
-``suspended`` (revoked, committed, maybe coming back) and a restoration (being restored, its
-partitions paused); a task is only ever closed through ``close_tasks`` (its counters kept in
-``finished_tasks_metrics``). It is built with the worker's settings; the clients (consumer,
-collector), the routing and the global tables are handed to it by ``open`` when the worker runs.
+(writers, restorations, end-of-partition marks, group offsets, time-ordering partition groups).
+Invariant: a task key is in at most one of ``tasks`` (open, processing) and a restoration (being
+restored, its partitions paused); a task is only ever closed through ``close_tasks`` (its
+counters kept in ``finished_tasks_metrics``). It is built with the worker's settings; the clients
+(consumer, collector), the routing and the global tables are handed to it by ``open`` when the
+worker runs.
 """
 
 from __future__ import annotations
@@ -106,7 +106,6 @@ class TaskManager:
             if len(topology.source_topics(i)) > 1}
         self.tasks: dict[TaskKey, Task] = {}
         self.writers: dict[TaskKey, ChangelogWriter] = {}
-        self.suspended: dict[TaskKey, Task] = {}   # revoked, committed, maybe coming back
         self.restoring: list[Restoration] = []   # restores under way, the first one running
         # a task with several input partitions processes them in time order
         # (processor/runtime/partition_group.py)
@@ -253,18 +252,13 @@ class TaskManager:
                 self.tasks[key].start_convergence(tail.tails, tail.targets)
 
     def assign(self, consumer: Consumer, partitions: list[TopicPartition], records_processed: int) -> None:
-        """Suspended tasks assigned again resume at once; the others are restored by the main
-        loop (``restore_step``) while their partitions stay paused, so the worker keeps polling
-        (no ``max.poll.interval.ms`` expiry) and the tasks already open keep processing."""
+        """New tasks for newly assigned partitions, restored by the main loop (``restore_step``)
+        while their partitions stay paused, so the worker keeps polling (no
+        ``max.poll.interval.ms`` expiry) and the tasks already open keep processing."""
         sub_of_topic = self.sub_of_topic
         keys = self.keys_of(partitions)
-        # suspended tasks not assigned again go now; the others resume without a restore
-        self.close_tasks(set(self.suspended) - keys, self.suspended)
         committed = {(tp.topic, tp.partition): tp.offset
                      for tp in consumer.committed(partitions, timeout=30)}
-        for key in sorted(keys):
-            if key not in self.tasks and key in self.suspended:
-                self.tasks[key] = self.suspended.pop(key)
         new = [key for key in sorted(keys) if key not in self.tasks]
         waiting = [tp for tp in partitions if (sub_of_topic[tp.topic], tp.partition) in set(new)]
         for tp in partitions:
@@ -450,26 +444,13 @@ class TaskManager:
             self.at_eof.discard((tp.topic, tp.partition))
             self.resumed.discard((tp.topic, tp.partition))
 
-    def suspend(self, keys: Iterable[TaskKey], close: bool) -> None:
-        """Revoked tasks (committed): kept open until the next assignment, or closed (``close``:
-        the worker is closing or failed)."""
-        for key in keys:
-            task = self.tasks.pop(key, None)
-            if task is not None:
-                if close:
-                    self.close_tasks({key}, {key: task})
-                else:
-                    self.suspended[key] = task
-
-    def close_tasks(self, keys: Iterable[TaskKey], table: dict[TaskKey, Task] | None = None) -> None:
-        """Close the tasks of ``keys`` in ``table`` (the open tasks by default), keeping their
+    def close_tasks(self, keys: Iterable[TaskKey]) -> None:
+        """Close the open tasks of ``keys`` (revoked, lost, or the worker stops), keeping their
         counters; every one is closed before the first error is raised."""
-        table = self.tasks if table is None else table
-        if table is self.tasks:
-            self.drop_groups(keys)
+        self.drop_groups(keys)
         errors = []
         for key in keys:
-            task = table.pop(key, None)
+            task = self.tasks.pop(key, None)
             self.writers.pop(key, None)
             if task is not None:
                 self.retire_metrics(task)
@@ -481,10 +462,9 @@ class TaskManager:
             raise errors[0]
 
     def close_all(self) -> None:
-        """The worker stops: every restore, open and suspended task closed."""
+        """The worker stops: every restore and open task closed."""
         self.abort_restoration()
         self.close_tasks(list(self.tasks))
-        self.close_tasks(list(self.suspended), self.suspended)
 
     def reopen_all(self) -> None:
         """Exactly once, after an aborted transaction: every open task closed without writing its

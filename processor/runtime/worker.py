@@ -345,8 +345,7 @@ class Worker:
                 self.commit()
             tm.forget_partitions(partitions)
             self.fetch_gaps.forget((tp.topic, tp.partition) for tp in partitions)
-            tm.drop_groups(keys)
-            tm.suspend(keys, close=True)
+            tm.close_tasks(keys)
             consumer.incremental_unassign(partitions)
             if not tm.closing:
                 log.info("assigned %s; revoked %s (they move to another worker)", tm.describe_assignment(),
@@ -447,7 +446,8 @@ class Worker:
         txn_id = None
         if self.processing_guarantee == "exactly_once":
             txn_id = f"{self.application_id}-{self._worker_id()}"
-        self.collector = KafkaCollector({**kafka.producer_defaults(self.bootstrap_servers),
+        eos_defaults = {} if txn_id is None else {"transaction.timeout.ms": self.config.transaction_timeout_ms}
+        self.collector = KafkaCollector({**kafka.producer_defaults(self.bootstrap_servers), **eos_defaults,
                                          **self._producer_config}, transactional_id=txn_id,
                                         track_ends=any(self._table_sinks.values()))
         if txn_id is not None:
