@@ -23,30 +23,44 @@ The scenario (one per entry of ``--standbys``, each with its own topics and appl
    ran (its last "assigned" log line), seen by a consumer that reads those output partitions from
    their end at the kill (read_uncommitted; under exactly-once also read_committed); (b) the
    changelog records the survivor read to take the victim's tasks over (its "N changelog records
-   read" log lines) against the records those tasks' changelogs held at the kill (end offsets,
-   every store's changelog and the task's own); (c) the seconds until the survivor runs every
+   read" log lines) against the records those tasks' changelogs held at the kill (end offsets
+   found by fetching, every store's changelog and the task's own; under exactly-once they count
+   the transaction markers too, so a full restore shows 99.9%); (c) the seconds until the survivor runs every
    task (the last of its "restored and resumed" lines for the victim's partitions).
 5. The tail stops, the survivor drains, and the final count of every key on the output topic must
    equal the events produced for it (``--no-verify`` skips this).
 
-What (a) is made of, checked against the survivor's log timestamps (same clock as the
-benchmark) and printed per run:
+What (a) is made of, read from the survivor's log timestamps (same clock as the benchmark;
+kafka-python's coordinator lines are turned on for this) and printed per run as the time of each
+mark after the kill. Ranges of 20 takeovers, 2026-11-28 (benchmarks/RESULTS.md):
 
-- **detection**: nothing happens until the group coordinator expires the victim's session,
-  ``session.timeout.ms`` (6 s) after its last heartbeat (heartbeats every 0.5 s), so 5.5-6 s
-  after the kill. The survivor learns of it at its next heartbeat ("Group ... is rebalancing").
-- **rebalance**: the survivor rejoins and, as the group's leader, places all tasks; the round
-  ends when the coordinator closes it (on Tansu about half the session timeout, ~3 s; Apache
-  Kafka closes it as soon as every known member has rejoined). Ends at the survivor's
-  "processor.worker: assigned" line naming the victim's partitions ``@restoring``.
-- **restore**: each moved task is rebuilt, from its standby copy plus the changelog tail the copy
-  has not seen, or (no standby) from its whole changelog; ends at "restored and resumed".
-- **first output**: the resumed task fetches its input from its committed position, processes,
-  and its producer sends (at least once: at once, linger 5 ms; exactly once: inside the
-  transaction, visible to read_committed after the next commit, 300 ms at most later).
+- **detection** (to "Group ... is rebalancing", the survivor's heartbeat answered
+  REBALANCE_IN_PROGRESS): 5.6-6.4 s. Nothing happens until the coordinator expires the victim's
+  session, ``session.timeout.ms`` (6 s) after its last heartbeat (one every 0.5 s).
+- **rebalance round** ("(Re-)joining group" to "Successfully joined group"): 3.0 s every time,
+  Tansu holding the JoinGroup for half the session timeout (Apache Kafka answers once every known
+  member has rejoined). Once in 20 a second round followed at once (+3 s).
+- **assignment** (to "processor.worker: assigned" naming the victim's partitions ``@restoring``:
+  the sync and the worker's assign callback): 0.1-0.3 s (once 0.55 s); with standbys, which the callback turns
+  into active tasks, 0.2-0.45 s at 100k keys and 0.5-2.1 s at 1M.
+- **restore** (to the last "restored task ... from its changelogs"): without a standby every
+  record of the moved tasks' changelogs (0.5-1.2 s for 100k, 3.8-5.3 s for 1M); from an
+  up-to-date standby no record, yet 1.02-1.05 s in 13 of 14 takeovers (0.05 s in one): py-spy
+  shows the main loop in the restore's consume of the store changelogs, waiting for their end.
+- **open and table sink tails** (to "restored and resumed"): 0.5-1.1 s at 100k, 0.7-3.0 s at 1M:
+  finding the output partitions' ends (by fetching) and reading the output after each moved
+  task's last commit. A task's commit record names an end for every output partition, and for
+  those it never writes (here the survivor's own) the end is only a floor refreshed every 30 s,
+  so the survivor reads its own outputs since then: 34,000-51,000 records at 100k keys.
+- **first output** (after "restored and resumed"): 0.05-0.3 s. Under both guarantees the record
+  is appended as the task processes (read_uncommitted); the commit interval adds nothing here.
+  Under exactly once a read_committed reader sees it at once, unless the victim died with
+  outputs in its open transaction: Tansu did not abort that transaction (not within 70 s with
+  ``transaction.timeout.ms`` 10 s, nor within 15 minutes with librdkafka's 60 s), and such
+  readers of the output stayed behind it (5 of 12 runs).
 
 The broker runs on the same machine as the workers and the benchmark (on 2 cores they compete);
-Tansu's rebalance timing is not Kafka's. Figures are those of one run each: repeat them.
+Tansu's rebalance timing is not Kafka's. Each configuration runs once per command: repeat it.
 """
 
 from __future__ import annotations
