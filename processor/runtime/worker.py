@@ -446,8 +446,7 @@ class Worker:
         txn_id = None
         if self.processing_guarantee == "exactly_once":
             txn_id = f"{self.application_id}-{self._worker_id()}"
-        eos_defaults = {} if txn_id is None else {"transaction.timeout.ms": self.config.transaction_timeout_ms}
-        self.collector = KafkaCollector({**kafka.producer_defaults(self.bootstrap_servers), **eos_defaults,
+        self.collector = KafkaCollector({**kafka.producer_defaults(self.bootstrap_servers),
                                          **self._producer_config}, transactional_id=txn_id,
                                         track_ends=any(self._table_sinks.values()))
         if txn_id is not None:
