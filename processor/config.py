@@ -61,6 +61,9 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+EXACTLY_ONCE_TRANSACTION_TIMEOUT_MS = 60_000   # librdkafka's default
+
+
 @dataclass(frozen=True)
 class StreamsConfig:
     """The settings of one application's hosts.
@@ -120,6 +123,12 @@ class StreamsConfig:
                 raise ConfigError(f"{name} must be an integer >= {low}, not {value!r}")
         if self.application_server is not None:
             check_application_server(self.application_server)
+        if self.processing_guarantee == "exactly_once":
+            timeout = self.transaction_timeout_ms
+            if timeout < interval:
+                raise ConfigError(f"producer setting transaction.timeout.ms ({timeout}) is below commit_interval_ms "
+                                  f"({interval}): every transaction would time out before its commit; raise "
+                                  f"transaction.timeout.ms or lower commit_interval_ms")
 
     @classmethod
     def of(cls, config: StreamsConfig | None = None, *, client_config: ClientConfig | None = None,
@@ -161,6 +170,20 @@ class StreamsConfig:
         if given is not None:
             return given
         return "read_committed" if self.processing_guarantee == "exactly_once" else "read_uncommitted"
+
+    @property
+    def transaction_timeout_ms(self) -> int:
+        """Exactly once: how long the broker lets a transaction stay open before aborting it (a
+        producer setting; librdkafka's 60 s unless given). A worker that dies mid-transaction
+        holds read_committed readers of its outputs and changelogs back until then. (Kafka
+        Streams sets 10 s; librdkafka also caps ``message.timeout.ms`` at it, and with 10 s a
+        broker paused for 20 s timed the open transaction's records out, which the worker does
+        not survive yet: ``tests/integration/test_broker_freeze.py``.)"""
+        given = self.clients.for_kind("producer").get("transaction.timeout.ms")
+        try:
+            return int(given) if given is not None else EXACTLY_ONCE_TRANSACTION_TIMEOUT_MS
+        except (TypeError, ValueError):
+            raise ConfigError(f"producer setting transaction.timeout.ms must be an integer, not {given!r}") from None
 
     def clients_at_isolation_level(self) -> ClientConfig:
         """``clients`` whose consumer layer names ``isolation_level`` (for hosts that pass the

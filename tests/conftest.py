@@ -195,6 +195,9 @@ ALONE = {
     "tests/integration/test_outputs_converge.py::test_scale_1_3_1_workers_outputs_equal_driver",
     "tests/integration/test_processor_api_e2e.py::test_wall_clock_punctuation_runs_on_the_worker",
     "tests/integration/test_kill_and_restart.py::test_five_sigkills_two_workers_tables_equal_driver",
+    # bounds an output gap by two commit intervals: under exactly once a commit's spacing, which a
+    # machine at load 11-15 stretched past it (4 of 9 runs)
+    "tests/integration/test_fleet_scale_out.py::test_scale_out_does_not_pause_partitions_that_stay",
 }
 
 

@@ -272,3 +272,25 @@ def counts_topology():
     b.stream(os.environ["APP_INPUT"], key_serde=Serdes.string(), value_serde=Serdes.json(), partitioner="murmur2") \
         .group_by_key().count(name="counts").to_stream().to(os.environ["APP_OUTPUT"])
     return b.build()
+
+
+# -- standby replicas (issue 36): orders summed per customer -------------------------------------
+
+def customer_totals_topology(orders: str, out: str):
+    """Orders ``{"customer", "amount"}`` of ``orders`` summed per customer into store ``totals``
+    (``{"n", "sum"}``, behind a repartition topic), the totals -> ``out``."""
+    b = StreamsBuilder()
+    (b.stream(orders, key_serde=Serdes.string(), value_serde=Serdes.json())
+     .group_by(lambda k, v: v["customer"], key_serde=Serdes.string(), value_serde=Serdes.json())
+     .aggregate(lambda: {"n": 0, "sum": 0}, lambda k, v, a: {"n": a["n"] + 1, "sum": a["sum"] + v["amount"]},
+                name="totals", value_serde=Serdes.json())
+     .to_stream().to(out))
+    return b.build()
+
+
+def customer_orders(lo: int, hi: int, customers: int) -> list[tuple[bytes, bytes]]:
+    """Orders ``lo`` to ``hi`` (key: the order number) over ``customers`` customers."""
+    import json
+
+    return [(str(i).encode(), json.dumps({"customer": f"c{i % customers}", "amount": i % 13}).encode())
+            for i in range(lo, hi)]

@@ -608,3 +608,194 @@ def assigned_partitions_now(log_text: str) -> set[int]:
 
     lines = [ln for ln in log_text.splitlines() if "processor.worker: assigned" in ln]
     return {int(p) for p in re.findall(r"\[(\d+)\]@", lines[-1])} if lines else set()
+
+
+# -- fleets under load (issue 36): steady input, a watch on the outputs ---------------------------
+
+class SteadyLoad:
+    """Events arriving steadily, from a thread (``start``/``stop``): every ``interval_s`` one round
+    ``r`` of events ``(topic, key, {"r": r})`` for ``keys[r % stride::stride]``, produced through
+    ONE producer with librdkafka's ``murmur2_random`` (Java's partitioner) and flushed; a round is
+    appended to ``produced`` (``(topic, key bytes, value bytes)``) once the broker acknowledged it.
+    A delivery error fails ``stop``."""
+
+    def __init__(self, bootstrap: str, topic: str, keys: list[str], stride: int, interval_s: float = 0.05):
+        import threading
+
+        self.bootstrap, self.topic, self.keys, self.stride, self.interval_s = bootstrap, topic, keys, stride, interval_s
+        self.produced: list[tuple[str, bytes, bytes]] = []
+        self.acked: list[float] = []   # when each round was acknowledged (time.monotonic())
+        self.rounds = 0
+        self.errors: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="steady-load")
+
+    def start(self) -> SteadyLoad:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        conf = kafka.producer_defaults(self.bootstrap)
+        conf["partitioner"] = "murmur2_random"
+        p = Producer(conf)
+
+        def on_delivery(err, _msg):
+            if err is not None:
+                self.errors.append(err)
+
+        try:
+            r = 0
+            while not self._stop.is_set():
+                batch = [(self.topic, k.encode(), json.dumps({"r": r}).encode())
+                         for k in self.keys[r % self.stride::self.stride]]
+                for t, k, v in batch:
+                    p.produce(t, v, k, on_delivery=on_delivery)
+                if p.flush(30) != 0:
+                    self.errors.append(f"round {r}: not acknowledged within 30 s")
+                    return
+                self.acked.append(time.monotonic())
+                self.produced.extend(batch)
+                r += 1
+                self.rounds = r
+                time.sleep(self.interval_s)
+        except Exception as exc:  # noqa: BLE001 - reported by stop()
+            self.errors.append(exc)
+
+    def longest_pause(self, start: float, end: float) -> float:
+        """The longest time within ``[start, end]`` (monotonic) between two acknowledged rounds
+        (the last before ``start`` and the silence up to ``end`` included): when the input itself
+        stalled (a slow broker, a starved machine), so did every output."""
+        times = [t for t in self.acked if t < start][-1:] + [t for t in self.acked if start <= t <= end] + [end]
+        return max((b - a for a, b in zip(times, times[1:], strict=False)), default=end - start)
+
+    def stop(self, check: bool = True) -> list[tuple[str, bytes, bytes]]:
+        """Stop producing (after the round under way; again: nothing more); returns ``produced``.
+        ``check``: fail if the thread did not stop or a round failed (a test's cleanup passes
+        False, so as not to hide the failure it cleans up after)."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(60)
+        if check:
+            assert not self._thread.is_alive(), "the load thread did not stop"
+            assert not self.errors, self.errors[:5]
+        return self.produced
+
+
+class OutputWatch:
+    """The high watermark of every partition of ``topic``, asked in rounds every ``interval_s``
+    from a thread (``start``/``stop``): when each round began, and when each partition's
+    watermark was first seen to change. A partition's output gap is the longest time between two
+    changes seen (``gaps``), known to within the longest round (its ``resolution``)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, interval_s: float = 0.05):
+        import threading
+
+        self.bootstrap, self.topic, self.partitions, self.interval_s = bootstrap, topic, partitions, interval_s
+        self.ends: dict[int, list[tuple[float, int]]] = {p: [] for p in range(partitions)}   # (seen at, high)
+        self.samples: list[float] = []   # when each round began (time.monotonic())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="output-watch")
+
+    def start(self) -> OutputWatch:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"watch-{time.time_ns()}"})
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                self.samples.append(now)
+                for p in range(self.partitions):
+                    _, high = c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5, cached=False)
+                    if not self.ends[p] or self.ends[p][-1][1] != high:
+                        self.ends[p].append((now, high))
+                time.sleep(self.interval_s)
+        finally:
+            c.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(30)
+
+    def gaps(self, partitions, start: float, end: float, edges: bool = False) -> tuple[dict[int, float], float]:
+        """Per partition of ``partitions``, the longest time between two changes of its watermark
+        seen within ``[start, end]`` (monotonic times inside the watch's run); with ``edges`` also
+        the silences across the window's edges (from the last change before ``start`` to the first
+        after it, from the last change to ``end``). And the resolution: the longest round in the
+        window. (On Tansu the watermark is the last batch's base offset + 1, and 0 while a
+        transaction holds records there: under exactly once a change is a transaction's first
+        record or its commit.)"""
+        spans, resolution = self.gap_spans(partitions, start, end, edges)
+        return {p: b - a for p, (a, b) in spans.items()}, resolution
+
+    def gap_spans(self, partitions, start: float, end: float,
+                  edges: bool = False) -> tuple[dict[int, tuple[float, float]], float]:
+        """Like ``gaps``, each longest silence as ``(from, to)`` (monotonic times)."""
+        window = [t for t in self.samples if start <= t <= end]
+        assert window and window[0] - start < 1 and end - window[-1] < 1, "the watch did not cover the window"
+        resolution = max((b - a for a, b in zip(window, window[1:], strict=False)), default=0.0)
+        out = {}
+        for p in partitions:
+            seen = [t for t, _ in self.ends[p]]
+            times = [t for t in seen if start <= t <= end]
+            if edges:
+                times = [t for t in seen if t < start][-1:] + times + [end]
+            out[p] = max(zip(times, times[1:], strict=False), key=lambda ab: ab[1] - ab[0], default=(start, end))
+        return out, resolution
+
+
+class FirstNewRecords:
+    """When the first record past each partition's end arrives, from a thread (``start``/``stop``):
+    a read_uncommitted consumer reads ``partitions`` of ``topic`` to their ends as they are when
+    it gets there (partition EOF, found by fetching: Tansu's ListOffsets and uncached watermarks
+    report the last batch's base offset + 1, and 0 for good once a transaction is left open on
+    the partition, as a SIGKILLed exactly-once worker leaves it), sets ``ready``, then notes in
+    ``first`` the time (``time.monotonic()``) the first later record of each partition arrived."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions):
+        import threading
+
+        self.bootstrap, self.topic, self.partitions = bootstrap, topic, set(partitions)
+        self.ends: dict[int, int] = {}
+        self.first: dict[int, float] = {}
+        self.ready = threading.Event()
+        self.errors: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="first-new-records")
+
+    def start(self) -> FirstNewRecords:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        from confluent_kafka import KafkaError
+
+        conf = kafka.consumer_defaults(self.bootstrap)
+        conf.update({"group.id": f"first-new-{time.time_ns()}", "isolation.level": "read_uncommitted",
+                     "fetch.wait.max.ms": 50, "enable.partition.eof": True})
+        c = Consumer(conf)
+        try:
+            c.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(self.partitions)])
+            while not self._stop.is_set() and len(self.first) < len(self.partitions):
+                for m in c.consume(1000, 0.1):
+                    p = m.partition()
+                    if m.error() is not None:
+                        if m.error().code() == KafkaError._PARTITION_EOF:
+                            self.ends.setdefault(p, m.offset())
+                        else:
+                            self.errors.append(m.error())
+                    elif p in self.ends and p not in self.first:
+                        self.first[p] = time.monotonic()
+                if len(self.ends) == len(self.partitions):
+                    self.ready.set()
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.errors.append(exc)
+        finally:
+            c.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(30)

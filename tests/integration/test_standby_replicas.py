@@ -8,31 +8,23 @@ from __future__ import annotations
 import json
 import threading
 
-from processor import StreamsBuilder
 from processor.kafka import clients as kafka
 from processor.runtime.standby import StandbyTasks
 from processor.runtime.worker import Worker
-from processor.serde import Serdes
 from tests.conftest import TEST_CONSUMER_CONFIG
+from tests.integration import apps
 from tests.integration.helpers import final_table, produce
 from tests.integration.helpers import task_store_bytes as _task_store_bytes
 
 PARTS = 4
 
 
-def totals_topology(orders: str, out: str):
-    b = StreamsBuilder()
-    (b.stream(orders, key_serde=Serdes.string(), value_serde=Serdes.json())
-     .group_by(lambda k, v: v["customer"], key_serde=Serdes.string(), value_serde=Serdes.json())
-     .aggregate(lambda: {"n": 0, "sum": 0}, lambda k, v, a: {"n": a["n"] + 1, "sum": a["sum"] + v["amount"]},
-                name="totals", value_serde=Serdes.json())
-     .to_stream().to(out))
-    return b.build()
+def totals_topology(src: str, out: str):
+    return apps.customer_totals_topology(src, out)
 
 
 def orders(lo: int, hi: int) -> list[tuple[bytes, bytes]]:
-    return [(str(i).encode(), json.dumps({"customer": f"c{i % 97}", "amount": i % 13}).encode())
-            for i in range(lo, hi)]
+    return apps.customer_orders(lo, hi, 97)
 
 
 def stores_of(state_dir, topology) -> dict[str, dict]:

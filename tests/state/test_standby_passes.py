@@ -20,14 +20,13 @@ import threading
 
 import pytest
 
-from processor import StreamsBuilder
 from processor.kafka import clients as kafka
 from processor.runtime import changelog
 from processor.runtime.standby import StandbyTasks
 from processor.runtime.worker import Worker
-from processor.serde import Serdes
 from processor.state.rocksdb import RocksDBDatabase
 from tests.conftest import TEST_CONSUMER_CONFIG
+from tests.integration import apps
 from tests.integration.helpers import produce, task_store_bytes
 
 PARTS = 2
@@ -35,18 +34,11 @@ CUSTOMERS = 1_500
 
 
 def totals_topology(src: str, out: str):
-    b = StreamsBuilder()
-    (b.stream(src, key_serde=Serdes.string(), value_serde=Serdes.json())
-     .group_by(lambda k, v: v["customer"], key_serde=Serdes.string(), value_serde=Serdes.json())
-     .aggregate(lambda: {"n": 0, "sum": 0}, lambda k, v, a: {"n": a["n"] + 1, "sum": a["sum"] + v["amount"]},
-                name="totals", value_serde=Serdes.json())
-     .to_stream().to(out))
-    return b.build()
+    return apps.customer_totals_topology(src, out)
 
 
 def orders(lo: int, hi: int) -> list[tuple[bytes, bytes]]:
-    return [(str(i).encode(), json.dumps({"customer": f"c{i % CUSTOMERS}", "amount": i % 13}).encode())
-            for i in range(lo, hi)]
+    return apps.customer_orders(lo, hi, CUSTOMERS)
 
 
 def expected_totals(hi: int) -> dict[str, dict]:

@@ -143,3 +143,26 @@ def test_the_engine_takes_the_policies_from_the_settings():
 
     assert task.ERROR_POLICIES is ON_ERROR_POLICIES
     assert ISOLATION_LEVELS == ("read_uncommitted", "read_committed")
+
+
+def test_exactly_once_transaction_timeout_outlasts_the_commit_interval(tmp_path):
+    """Exactly once: a transaction a dead worker left open holds read_committed readers back for
+    transaction.timeout.ms; librdkafka's 60 s unless given, never below the commit interval."""
+    from processor.runtime.worker import Worker
+
+    assert StreamsConfig(processing_guarantee="exactly_once").transaction_timeout_ms == 60_000
+    given = StreamsConfig.of(processing_guarantee="exactly_once", producer_config={"transaction.timeout.ms": 10000})
+    assert given.transaction_timeout_ms == 10_000
+    with pytest.raises(ConfigError, match=r"transaction.timeout.ms \(10000\) is below commit_interval_ms \(20000\)"):
+        StreamsConfig.of(processing_guarantee="exactly_once", commit_interval_ms=20_000,
+                         producer_config={"transaction.timeout.ms": 10000})
+    with pytest.raises(ConfigError, match=r"transaction.timeout.ms \(60000\) is below commit_interval_ms \(90000\)"):
+        StreamsConfig(processing_guarantee="exactly_once", commit_interval_ms=90_000)
+    StreamsConfig(processing_guarantee="at_least_once", commit_interval_ms=90_000)   # no transactions
+    with pytest.raises(ConfigError, match="transaction.timeout.ms must be an integer, not 'soon'"):
+        StreamsConfig.of(processing_guarantee="exactly_once", producer_config={"transaction.timeout.ms": "soon"})
+    b = StreamsBuilder()
+    b.stream("in").to("out")
+    w = Worker(b.build(), "127.0.0.1:1", "app", tmp_path, processing_guarantee="exactly_once",
+               producer_config={"transaction.timeout.ms": 15000})
+    assert w.config.transaction_timeout_ms == 15_000
