@@ -65,7 +65,13 @@ def _extensions():
 
 
 class BuildExt(build_ext):
-    """build_ext + the manifest of what was built (``processor/_compiled.json``)."""
+    """build_ext + the manifest of what was built (``processor/_compiled.json``); the modules
+    compile in parallel, one per core (``--parallel`` / ``-j`` overrides)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
 
     def run(self):
         super().run()

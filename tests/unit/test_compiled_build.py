@@ -1,0 +1,90 @@
+"""The compiled build of the per-record path (issue 37, docs/compiled.md): which module runs.
+
+These tests need the compiled build in this checkout (``pip install -e .`` builds it; CI always
+does): without it they fail, naming the missing build, rather than skip. Each runs a fresh
+interpreter, since the choice is made once per process, at import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import processor
+from processor import _compiled
+
+PACKAGE = Path(processor.__file__).resolve().parent
+
+PROBE = """
+import importlib, json, processor
+from processor import _compiled
+mods = sorted(_compiled._choice.modules)
+for m in mods:
+    importlib.import_module(m)
+import sys
+print(json.dumps({"info": _compiled.build_info(),
+                  "files": {m: sys.modules[m].__file__ for m in mods}}))
+"""
+
+
+def _manifest() -> dict:
+    assert _compiled.MANIFEST.exists(), (
+        f"no compiled build in this checkout ({_compiled.MANIFEST} is missing): "
+        f"`pip install -e .` builds it (PROCESSOR_BUILD_PURE=1 at install skips it)")
+    return json.loads(_compiled.MANIFEST.read_text())
+
+
+def _probe(root: Path, **env) -> dict:
+    run_env = {k: v for k, v in os.environ.items() if k != _compiled.PURE_ENV}
+    run_env.update(env)
+    run_env["PYTHONPATH"] = str(root)
+    out = subprocess.run([sys.executable, "-c", PROBE], env=run_env, cwd=root, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_compiled_build_runs_every_module_of_its_manifest():
+    modules = _manifest()["modules"]
+    assert len(modules) == 15, sorted(modules)
+    got = _probe(PACKAGE.parent)
+    assert got["info"].startswith(f"compiled ({_manifest()['compiler']}): 15 of 15 modules"), got["info"]
+    not_compiled = [m for m, f in got["files"].items() if not f.endswith(".so")]
+    assert not_compiled == []
+
+
+def test_pure_python_forced_runs_every_py():
+    _manifest()
+    got = _probe(PACKAGE.parent, **{_compiled.PURE_ENV: "1"})
+    assert got["info"] == f"pure Python ({_compiled.PURE_ENV}=1; a compiled build is installed)"
+    assert [m for m, f in got["files"].items() if not f.endswith(".py")] == []
+
+
+def test_a_module_whose_source_changed_since_the_build_runs_as_python(tmp_path):
+    """An editable install never runs stale code: the edited module loads from its ``.py``,
+    the others stay compiled, and the build line names the stale one."""
+    _manifest()
+    copy = tmp_path / "processor"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.c"))
+    edited = copy / "operators" / "filter.py"
+    edited.write_text(edited.read_text() + "\n# edited after the build\n")
+    got = _probe(tmp_path)
+    assert got["files"]["processor.operators.filter"] == str(edited)
+    compiled = sorted(m for m, f in got["files"].items() if f.endswith(".so"))
+    assert compiled == sorted(set(got["files"]) - {"processor.operators.filter"})
+    assert got["info"].endswith("14 of 15 modules; pure Python (stale or not built): processor.operators.filter"), \
+        got["info"]
+
+
+def test_a_missing_extension_runs_as_python(tmp_path):
+    _manifest()
+    copy = tmp_path / "processor"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.c"))
+    for so in (copy / "state").glob("rocksdb.*.so"):
+        so.unlink()
+    got = _probe(tmp_path)
+    assert got["files"]["processor.state.rocksdb"] == str(copy / "state" / "rocksdb.py")
+    assert "14 of 15 modules" in got["info"], got["info"]
