@@ -106,19 +106,23 @@ class _Aggregate(Processor):
                 new_bytes = self.value_serde.serialize(new_value)
             except Exception as exc:
                 raise self.serialize_error(self.value_serde, new_value, "aggregate value", exc) from exc
-        old_bytes = None if raw is None else raw[TS:]
-        old_ts = None if raw is None else timestamped.timestamp_of(raw)
-        if new_bytes != old_bytes:
-            # as Kafka Streams: an aggregate's timestamp never goes backwards
-            value_ts = ts if old_ts is None else max(ts, old_ts)
-            if new_bytes is None:
-                self.store.delete(kb)
-            else:
-                self.store.put(kb, timestamped.encode(value_ts, new_bytes))
-            record_ts = value_ts
+        # (the timestamped layout, state/timestamped.py: {8-byte BE timestamp}{value bytes})
+        if raw is None:
+            if new_bytes is not None:
+                self.store.put(kb, _TIME.pack(ts) + new_bytes)
+            value_ts = record_ts = ts
         else:
-            value_ts = ts if old_ts is None else old_ts      # a no-op keeps the last real change's
-            record_ts = ts if old_ts is None else max(ts, old_ts)
+            old_ts = _TIME.unpack_from(raw)[0]
+            if new_bytes != raw[TS:]:
+                # as Kafka Streams: an aggregate's timestamp never goes backwards
+                value_ts = record_ts = ts if ts > old_ts else old_ts
+                if new_bytes is None:
+                    self.store.delete(kb)
+                else:
+                    self.store.put(kb, _TIME.pack(value_ts) + new_bytes)
+            else:
+                value_ts = old_ts      # a no-op keeps the last real change's
+                record_ts = ts if ts > old_ts else old_ts
         self.emitter.updated(kb, new_bytes, record_ts, value_ts)
 
     def _call(self, fn, *args):

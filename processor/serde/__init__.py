@@ -198,7 +198,7 @@ def _not_orjson(value: Any) -> Any:
 @cython.ccall
 def _encode_json(value) -> bytes:
     try:
-        data = orjson.dumps(value, default=_not_orjson, option=_ORJSON_OPTIONS)
+        data = orjson.dumps(value, _not_orjson, _ORJSON_OPTIONS)   # (default, option: positional, no kwargs dict)
     except (TypeError, orjson.JSONEncodeError):
         pass
     else:
