@@ -7,7 +7,8 @@ editable install whose ``.py`` was edited since the build). This module puts a f
 
 - The build (``setup.py``'s ``build_ext``) writes ``processor/_compiled.json``: per compiled
   module, the SHA-256 of the source it was built from, the compiler and its version.
-- At import, for each module of that manifest, the finder hashes the ``.py`` beside it (all of
+- At import, for each module of that manifest, the finder hashes the ``.py`` beside it (and
+  its ``.pxd``, ``source_hash``) (all of
   them together take well under a millisecond) and loads the extension only if the hash is the
   manifest's; otherwise, or with ``PROCESSOR_PURE_PYTHON=1``, or when the extension is missing,
   it loads the ``.py``. A module never compiled is none of its business.
@@ -40,7 +41,14 @@ def source_path(module: str) -> Path:
 
 
 def source_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """The SHA-256 a build records for a module: of its ``.py`` and, where there is one, the
+    ``.pxd`` beside it (its Cython declarations: editing either makes the extension stale).
+    ``setup.py`` loads this file by path to compute the manifest by the same rule."""
+    h = hashlib.sha256(path.read_bytes())
+    pxd = path.with_suffix(".pxd")
+    if pxd.exists():
+        h.update(b"\0pxd\0" + pxd.read_bytes())
+    return h.hexdigest()
 
 
 def extension_path(module: str) -> Path | None:
