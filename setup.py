@@ -40,6 +40,7 @@ COMPILED_MODULES = (
     "processor.serde",
     "processor.runtime.collector",
     "processor.runtime.changelog",
+    "processor.records",
 )
 
 

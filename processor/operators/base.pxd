@@ -15,6 +15,8 @@ cdef class ProcessorContext:
     cdef public object staged_topics
     cdef public object source_value, source_value_bytes, source_value_serde, origin_head, origin_app
 
+    cpdef send(self, topic, key, value, timestamp, headers)
+
 
 cdef class Processor:
     cdef dict __dict__

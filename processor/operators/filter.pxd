@@ -17,7 +17,6 @@ cdef class StreamFilter(Processor):
 
 cdef class TableFilter(Processor):
     cdef public TableFilterRule rule
-    cdef public object _passes
     cdef public Py_ssize_t skipped_both_fail
 
     cpdef process(self, key, change, timestamp)
