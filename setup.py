@@ -98,7 +98,9 @@ class BuildExt(build_ext):
             if not os.path.exists(full):   # an optional extension that failed
                 continue
             module = ext.name.removesuffix(".__init__")
-            built[module] = {"sha256": _compiled_rules().source_hash(_source(module))}
+            rules = _compiled_rules()
+            built[module] = {"sha256": rules.source_hash(_source(module)),
+                             "cimports": [m for m in rules.pxd_cimports(_source(module)) if m in COMPILED_MODULES]}
         target = Path(self.get_ext_fullpath("processor._manifest")).parent / "_compiled.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps({"compiler": f"cython {Cython.__version__}", "modules": built},

@@ -103,3 +103,25 @@ def test_a_missing_extension_runs_as_python(tmp_path):
     got = _probe(tmp_path)
     assert got["files"]["processor.state.rocksdb"] == str(copy / "state" / "rocksdb.py")
     assert f"{N - 1} of {N} modules" in got["info"], got["info"]
+
+
+def test_a_module_others_cimport_edited_makes_them_run_as_python_too(tmp_path):
+    """An extension built against another's declarations (a base class, a C function) cannot
+    import beside that one's ``.py``: editing ``operators/base.py`` makes every module that
+    cimports it, directly or not, run as Python, and only those."""
+    modules = _manifest()["modules"]
+    dependents = {"processor.operators.base"}
+    while True:
+        more = {m for m, e in modules.items() if dependents & set(e.get("cimports", ()))} - dependents
+        if not more:
+            break
+        dependents |= more
+    assert {"processor.operators.filter", "processor.operators.source", "processor.engine.task"} <= dependents
+    copy = tmp_path / "processor"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.c"))
+    edited = copy / "operators" / "base.py"
+    edited.write_text(edited.read_text() + "\n# edited after the build\n")
+    got = _probe(tmp_path)
+    as_python = sorted(m for m, f in got["files"].items() if f.endswith(".py"))
+    assert as_python == sorted(dependents)
+    assert f"{N - len(dependents)} of {N} modules" in got["info"], got["info"]
