@@ -85,6 +85,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("processor.backfill")
 
+
+def _build_info() -> str:
+    from processor._compiled import build_info
+
+    return build_info()
+
 EXECUTOR_TIMEOUT_S = 120.0    # how long a cluster may take to give the job its first executor
 
 @dataclass
@@ -111,6 +117,23 @@ class BackfillReport:
     finalized: set[int] = field(default_factory=set)   # sub-topologies whose tasks were written by their last run
     # input topic -> records failed in processing (a user function, an output)
     failed_in_processing: dict[str, int] = field(default_factory=dict)
+    # which build of the per-record path ran (processor/_compiled.py, docs/compiled.md): the
+    # driver's, and per distinct executor line the task runs that reported it
+    driver_build: str = field(default_factory=lambda: _build_info())
+    executor_builds: dict[str, int] = field(default_factory=dict)
+
+    def build_line(self) -> str:
+        """``build: driver <line>; executors <line> (<n> task runs)``; a second executor line
+        (executors that differ) is listed after the first, each with its count."""
+        execs = "; ".join(f"{b} ({n} task run{'s' if n != 1 else ''})"
+                          for b, n in sorted(self.executor_builds.items(), key=lambda kv: -kv[1]))
+        return f"build: driver {self.driver_build}; executors {execs or 'none reported'}"
+
+    def executors_fall_back(self) -> bool:
+        """Whether some executor ran a module of the per-record path as Python while the driver
+        runs it compiled (a cluster whose environment lacks the compiled build)."""
+        return self.driver_build.startswith("compiled") and any(
+            b != self.driver_build for b in self.executor_builds)
 
     def lines(self) -> list[str]:
         out = [f"backfill of {self.application_id}: {self.rows_read} input rows read, {self.records_processed} "
@@ -136,6 +159,7 @@ class BackfillReport:
                        f"{r.seconds:.1f} s")
         for store, n in sorted(self.rows_per_store.items()):
             out.append(f"  store {store}: {n} entries")
+        out.append(f"  {self.build_line()}")
         stages = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
         rate = (f"; {self.rows_read / self.seconds['process']:.0f} input rows/s in the process stage"
                 if self.seconds.get("process") else "")
@@ -560,6 +584,10 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         job.hand_over(spark_runs, snap, report)
     finally:
         job.close()
+    if report.executors_fall_back():
+        log.warning("backfill: executors ran the per-record path as pure Python while the driver runs it "
+                    "compiled (%s): their environment lacks this build (docs/compiled.md, \"Spark executors\")",
+                    report.build_line())
     for line in report.lines():
         log.info("%s", line)
     return report
