@@ -95,12 +95,12 @@ class _Choice:
             return known
         self._fresh[module] = False   # (a cycle of cimports is no reason to load anything)
         entry = self.modules.get(module)
-        ok = entry is not None and extension_path(module) is not None
-        if ok:
-            try:
-                ok = source_hash(source_path(module)) == entry["sha256"]
-            except OSError:
-                ok = False
+        if entry is None or extension_path(module) is None:
+            return False
+        try:
+            ok = source_hash(source_path(module)) == entry["sha256"]
+        except OSError:
+            ok = False
         ok = ok and all(self.fresh(dep) for dep in entry.get("cimports", ()) if dep in self.modules)
         self._fresh[module] = ok
         return ok
