@@ -52,6 +52,11 @@ Invariants:
   from data that reached it through Spark and moved into ``<state-dir>/<application-id>/`` only
   at the end: a failure or a kill leaves no state there, and a re-run starts afresh (a killed
   run's build root is removed by the next). The group offsets are committed last.
+- **The build is named.** Each task run reports its executor's ``processor._compiled.build_info()``
+  (the executors run the project their environment installed; only user modules are shipped):
+  the report's ``build:`` line names the driver's build and the executors', any executor running
+  a module as Python as a "pure Python fallback" with its count, and a warning says so once per
+  backfill (docs/compiled.md "Spark executors").
 - **Outputs.** Without ``emit_outputs`` no sink is written (the outputs are assumed to exist).
   With it, each sink receives the history's result once (``backfill.outputs``). Dead-letter
   records follow the topology's ``on_error`` policy as in the worker, produced once.
@@ -123,17 +128,25 @@ class BackfillReport:
     executor_builds: dict[str, int] = field(default_factory=dict)
 
     def build_line(self) -> str:
-        """``build: driver <line>; executors <line> (<n> task runs)``; a second executor line
-        (executors that differ) is listed after the first, each with its count."""
-        execs = "; ".join(f"{b} ({n} task run{'s' if n != 1 else ''})"
-                          for b, n in sorted(self.executor_builds.items(), key=lambda kv: -kv[1]))
-        return f"build: driver {self.driver_build}; executors {execs or 'none reported'}"
+        """``build: driver <line>; executors <line> (<n> task runs)``; executors whose line names a
+        module run as Python (``processor._compiled.falls_back``) are listed as ``executors: pure
+        Python fallback on <k> of <n> task runs: <line>``, after the others."""
+        from processor._compiled import falls_back
 
-    def executors_fall_back(self) -> bool:
-        """Whether some executor ran a module of the per-record path as Python while the driver
-        runs it compiled (a cluster whose environment lacks the compiled build)."""
-        return self.driver_build.startswith("compiled") and any(
-            b != self.driver_build for b in self.executor_builds)
+        total = sum(self.executor_builds.values())
+        parts = [f"executors: pure Python fallback on {n} of {total} task run{'s' if total != 1 else ''}: {b}"
+                 if falls_back(b) else f"executors {b} ({n} task run{'s' if n != 1 else ''})"
+                 for b, n in sorted(self.executor_builds.items(), key=lambda kv: (falls_back(kv[0]), -kv[1], kv[0]))]
+        return f"build: driver {self.driver_build}; {'; '.join(parts) or 'executors none reported'}"
+
+    def executors_fall_back(self) -> int:
+        """The task runs whose executor ran a module of the per-record path as Python, other
+        than as the driver runs it (0: none). An executor compiled by another Cython version is
+        no fallback; one whose build is the driver's own fallback is not counted (the report
+        names both)."""
+        from processor._compiled import falls_back
+
+        return sum(n for b, n in self.executor_builds.items() if falls_back(b) and b != self.driver_build)
 
     def lines(self) -> list[str]:
         out = [f"backfill of {self.application_id}: {self.rows_read} input rows read, {self.records_processed} "
@@ -584,10 +597,12 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         job.hand_over(spark_runs, snap, report)
     finally:
         job.close()
-    if report.executors_fall_back():
-        log.warning("backfill: executors ran the per-record path as pure Python while the driver runs it "
-                    "compiled (%s): their environment lacks this build (docs/compiled.md, \"Spark executors\")",
-                    report.build_line())
+    fallback = report.executors_fall_back()
+    if fallback:
+        log.warning("backfill: executors ran the per-record path as pure Python on %d of %d task run(s) (%s): "
+                    "the results are the same, only slower; the executors' environment needs this project "
+                    "installed with `pip install .`, which compiles it (docs/compiled.md, \"Spark executors\")",
+                    fallback, sum(report.executor_builds.values()), report.build_line())
     for line in report.lines():
         log.info("%s", line)
     return report

@@ -13,7 +13,9 @@ editable install whose ``.py`` was edited since the build). This module puts a f
   manifest's; otherwise, or with ``PROCESSOR_PURE_PYTHON=1``, or when the extension is missing,
   it loads the ``.py``. A module never compiled is none of its business.
 - ``build_info()`` says what ran (``processor --version``, the demo's and the backfill's
-  reports): ``compiled (cython 3.x.y): 15 of 15 modules``, or which were stale.
+  reports): ``compiled (cython 3.x.y): 15 of 15 modules``, or which were stale. Every line that
+  names a module run from its ``.py`` says ``pure Python`` (``falls_back``: how the backfill
+  tells an executor's fallback from a compiled build of another Cython version).
 
 Installed by ``processor/__init__.py`` before it imports anything else of the package.
 """
@@ -163,3 +165,9 @@ def build_info() -> str:
     line = f"compiled ({compiler}): {n} of {len(states)} modules"
     off = sorted(m for m, s in states.items() if s != "compiled")
     return line + (f"; pure Python (stale or not built): {', '.join(off)}" if off else "")
+
+
+def falls_back(line: str) -> bool:
+    """Whether a ``build_info()`` line (of this process or another: a Spark executor's) names a
+    module of the per-record path run as Python (forced, stale, or never built)."""
+    return "pure Python" in line

@@ -67,13 +67,37 @@ def test_executors_without_the_compiled_build_fall_back_and_say_so(kafka_bootstr
     finally:
         del env[PURE_ENV]
     pure = f"pure Python ({PURE_ENV}=1; a compiled build is installed)"
-    assert rep.driver_build == driver
+    assert rep.driver_build == driver and build_info() == driver   # the driver's own env untouched
     assert rep.executor_builds == {pure: PARTS}
-    assert rep.build_line() == f"build: driver {driver}; executors {pure} (2 task runs)"
-    assert rep.executors_fall_back()
+    assert rep.build_line() == f"build: driver {driver}; executors: pure Python fallback on 2 of 2 task runs: {pure}"
+    assert f"  {rep.build_line()}" in rep.lines()
+    assert rep.executors_fall_back() == PARTS
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "pure Python" in
                 r.getMessage()]
-    assert warnings == [f"backfill: executors ran the per-record path as pure Python while the driver runs it "
-                        f"compiled ({rep.build_line()}): their environment lacks this build (docs/compiled.md, "
+    assert warnings == [f"backfill: executors ran the per-record path as pure Python on 2 of 2 task run(s) "
+                        f"({rep.build_line()}): the results are the same, only slower; the executors' environment "
+                        f"needs this project installed with `pip install .`, which compiles it (docs/compiled.md, "
                         f"\"Spark executors\")"]
     report(rep.build_line())
+
+
+def test_the_build_line_tells_a_fallback_from_another_compiled_build():
+    """Without Spark: what the report makes of executor lines it cannot get from one local Spark
+    (another Cython version, a stale module, a mix)."""
+    driver = "compiled (cython 3.3.1): 16 of 16 modules"
+    other = "compiled (cython 3.2.4): 16 of 16 modules"
+    stale = "compiled (cython 3.3.1): 15 of 16 modules; pure Python (stale or not built): processor.serde"
+    rep = backfill.BackfillReport("app", {}, driver_build=driver, executor_builds={other: 3})
+    assert rep.build_line() == f"build: driver {driver}; executors {other} (3 task runs)"
+    assert rep.executors_fall_back() == 0
+    rep.executor_builds = {stale: 1, driver: 3}
+    assert rep.build_line() == (f"build: driver {driver}; executors {driver} (3 task runs); "
+                                f"executors: pure Python fallback on 1 of 4 task runs: {stale}")
+    assert rep.executors_fall_back() == 1
+    # the driver's own fallback, the executors' too: named, not warned about
+    rep = backfill.BackfillReport("app", {}, driver_build=stale, executor_builds={stale: 2, driver: 1})
+    assert rep.executors_fall_back() == 0
+    assert rep.build_line() == (f"build: driver {stale}; executors {driver} (1 task run); "
+                                f"executors: pure Python fallback on 2 of 3 task runs: {stale}")
+    assert backfill.BackfillReport("app", {}, driver_build=driver).build_line() == \
+        f"build: driver {driver}; executors none reported"
