@@ -14,7 +14,6 @@ The ``.py`` files stay the source and the fallback:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -41,6 +40,7 @@ COMPILED_MODULES = (
     "processor.serde",
     "processor.runtime.collector",
     "processor.runtime.changelog",
+    "processor.records",
 )
 
 
@@ -61,7 +61,22 @@ def _extensions():
     exts = [Extension(m if not _source(m).name == "__init__.py" else m + ".__init__",
                       [str(_source(m).relative_to(ROOT))], optional=True) for m in COMPILED_MODULES]
     return cythonize(exts, language_level=3, quiet=True,
-                     compiler_directives={"binding": True, "embedsignature": False})
+                     compiler_directives={"binding": True, "embedsignature": False,
+                                          # types come from the .pxd files only: an annotation of the
+                                          # .py (``x: str``) must not start rejecting a subclass
+                                          "annotation_typing": False})
+
+
+def _compiled_rules():
+    """processor/_compiled.py, loaded by path (the package's own imports need its dependencies,
+    which a build does not have): the manifest's hash is the loader's rule, one rule in one place."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_processor_compiled_rules", ROOT / "processor" / "_compiled.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 class BuildExt(build_ext):
@@ -83,7 +98,9 @@ class BuildExt(build_ext):
             if not os.path.exists(full):   # an optional extension that failed
                 continue
             module = ext.name.removesuffix(".__init__")
-            built[module] = {"sha256": hashlib.sha256(_source(module).read_bytes()).hexdigest()}
+            rules = _compiled_rules()
+            built[module] = {"sha256": rules.source_hash(_source(module)),
+                             "cimports": [m for m in rules.pxd_cimports(_source(module)) if m in COMPILED_MODULES]}
         target = Path(self.get_ext_fullpath("processor._manifest")).parent / "_compiled.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps({"compiler": f"cython {Cython.__version__}", "modules": built},

@@ -68,6 +68,7 @@ class TaskStats(TypedDict, total=False):
     entries: dict[str, int]        # store -> entries written (the task's last run or final write)
     unordered: list[str]           # reduced partitions replayed whole
     outputs: int                   # "output" items
+    build: str                     # the executor's build of the per-record path (processor._compiled)
     built: int                     # databases built by the task (a local master)
     db: int                        # bytes of its database item
     seconds: dict[str, float]      # phase -> seconds

@@ -52,6 +52,11 @@ Invariants:
   from data that reached it through Spark and moved into ``<state-dir>/<application-id>/`` only
   at the end: a failure or a kill leaves no state there, and a re-run starts afresh (a killed
   run's build root is removed by the next). The group offsets are committed last.
+- **The build is named.** Each task run reports its executor's ``processor._compiled.build_info()``
+  (the executors run the project their environment installed; only user modules are shipped):
+  the report's ``build:`` line names the driver's build and the executors', any executor running
+  a module as Python as a "pure Python fallback" with its count, and a warning says so once per
+  backfill (docs/compiled.md "Spark executors").
 - **Outputs.** Without ``emit_outputs`` no sink is written (the outputs are assumed to exist).
   With it, each sink receives the history's result once (``backfill.outputs``). Dead-letter
   records follow the topology's ``on_error`` policy as in the worker, produced once.
@@ -85,6 +90,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("processor.backfill")
 
+
+def _build_info() -> str:
+    from processor._compiled import build_info
+
+    return build_info()
+
 EXECUTOR_TIMEOUT_S = 120.0    # how long a cluster may take to give the job its first executor
 
 @dataclass
@@ -111,6 +122,31 @@ class BackfillReport:
     finalized: set[int] = field(default_factory=set)   # sub-topologies whose tasks were written by their last run
     # input topic -> records failed in processing (a user function, an output)
     failed_in_processing: dict[str, int] = field(default_factory=dict)
+    # which build of the per-record path ran (processor/_compiled.py, docs/compiled.md): the
+    # driver's, and per distinct executor line the task runs that reported it
+    driver_build: str = field(default_factory=lambda: _build_info())
+    executor_builds: dict[str, int] = field(default_factory=dict)
+
+    def build_line(self) -> str:
+        """``build: driver <line>; executors <line> (<n> task runs)``; executors whose line names a
+        module run as Python (``processor._compiled.falls_back``) are listed as ``executors: pure
+        Python fallback on <k> of <n> task runs: <line>``, after the others."""
+        from processor._compiled import falls_back
+
+        total = sum(self.executor_builds.values())
+        parts = [f"executors: pure Python fallback on {n} of {total} task run{'s' if total != 1 else ''}: {b}"
+                 if falls_back(b) else f"executors {b} ({n} task run{'s' if n != 1 else ''})"
+                 for b, n in sorted(self.executor_builds.items(), key=lambda kv: (falls_back(kv[0]), -kv[1], kv[0]))]
+        return f"build: driver {self.driver_build}; {'; '.join(parts) or 'executors none reported'}"
+
+    def executors_fall_back(self) -> int:
+        """The task runs whose executor ran a module of the per-record path as Python, other
+        than as the driver runs it (0: none). An executor compiled by another Cython version is
+        no fallback; one whose build is the driver's own fallback is not counted (the report
+        names both)."""
+        from processor._compiled import falls_back
+
+        return sum(n for b, n in self.executor_builds.items() if falls_back(b) and b != self.driver_build)
 
     def lines(self) -> list[str]:
         out = [f"backfill of {self.application_id}: {self.rows_read} input rows read, {self.records_processed} "
@@ -136,6 +172,7 @@ class BackfillReport:
                        f"{r.seconds:.1f} s")
         for store, n in sorted(self.rows_per_store.items()):
             out.append(f"  store {store}: {n} entries")
+        out.append(f"  {self.build_line()}")
         stages = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
         rate = (f"; {self.rows_read / self.seconds['process']:.0f} input rows/s in the process stage"
                 if self.seconds.get("process") else "")
@@ -560,6 +597,12 @@ def run(topology, bootstrap_servers: str, application_id: str, state_dir=None, s
         job.hand_over(spark_runs, snap, report)
     finally:
         job.close()
+    fallback = report.executors_fall_back()
+    if fallback:
+        log.warning("backfill: executors ran the per-record path as pure Python on %d of %d task run(s) (%s): "
+                    "the results are the same, only slower; the executors' environment needs this project "
+                    "installed with `pip install .`, which compiles it (docs/compiled.md, \"Spark executors\")",
+                    fallback, sum(report.executor_builds.values()), report.build_line())
     for line in report.lines():
         log.info("%s", line)
     return report

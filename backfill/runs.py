@@ -270,6 +270,9 @@ def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
         report.runs.append(RunRecord(sub, flush, n, secs))
         task_secs = {k: sum(r["seconds"].get(k, 0) for r in stats) for k in ("read", "process", "write")}
         superseded = sum(r["superseded"] for r in stats)
+        for r in stats:
+            if "build" in r:
+                report.executor_builds[r["build"]] = report.executor_builds.get(r["build"], 0) + 1
         report.fk_records_superseded += superseded
         for r in stats:
             for tp in r.get("unordered", ()):

@@ -198,6 +198,7 @@ class TaskRun:
     def _run_task(self, partition, state, row_items, compact=True, journal=False):
         from backfill.handoff import write_task
         from backfill.rows import RowCollector, merge
+        from processor._compiled import build_info
         from processor.engine.task import Task, max_record_bytes_of
 
         ctx, spec = self.ctx, self.spec
@@ -249,6 +250,7 @@ class TaskRun:
                             "dead_lettered": task.dead_lettered, "failed": dict(task.failed_in_processing),
                             "entries": {}, "unordered": self.unordered}
         stats["outputs"] = sum(1 for item in out if item.kind == "output")
+        stats["build"] = build_info()   # (compiled, or the pure-Python fallback: the report says)
         if spec.final:
             written = write_task(ctx, spec.sub, partition, stores, time.monotonic())
             stats["entries"] = written["entries"]

@@ -27,7 +27,9 @@ def instructions(case: str, records: int, generate: int) -> int:
     cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
            sys.executable, str(HERE / "engine_path.py"), "--records", str(records), "--generate", str(generate),
            "--repeat", "1", "--cases", case]
-    out = subprocess.run(cmd, env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd, env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{case} ({records} records) failed under cachegrind:\n{out.stderr[-3000:]}")
     m = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
     if m is None:
         raise SystemExit(f"no instruction count in cachegrind's output:\n{out.stderr[-2000:]}")

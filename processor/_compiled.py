@@ -7,12 +7,15 @@ editable install whose ``.py`` was edited since the build). This module puts a f
 
 - The build (``setup.py``'s ``build_ext``) writes ``processor/_compiled.json``: per compiled
   module, the SHA-256 of the source it was built from, the compiler and its version.
-- At import, for each module of that manifest, the finder hashes the ``.py`` beside it (all of
+- At import, for each module of that manifest, the finder hashes the ``.py`` beside it (and
+  its ``.pxd``, ``source_hash``) (all of
   them together take well under a millisecond) and loads the extension only if the hash is the
   manifest's; otherwise, or with ``PROCESSOR_PURE_PYTHON=1``, or when the extension is missing,
   it loads the ``.py``. A module never compiled is none of its business.
 - ``build_info()`` says what ran (``processor --version``, the demo's and the backfill's
-  reports): ``compiled (cython 3.x.y): 15 of 15 modules``, or which were stale.
+  reports): ``compiled (cython 3.x.y): 15 of 15 modules``, or which were stale. Every line that
+  names a module run from its ``.py`` says ``pure Python`` (``falls_back``: how the backfill
+  tells an executor's fallback from a compiled build of another Cython version).
 
 Installed by ``processor/__init__.py`` before it imports anything else of the package.
 """
@@ -25,6 +28,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -40,7 +44,14 @@ def source_path(module: str) -> Path:
 
 
 def source_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """The SHA-256 a build records for a module: of its ``.py`` and, where there is one, the
+    ``.pxd`` beside it (its Cython declarations: editing either makes the extension stale).
+    ``setup.py`` loads this file by path to compute the manifest by the same rule."""
+    h = hashlib.sha256(path.read_bytes())
+    pxd = path.with_suffix(".pxd")
+    if pxd.exists():
+        h.update(b"\0pxd\0" + pxd.read_bytes())
+    return h.hexdigest()
 
 
 def extension_path(module: str) -> Path | None:
@@ -54,6 +65,19 @@ def extension_path(module: str) -> Path | None:
     return None
 
 
+_CIMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+cimport\b|cimport\s+([\w.]+))", re.MULTILINE)
+
+
+def pxd_cimports(path: Path) -> list[str]:
+    """The modules the ``.pxd`` beside ``path`` cimports (its extension types' bases, the C
+    functions it calls): an extension built against them fails to import beside their ``.py``,
+    so it is stale whenever one of them is (``_Choice.fresh``)."""
+    pxd = path.with_suffix(".pxd")
+    if not pxd.exists():
+        return []
+    return sorted({a or b for a, b in _CIMPORT.findall(pxd.read_text())} - {"cython"})
+
+
 class _Choice:
     def __init__(self) -> None:
         self.pure_forced = os.environ.get(PURE_ENV, "") not in ("", "0")
@@ -63,11 +87,29 @@ class _Choice:
             self.manifest = {}
         self.modules: dict = self.manifest.get("modules", {})
         self.loaded: dict[str, str] = {}   # module -> "compiled" / "stale" / "missing" / "pure"
+        self._fresh: dict[str, bool] = {}
+
+    def fresh(self, module: str) -> bool:
+        """Whether ``module``'s extension may run: it exists, its source hash is the manifest's,
+        and so is that of every compiled module it cimports (transitively)."""
+        known = self._fresh.get(module)
+        if known is not None:
+            return known
+        self._fresh[module] = False   # (a cycle of cimports is no reason to load anything)
+        entry = self.modules.get(module)
+        if entry is None or extension_path(module) is None:
+            return False
+        try:
+            ok = source_hash(source_path(module)) == entry["sha256"]
+        except OSError:
+            ok = False
+        ok = ok and all(self.fresh(dep) for dep in entry.get("cimports", ()) if dep in self.modules)
+        self._fresh[module] = ok
+        return ok
 
     def decide(self, module: str) -> Path | None:
         """The extension to load for ``module``, or None (its ``.py``)."""
-        entry = self.modules.get(module)
-        if entry is None:
+        if module not in self.modules:
             return None
         if self.pure_forced:
             self.loaded[module] = "pure"
@@ -76,10 +118,7 @@ class _Choice:
         if ext is None:
             self.loaded[module] = "missing"
             return None
-        try:
-            fresh = source_hash(source_path(module)) == entry["sha256"]
-        except OSError:
-            fresh = False
+        fresh = self.fresh(module)
         self.loaded[module] = "compiled" if fresh else "stale"
         return ext if fresh else None
 
@@ -120,7 +159,7 @@ def build_info() -> str:
         return f"pure Python ({PURE_ENV}=1; a compiled build is installed)"
     compiler = _choice.manifest.get("compiler", "?")
     # modules not imported yet: decided now, as the finder will
-    states = {m: _choice.loaded.get(m) or ("compiled" if _decide_quietly(m) else "stale or missing")
+    states = {m: _choice.loaded.get(m) or ("compiled" if _choice.fresh(m) else "stale or missing")
               for m in _choice.modules}
     n = sum(1 for s in states.values() if s == "compiled")
     line = f"compiled ({compiler}): {n} of {len(states)} modules"
@@ -128,11 +167,7 @@ def build_info() -> str:
     return line + (f"; pure Python (stale or not built): {', '.join(off)}" if off else "")
 
 
-def _decide_quietly(module: str) -> bool:
-    ext = extension_path(module)
-    if ext is None:
-        return False
-    try:
-        return source_hash(source_path(module)) == _choice.modules[module]["sha256"]
-    except OSError:
-        return False
+def falls_back(line: str) -> bool:
+    """Whether a ``build_info()`` line (of this process or another: a Spark executor's) names a
+    module of the per-record path run as Python (forced, stale, or never built)."""
+    return "pure Python" in line

@@ -66,6 +66,15 @@ def reads_old_values(children) -> bool:
     return False
 
 
+def _has_internal(headers) -> bool:
+    return any(h[0] in provenance.INTERNAL_HEADERS for h in headers)
+
+
+def _without_internal(headers) -> list:
+    """``headers`` without the internal ones (a new list)."""
+    return [h for h in headers if h[0] not in provenance.INTERNAL_HEADERS]
+
+
 class Sink(Processor):
     kind = "sink"
 
@@ -114,7 +123,7 @@ class Sink(Processor):
         if self.internal:
             headers = ctx.headers
             if headers:
-                headers = [h for h in headers if h[0] not in provenance.INTERNAL_HEADERS]
+                headers = _without_internal(headers)
                 headers.extend(extra)
             else:
                 headers = list(extra)
@@ -129,8 +138,8 @@ class Sink(Processor):
             ctx.send_internal(self.topic, kb, vb, timestamp, headers or None, partition)
         else:
             headers = ctx.headers
-            if headers and any(h[0] in provenance.INTERNAL_HEADERS for h in headers):  # not for user topics
-                headers = [h for h in headers if h[0] not in provenance.INTERNAL_HEADERS]
+            if headers and _has_internal(headers):  # not for user topics
+                headers = _without_internal(headers)
             if self.carries_table and ctx.origin_head is not None:
                 headers = [*headers, (provenance.ORIGIN_HEADER, ctx.origin())] if headers else \
                     [(provenance.ORIGIN_HEADER, ctx.origin())]

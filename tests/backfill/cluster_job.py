@@ -23,7 +23,9 @@ def main(argv: list[str]) -> int:
     rep = backfill.run(topology, **spec["run"])
     print("REPORT " + json.dumps({"rows_read": rep.rows_read, "runs": len(rep.runs), "tasks": rep.tasks,
                                   "rows_per_store": rep.rows_per_store, "seconds": rep.seconds,
-                                  "outputs_emitted": rep.outputs_emitted, "installed": rep.installed}), flush=True)
+                                  "outputs_emitted": rep.outputs_emitted, "installed": rep.installed,
+                                  "driver_build": rep.driver_build,
+                                  "executor_builds": rep.executor_builds}), flush=True)
     return 0
 
 

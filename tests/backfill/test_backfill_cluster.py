@@ -77,6 +77,8 @@ def test_cluster_backfill_stores_equal_the_drivers(case, spark_cluster, kafka_bo
                            {"bootstrap_servers": kafka_bootstrap, "application_id": app,
                             "state_dir": str(tmp_path), "master": spark_cluster.master_url}, env=env)
     assert rep["rows_read"] == len(history)
+    # the cluster's executors, in their own mount namespace, run the compiled build the driver runs
+    assert rep["driver_build"].startswith("compiled (") and set(rep["executor_builds"]) == {rep["driver_build"]}
     sizes = diff.check_stores(case, topo, topics, history, tmp_path, app)
     report(f"{case} on the cluster: {len(history)} records, {rep['runs']} run(s), stores {sizes}, "
            f"stages {', '.join(f'{k} {v:.1f} s' for k, v in rep['seconds'].items())}")

@@ -19,6 +19,20 @@ from processor import _compiled
 
 PACKAGE = Path(processor.__file__).resolve().parent
 
+
+def _setup_modules() -> list[str]:
+    """``COMPILED_MODULES`` of setup.py (read, not imported: importing it runs the build)."""
+    import ast
+
+    tree = ast.parse((PACKAGE.parent / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "COMPILED_MODULES":
+            return list(ast.literal_eval(node.value))
+    raise AssertionError("setup.py has no COMPILED_MODULES")
+
+
+N = len(_setup_modules())
+
 PROBE = """
 import importlib, json, processor
 from processor import _compiled
@@ -49,9 +63,9 @@ def _probe(root: Path, **env) -> dict:
 
 def test_the_compiled_build_runs_every_module_of_its_manifest():
     modules = _manifest()["modules"]
-    assert len(modules) == 15, sorted(modules)
+    assert sorted(modules) == sorted(_setup_modules())
     got = _probe(PACKAGE.parent)
-    assert got["info"].startswith(f"compiled ({_manifest()['compiler']}): 15 of 15 modules"), got["info"]
+    assert got["info"].startswith(f"compiled ({_manifest()['compiler']}): {N} of {N} modules"), got["info"]
     not_compiled = [m for m, f in got["files"].items() if not f.endswith(".so")]
     assert not_compiled == []
 
@@ -75,7 +89,8 @@ def test_a_module_whose_source_changed_since_the_build_runs_as_python(tmp_path):
     assert got["files"]["processor.operators.filter"] == str(edited)
     compiled = sorted(m for m, f in got["files"].items() if f.endswith(".so"))
     assert compiled == sorted(set(got["files"]) - {"processor.operators.filter"})
-    assert got["info"].endswith("14 of 15 modules; pure Python (stale or not built): processor.operators.filter"), \
+    stale = "processor.operators.filter"
+    assert got["info"].endswith(f"{N - 1} of {N} modules; pure Python (stale or not built): {stale}"), \
         got["info"]
 
 
@@ -87,4 +102,26 @@ def test_a_missing_extension_runs_as_python(tmp_path):
         so.unlink()
     got = _probe(tmp_path)
     assert got["files"]["processor.state.rocksdb"] == str(copy / "state" / "rocksdb.py")
-    assert "14 of 15 modules" in got["info"], got["info"]
+    assert f"{N - 1} of {N} modules" in got["info"], got["info"]
+
+
+def test_a_module_others_cimport_edited_makes_them_run_as_python_too(tmp_path):
+    """An extension built against another's declarations (a base class, a C function) cannot
+    import beside that one's ``.py``: editing ``operators/base.py`` makes every module that
+    cimports it, directly or not, run as Python, and only those."""
+    modules = _manifest()["modules"]
+    dependents = {"processor.operators.base"}
+    while True:
+        more = {m for m, e in modules.items() if dependents & set(e.get("cimports", ()))} - dependents
+        if not more:
+            break
+        dependents |= more
+    assert {"processor.operators.filter", "processor.operators.source", "processor.engine.task"} <= dependents
+    copy = tmp_path / "processor"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.c"))
+    edited = copy / "operators" / "base.py"
+    edited.write_text(edited.read_text() + "\n# edited after the build\n")
+    got = _probe(tmp_path)
+    as_python = sorted(m for m, f in got["files"].items() if f.endswith(".py"))
+    assert as_python == sorted(dependents)
+    assert f"{N - len(dependents)} of {N} modules" in got["info"], got["info"]

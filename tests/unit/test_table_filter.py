@@ -45,22 +45,26 @@ def test_filter_forwards_change_pairs_downstream():
     b = StreamsBuilder()
     t = b.table("orders").filter(lambda k, v: v["amount"] > 100)
     t.map_values(lambda v: seen.append(v) or v["amount"]).to_stream().to("out")
+    from processor.operators.base import Processor
     from processor.operators.filter import TableFilter
 
     forwarded = []
-    orig = TableFilter.forward
 
-    def spy(self, key, change, ts):
-        forwarded.append((key, change, ts))
-        orig(self, key, change, ts)
+    class Spy(Processor):
+        """Sits between the filter and its children: records what the filter forwards."""
 
-    TableFilter.forward = spy
-    try:
-        with TopologyTestDriver(b.build()) as d:
-            for ts, v in enumerate([{"amount": 1}, {"amount": 200}, {"amount": 300}, {"amount": 5}], 1):
-                d.pipe_input("orders", "k", v, timestamp=ts)
-    finally:
-        TableFilter.forward = orig
+        def process(self, key, change, ts):
+            forwarded.append((key, change, ts))
+            self.forward(key, change, ts)
+
+    with TopologyTestDriver(b.build()) as d:
+        (task,) = [t for t in d.tasks if any(type(op) is TableFilter for op in t.ops.values())]
+        (flt,) = [op for op in task.ops.values() if type(op) is TableFilter]
+        spy = Spy("spy")
+        spy.init(flt.context)
+        spy.children, flt.children = flt.children, [spy]
+        for ts, v in enumerate([{"amount": 1}, {"amount": 200}, {"amount": 300}, {"amount": 5}], 1):
+            d.pipe_input("orders", "k", v, timestamp=ts)
     assert forwarded == [
         ("k", Change({"amount": 200}, None), 2),
         ("k", Change({"amount": 300}, {"amount": 200}), 3),
