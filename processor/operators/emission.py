@@ -78,8 +78,8 @@ class AggregateEmitter:
         self.records_emitted = 0
         self.noop_updates_skipped = 0
         self.emissions_deferred = 0
-        self._pending: dict[bytes, tuple[int, int]] = {}   # key -> (deadline, timestamp to carry)
-        self._heap: list[tuple[int, bytes]] = []
+        self._pending = {}   # key -> (deadline, timestamp to carry)
+        self._heap = []      # (deadline, key)
         if self.mode == "every":
             self._rebuild_pending()
 

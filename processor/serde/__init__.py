@@ -146,7 +146,8 @@ _DIGITS = b"0123456789"
 
 
 @cython.ccall
-def _may_hold_long_integer(data) -> cython.bint:
+@cython.returns(cython.bint)
+def _may_hold_long_integer(data: Any) -> bool:
     """Whether ``data`` has a run of 19 or more digits.
 
     Counting digits (one C pass) rules most text out faster than the regular expression scans it;
@@ -162,12 +163,16 @@ def _may_hold_long_integer(data) -> cython.bint:
 
 @cython.cfunc
 @cython.inline
-def _digit_run(data: bytes) -> cython.bint:
-    """(Compiled only) whether ``data`` has 19 ASCII digits in a row."""
-    p: cython.p_char = data
-    n: cython.Py_ssize_t = len(data)
-    run: cython.Py_ssize_t = 0
-    i: cython.Py_ssize_t
+@cython.returns(cython.bint)
+@cython.locals(data=bytes, p=cython.p_char, n=cython.Py_ssize_t, run=cython.Py_ssize_t, i=cython.Py_ssize_t)
+def _digit_run(data: Any) -> bool:
+    """(Compiled only) whether ``data`` has 19 ASCII digits in a row.
+
+    Its types are the decorators': the build ignores annotations (docs/compiled.md).
+    """
+    p = data
+    n = len(data)
+    run = 0
     for i in range(n):
         if 48 <= p[i] <= 57:
             run += 1
@@ -196,7 +201,7 @@ def _not_orjson(value: Any) -> Any:
 
 
 @cython.ccall
-def _encode_json(value) -> bytes:
+def _encode_json(value: Any) -> bytes:
     try:
         data = orjson.dumps(value, _not_orjson, _ORJSON_OPTIONS)   # (default, option: positional, no kwargs dict)
     except (TypeError, orjson.JSONEncodeError):
