@@ -73,8 +73,10 @@ class _Aggregate(Processor):
         else:
             clock = lambda: self.observed_time  # noqa: E731
         send_old = reads_old_values(self.children)
+        # (the serde's own method where ``_key_of`` is the plain one: a call less per emission)
+        key_of = self.key_serde.deserialize if type(self)._key_of is _Aggregate._key_of else self._key_of
         self.emitter = AggregateEmitter(self.emit, self.store, context.get_store(self.store_name + ".emitted"),
-                                        self.value_serde, self._key_of, self.forward, clock, context, send_old)
+                                        self.value_serde, key_of, self.forward, clock, context, send_old)
 
     def _key_of(self, kb):
         return self.key_serde.deserialize(kb)
@@ -104,19 +106,23 @@ class _Aggregate(Processor):
                 new_bytes = self.value_serde.serialize(new_value)
             except Exception as exc:
                 raise self.serialize_error(self.value_serde, new_value, "aggregate value", exc) from exc
-        old_bytes = None if raw is None else raw[TS:]
-        old_ts = None if raw is None else timestamped.timestamp_of(raw)
-        if new_bytes != old_bytes:
-            # as Kafka Streams: an aggregate's timestamp never goes backwards
-            value_ts = ts if old_ts is None else max(ts, old_ts)
-            if new_bytes is None:
-                self.store.delete(kb)
-            else:
-                self.store.put(kb, timestamped.encode(value_ts, new_bytes))
-            record_ts = value_ts
+        # (the timestamped layout, state/timestamped.py: {8-byte BE timestamp}{value bytes})
+        if raw is None:
+            if new_bytes is not None:
+                self.store.put(kb, _TIME.pack(ts) + new_bytes)
+            value_ts = record_ts = ts
         else:
-            value_ts = ts if old_ts is None else old_ts      # a no-op keeps the last real change's
-            record_ts = ts if old_ts is None else max(ts, old_ts)
+            old_ts = _TIME.unpack_from(raw)[0]
+            if new_bytes != raw[TS:]:
+                # as Kafka Streams: an aggregate's timestamp never goes backwards
+                value_ts = record_ts = ts if ts > old_ts else old_ts
+                if new_bytes is None:
+                    self.store.delete(kb)
+                else:
+                    self.store.put(kb, _TIME.pack(value_ts) + new_bytes)
+            else:
+                value_ts = old_ts      # a no-op keeps the last real change's
+                record_ts = ts if ts > old_ts else old_ts
         self.emitter.updated(kb, new_bytes, record_ts, value_ts)
 
     def _call(self, fn, *args):
@@ -211,13 +217,43 @@ class StreamAggregate(_Aggregate):
         return kb, advanced
 
     def process(self, key, value, timestamp):
-        begun = self._begin(key, value, timestamp)
-        if begun is None:
+        # ``_begin``, ``_current``, ``_next`` and ``_after`` inline (the windowed subclasses call them)
+        if key is None or (value is None and self.skips_null_values):
+            self.skipped_null += 1
             return
-        kb, advanced = begun
-        raw, agg = self._current(kb)
-        self._put(kb, raw, self._next(key, value, agg), timestamp)
-        self._after(advanced)
+        self.records_in += 1
+        advanced = timestamp > self.observed_time
+        if advanced:
+            self.observed_time = timestamp
+            self._task_store.put(self._time_key, _TIME.pack(timestamp))
+        try:
+            kb = self.key_serde.serialize(key)
+        except Exception as exc:
+            raise self.serialize_error(self.key_serde, key, "group key", exc) from exc
+        raw = self.store.get(kb)
+        agg = None if raw is None else self.value_serde.deserialize(raw[TS:])
+        initializer = self.initializer
+        if initializer is None:  # reduce
+            if agg is None:
+                agg = value
+            else:
+                try:
+                    agg = self.aggregator(agg, value)
+                except Exception as exc:
+                    raise self.user_error(self.aggregator, exc) from exc
+        else:
+            if agg is None:
+                try:
+                    agg = initializer()
+                except Exception as exc:
+                    raise self.user_error(initializer, exc) from exc
+            try:
+                agg = self.aggregator(key, value, agg)
+            except Exception as exc:
+                raise self.user_error(self.aggregator, exc) from exc
+        self._put(kb, raw, agg, timestamp)
+        if advanced and self.punctuates_stream:
+            self.punctuate_stream(self.observed_time)
 
     def metrics(self):
         return {**super().metrics(), "skipped_null": self.skipped_null}

@@ -18,20 +18,47 @@ Policies (see ``processor.dsl.emit``):
 Pending keys of ``every`` are kept in memory (a heap of deadlines) and rebuilt when the task
 opens by comparing the two columns, so a key deferred before a crash is still emitted after it.
 Counters: ``records_emitted``, ``noop_updates_skipped``, ``emissions_deferred``.
+
+Compiled (docs/compiled.md), ``AggregateEmitter`` is a final extension type: its attributes are
+C fields and an update's steps (``updated``, ``_emit``, ``_forward_change``) call each other as C
+functions; pure Python runs the same code as a plain class.
 """
 
 from __future__ import annotations
 
 import heapq
 
+import cython
+
 from processor.records import Change
 from processor.state import emitted as emitted_codec
 from processor.state import timestamped
+from processor.state.emitted import encode as _encode_emitted
+from processor.state.emitted import value_of as _emitted_value
 
 TS = timestamped.TIMESTAMP_SIZE
 
 
+@cython.final
+@cython.cclass
 class AggregateEmitter:
+    emit = cython.declare(object, visibility="public")
+    context = cython.declare(object, visibility="public")
+    send_old = cython.declare(cython.bint, visibility="public")
+    mode = cython.declare(str, visibility="public")
+    interval = cython.declare(object, visibility="public")
+    store = cython.declare(object, visibility="public")
+    emitted = cython.declare(object, visibility="public")
+    value_serde = cython.declare(object, visibility="public")
+    key_of = cython.declare(object, visibility="public")
+    _forward = cython.declare(object)
+    clock = cython.declare(object, visibility="public")
+    records_emitted = cython.declare(cython.longlong, visibility="public")
+    noop_updates_skipped = cython.declare(cython.longlong, visibility="public")
+    emissions_deferred = cython.declare(cython.longlong, visibility="public")
+    _pending = cython.declare(dict)
+    _heap = cython.declare(list)
+
     def __init__(self, emit, store, emitted_store, value_serde, key_of, forward, clock, context=None,
                  send_old: bool = True):
         self.emit = emit
@@ -51,24 +78,24 @@ class AggregateEmitter:
         self.records_emitted = 0
         self.noop_updates_skipped = 0
         self.emissions_deferred = 0
-        self._pending: dict[bytes, tuple[int, int]] = {}   # key -> (deadline, timestamp to carry)
-        self._heap: list[tuple[int, bytes]] = []
+        self._pending = {}   # key -> (deadline, timestamp to carry)
+        self._heap = []      # (deadline, key)
         if self.mode == "every":
             self._rebuild_pending()
 
     # -- updates ------------------------------------------------------------------------------
-    def updated(self, kb: bytes, new_bytes: bytes | None, record_ts: int, value_ts: int) -> None:
+    @cython.ccall
+    def updated(self, kb, new_bytes, record_ts, value_ts):
         """The store's value for ``kb`` is now ``new_bytes`` (None: deleted); ``value_ts`` is the
         timestamp of the value's last real change. ``on_update`` forwards with ``record_ts``
         (for a no-op update, the later of the record's and the value's), every other policy
         with ``value_ts``."""
-        mode = self.mode
+        mode: str = self.mode
         if mode == "on_window_close":
             self.emissions_deferred += 1
             return
         em_raw = self.emitted.get(kb)
-        em = None if em_raw is None else emitted_codec.decode(em_raw)
-        em_bytes = None if em is None else em.value
+        em_bytes = None if em_raw is None else _emitted_value(em_raw)
         if mode == "on_update":
             self._emit(kb, new_bytes, em_bytes, record_ts, 0)
             return
@@ -80,6 +107,7 @@ class AggregateEmitter:
         if mode == "on_change":
             self._emit(kb, new_bytes, em_bytes, value_ts, 0)
             return
+        em = None if em_raw is None else emitted_codec.decode(em_raw)
         now = self.clock()
         if em is None or now - em.emitted_at >= self.interval:
             self._pending.pop(kb, None)
@@ -91,18 +119,20 @@ class AggregateEmitter:
             self._pending[kb] = (deadline, value_ts)
             self.emissions_deferred += 1
 
-    def _emit(self, kb, new_bytes, old_bytes, ts, now) -> None:
+    @cython.cfunc
+    def _emit(self, kb, new_bytes, old_bytes, ts, now):
         if new_bytes is None:
             # No entry means "nothing emitted": a deleted key leaves no trace. (Under ``every``, a
             # key re-created within the interval after its tombstone is emitted at once.)
             self.emitted.delete(kb)
         else:
-            self.emitted.put(kb, emitted_codec.encode(new_bytes, ts, now))
-        d = self.value_serde.deserialize
+            self.emitted.put(kb, _encode_emitted(new_bytes, ts, now))
         self.records_emitted += 1
-        self._forward_change(kb, new_bytes, None if old_bytes is None or not self.send_old else d(old_bytes), ts)
+        old = None if old_bytes is None or not self.send_old else self.value_serde.deserialize(old_bytes)
+        self._forward_change(kb, new_bytes, old, ts)
 
-    def _forward_change(self, kb, new_bytes, old, ts) -> None:
+    @cython.cfunc
+    def _forward_change(self, kb, new_bytes, old, ts):
         """Forward ``Change(new, old)``, the new value deserialized from ``new_bytes``; while it
         travels, the context names ``new_bytes`` as that object's bytes (a sink reached through
         value-preserving steps writes them as they are: they are the store's)."""
@@ -118,11 +148,12 @@ class AggregateEmitter:
         finally:
             ctx.source_value, ctx.source_value_bytes, ctx.source_value_serde = saved
 
-    def _emit_current(self, kb, ts_if_deleted, now) -> None:
+    @cython.cfunc
+    def _emit_current(self, kb, ts_if_deleted, now):
         """Forward ``kb``'s current value if it differs from its last emission."""
         cur = self.store.get(kb)
         em_raw = self.emitted.get(kb)
-        em_bytes = None if em_raw is None else emitted_codec.decode(em_raw).value
+        em_bytes = None if em_raw is None else _emitted_value(em_raw)
         cur_bytes = None if cur is None else cur[TS:]
         if cur_bytes == em_bytes:
             return

@@ -48,3 +48,11 @@ def decode(data: bytes) -> Emitted:
     if len(data) != HEADER_SIZE:
         raise ValueError("a tombstone last-emitted entry carries value bytes")
     return Emitted(None, ts, at)
+
+
+def value_of(data: bytes) -> bytes | None:
+    """``decode(data).value``, checked as ``decode`` checks it (an entry with a value: a slice,
+    no tuple built)."""
+    if len(data) >= HEADER_SIZE and data[0] == VERSION and data[1] == _HAS_VALUE:
+        return data[HEADER_SIZE:]
+    return decode(data).value
