@@ -39,8 +39,20 @@ COMPILED_MODULES = (
     "processor.state.emitted",
     "processor.serde",
     "processor.runtime.collector",
+    "processor.runtime.dispatch",
     "processor.runtime.changelog",
     "processor.records",
+    "processor.operators.foreign_key_join",
+    "processor.operators.group_by",
+    "processor.operators.value_getter",
+    "processor.operators.table_join",
+    "processor.state.memory",
+    "processor.engine.record_size",
+    "processor.engine.replay_filter",
+    "processor.engine.routing",
+    "processor.engine.fk_join_coalescing",
+    "processor.serde.subscription",
+    "processor.serde.change",
 )
 
 

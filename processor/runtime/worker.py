@@ -39,7 +39,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 
 from processor.config import StreamsConfig
 from processor.engine.routing import Routing
@@ -53,6 +53,7 @@ from processor.kafka.partitioning import determine_partitioners
 from processor.runtime.changelog import RestoreInterrupted
 from processor.runtime.collector import KafkaCollector
 from processor.runtime.commit_unit import Committer
+from processor.runtime.dispatch import MessageDispatch
 from processor.runtime.fetch_gaps import FetchGaps
 from processor.runtime.fleet import WorkerFleet
 from processor.runtime.http_endpoint import WorkerHTTPEndpoint, check_advertised
@@ -70,7 +71,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("processor.worker")
 
-_EOF = KafkaError._PARTITION_EOF
 # the main loop runs the group's callbacks this often (the group client, waiting, has its own thread)
 FLEET_POLL_S = 0.1
 
@@ -521,15 +521,10 @@ class Worker:
         consumer = self.consumer
         tm = self.task_manager
         tasks = tm.tasks
-        sub_of = self._sub_of_topic
         stop = self._stop
         at_eof = tm.at_eof
-        resumed = tm.resumed
         restoring = tm.restoring
         assigned = tm.assigned
-        guarded = self.fetch_gaps.guarded
-        gaps = self.fetch_gaps.gaps
-        check_gap = self.fetch_gaps.check
         started = time.monotonic()
         # A commit is due commit_interval after the last one, or, once records were processed
         # since, commit_interval after the first of them: a backlog that starts after a quiet
@@ -540,8 +535,8 @@ class Worker:
         batch = self.batch_size
         metrics = self.metrics_state
         queries = self._queries
-        ordered = tm.ordered_inputs
         groups = tm.groups
+        dispatch = MessageDispatch(consumer, tm, self._sub_of_topic, self.fetch_gaps, stop).dispatch
         fleet = self.fleet
         assert fleet is not None
         fleet_polled = 0.0
@@ -576,56 +571,7 @@ class Worker:
                 break
             if msgs and self.first_record_at is None:
                 self.first_record_at = time.monotonic()
-            n = 0
-            refetching: set[tuple[str, int]] | None = None
-            for m in msgs:
-                if stop.is_set():
-                    break
-                err = m.error()
-                if err is not None:
-                    if err.code() == _EOF:
-                        if not (refetching and (m.topic(), m.partition()) in refetching):
-                            at_eof.add((m.topic(), m.partition()))
-                        continue
-                    if err.fatal():
-                        raise ConfigError(f"fatal Kafka error: {err.str()}")
-                    # librdkafka recovers from the rest itself (broker down, leader moves)
-                    log.warning("Kafka error (librdkafka retries): %s", err.str())
-                    continue
-                topic = m.topic()
-                part = m.partition()
-                sub = sub_of[topic]
-                task = tasks.get((sub, part))
-                if task is None:  # revoked while in flight: not processed, not committed
-                    continue
-                group = None
-                if ordered and sub in ordered:   # (its next offset: after what its buffers hold)
-                    group = groups.get((sub, part))
-                    if group is None or group.task is not task:
-                        group = tm.new_group((sub, part), task)
-                if resumed and (topic, part) in resumed and m.offset() < (
-                        (task.positions.get((topic, part)) if group is None else group.expected((topic, part))) or 0):
-                    continue   # just restored: a record below its position is already in its state
-                if topic in guarded:
-                    if refetching and (topic, part) in refetching:
-                        continue   # fetched before the seek back to a gap
-                    pos = task.positions.get((topic, part)) if group is None else group.expected((topic, part))
-                    if (gaps or (pos is not None and m.offset() > pos)) and \
-                            check_gap(topic, part, pos, m.offset()):
-                        refetching = refetching or set()
-                        refetching.add((topic, part))
-                        at_eof.discard((topic, part))   # not at its end: the gap is read again
-                        continue
-                if at_eof:
-                    at_eof.discard((topic, part))
-                if group is not None:   # processed below, in time order
-                    if group.add((topic, part), m):
-                        group.paused.add((topic, part))
-                        task.buffer_pauses += 1
-                        consumer.pause([TopicPartition(topic, part)])
-                    continue
-                task.process(topic, part, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
-                n += 1
+            n = dispatch(msgs) if msgs else 0
             if groups:
                 n += tm.process_buffered()
             if n:

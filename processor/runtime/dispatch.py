@@ -1,0 +1,105 @@
+"""The worker's per-message loop: one consumed batch handed to its tasks (compiled, issue 37).
+
+Invariant: every message of a batch reaches exactly one place, in the batch's order: an error
+(a partition's end marks it at its end; a fatal error raises; the rest are logged, librdkafka
+retries), the floor (a message of a task revoked while in flight, one below a just-restored
+task's position, one fetched before the seek back to a fetch gap: dropped, neither processed
+nor committed), a time-ordered task's partition group (processed later, in time order, by
+``TaskManager.process_buffered``), or its task's ``process``. ``dispatch`` returns how many went
+to ``process`` directly.
+
+``Worker._loop`` (``processor/runtime/worker.py``) owns everything else of a loop turn (the
+fleet, the restore, commits, punctuation); this is only the per-message part, kept apart so the
+compiled build runs it as C (``dispatch.pxd``: the task's ``process`` is a C call).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from processor.errors import ConfigError
+
+log = logging.getLogger("processor.worker")
+
+_EOF = KafkaError._PARTITION_EOF
+
+
+class MessageDispatch:
+    """The containers a loop reads per message, taken once (they are updated in place by the
+    task manager, the fetch-gap guard and the group's callbacks)."""
+
+    def __init__(self, consumer, task_manager, sub_of_topic: dict, fetch_gaps, stop) -> None:
+        tm = task_manager
+        self.consumer = consumer
+        self.tm = tm
+        self.tasks = tm.tasks
+        self.sub_of = sub_of_topic
+        self.stop = stop
+        self.at_eof = tm.at_eof
+        self.resumed = tm.resumed
+        self.ordered = tm.ordered_inputs
+        self.groups = tm.groups
+        self.guarded = fetch_gaps.guarded
+        self.gaps = fetch_gaps.gaps
+        self.check_gap = fetch_gaps.check
+
+    def dispatch(self, msgs: list[Any]) -> int:
+        """Hand ``msgs`` (one ``consume``) to their tasks; the number processed directly."""
+        tasks = self.tasks
+        at_eof = self.at_eof
+        stop = self.stop
+        n = 0
+        refetching: set[tuple[str, int]] | None = None
+        for m in msgs:
+            if stop.is_set():
+                break
+            err = m.error()
+            if err is not None:
+                if err.code() == _EOF:
+                    if not (refetching and (m.topic(), m.partition()) in refetching):
+                        at_eof.add((m.topic(), m.partition()))
+                    continue
+                if err.fatal():
+                    raise ConfigError(f"fatal Kafka error: {err.str()}")
+                # librdkafka recovers from the rest itself (broker down, leader moves)
+                log.warning("Kafka error (librdkafka retries): %s", err.str())
+                continue
+            topic = m.topic()
+            part = m.partition()
+            sub = self.sub_of[topic]
+            task = tasks.get((sub, part))
+            if task is None:  # revoked while in flight: not processed, not committed
+                continue
+            group = None
+            if self.ordered and sub in self.ordered:   # (its next offset: after what its buffers hold)
+                group = self.groups.get((sub, part))
+                if group is None or group.task is not task:
+                    group = self.tm.new_group((sub, part), task)
+            resumed = self.resumed
+            if resumed and (topic, part) in resumed and m.offset() < (
+                    (task.positions.get((topic, part)) if group is None else group.expected((topic, part))) or 0):
+                continue   # just restored: a record below its position is already in its state
+            if topic in self.guarded:
+                if refetching and (topic, part) in refetching:
+                    continue   # fetched before the seek back to a gap
+                pos = task.positions.get((topic, part)) if group is None else group.expected((topic, part))
+                if (self.gaps or (pos is not None and m.offset() > pos)) and \
+                        self.check_gap(topic, part, pos, m.offset()):
+                    refetching = refetching or set()
+                    refetching.add((topic, part))
+                    at_eof.discard((topic, part))   # not at its end: the gap is read again
+                    continue
+            if at_eof:
+                at_eof.discard((topic, part))
+            if group is not None:   # processed below, in time order
+                if group.add((topic, part), m):
+                    group.paused.add((topic, part))
+                    task.buffer_pauses += 1
+                    self.consumer.pause([TopicPartition(topic, part)])
+                continue
+            task.process(topic, part, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
+            n += 1
+        return n
