@@ -53,6 +53,7 @@ COMPILED_MODULES = (
     "processor.engine.fk_join_coalescing",
     "processor.serde.subscription",
     "processor.serde.change",
+    "processor.provenance",
 )
 
 

@@ -43,12 +43,19 @@ def encode(topic: str, partition: int, offset: int, sequence: int) -> bytes:
 
 
 def decode(data: bytes) -> Provenance:
+    partition, offset, seq, topic = decode_raw(data)
+    return Provenance(topic.decode("utf-8"), partition, offset, seq)
+
+
+def decode_raw(data: bytes) -> tuple[int, int, int, bytes]:
+    """``(partition, offset, sequence, source topic bytes)`` of a header (``decode`` without the
+    topic's decoding: the replay filter decodes a source topic once per partition)."""
     if len(data) < _HEAD.size:
         raise ValueError(f"{HEADER} header too short ({len(data)} bytes)")
     version, partition, offset, seq = _HEAD.unpack_from(data)
     if version != VERSION:
         raise ValueError(f"unknown {HEADER} header version {version} (this build reads {VERSION})")
-    return Provenance(data[_HEAD.size:].decode("utf-8"), partition, offset, seq)
+    return partition, offset, seq, data[_HEAD.size:]
 
 
 def find(headers) -> bytes | None:

@@ -20,11 +20,13 @@ Mark = tuple[bytes, bytes]
 
 
 class ReplayFilter:
-    __slots__ = ("bookkeeping", "step")
+    __slots__ = ("bookkeeping", "step", "_mark_keys")
 
     def __init__(self, bookkeeping: KeyValueStore, step: str):
         self.bookkeeping = bookkeeping
         self.step = step   # the task, named in a bad header's error
+        # (input topic, source topic bytes, source partition) -> its mark key (a few per task)
+        self._mark_keys: dict[tuple[str, bytes, int], bytes] = {}
 
     def check(self, topic: str, headers) -> Mark | Literal[False] | None:
         """``False`` for a record already applied; else the high-water mark entry to write once
@@ -33,11 +35,16 @@ class ReplayFilter:
         if raw is None:
             return None
         try:
-            src = provenance.decode(raw)
+            partition, offset, sequence, source = provenance.decode_raw(raw)
+            mk = self._mark_keys.get((topic, source, partition))
+            if mk is None:
+                if len(self._mark_keys) >= 4096:   # (bounded: a topic's partitions, a few topics)
+                    self._mark_keys.clear()
+                mk = self._mark_keys[(topic, source, partition)] = provenance.mark_key(
+                    topic, source.decode("utf-8"), partition)
         except ValueError as exc:
             raise DeserializationError(f"bad {provenance.HEADER} header: {exc}", step=self.step) from exc
-        mk = provenance.mark_key(topic, src.topic, src.partition)
         seen = self.bookkeeping.get(mk)
-        if seen is not None and (src.offset, src.sequence) <= provenance.decode_mark(seen):
+        if seen is not None and (offset, sequence) <= provenance.decode_mark(seen):
             return False
-        return mk, provenance.encode_mark(src.offset, src.sequence)
+        return mk, provenance.encode_mark(offset, sequence)

@@ -10,5 +10,5 @@ cdef class MessageDispatch:
     cdef public dict tasks, sub_of, groups
     cdef public set at_eof, resumed
 
-    @cython.locals(task=Task, n=Py_ssize_t)
+    @cython.locals(task=Task, n=Py_ssize_t, seen=Py_ssize_t)
     cpdef Py_ssize_t dispatch(self, list msgs) except -1
