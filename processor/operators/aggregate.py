@@ -75,8 +75,10 @@ class _Aggregate(Processor):
         send_old = reads_old_values(self.children)
         # (the serde's own method where ``_key_of`` is the plain one: a call less per emission)
         key_of = self.key_serde.deserialize if type(self)._key_of is _Aggregate._key_of else self._key_of
+        # (the bound method, looked up: in the compiled build ``self.forward`` names the C method)
+        forward = getattr(self, "forward")  # noqa: B009
         self.emitter = AggregateEmitter(self.emit, self.store, context.get_store(self.store_name + ".emitted"),
-                                        self.value_serde, key_of, self.forward, clock, context, send_old)
+                                        self.value_serde, key_of, forward, clock, context, send_old)
 
     def _key_of(self, kb):
         return self.key_serde.deserialize(kb)
