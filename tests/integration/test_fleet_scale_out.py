@@ -41,8 +41,9 @@ COMMIT_MS = 1000
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
-def test_scale_out_does_not_pause_partitions_that_stay(kafka_bootstrap, unique, tmp_path, monkeypatch, report,
+def test_scale_out_does_not_pause_partitions_that_stay(fresh_kafka_bootstrap, unique, tmp_path, monkeypatch, report,
                                                        guarantee):
+    kafka_bootstrap = fresh_kafka_bootstrap   # (a broker of the module's own: see conftest)
     inp, out, app = f"events-{unique}", f"counts-{unique}", f"scaleout-{unique}"
     monkeypatch.setenv("APP_INPUT", inp)
     monkeypatch.setenv("APP_OUTPUT", out)
@@ -103,13 +104,14 @@ def test_scale_out_does_not_pause_partitions_that_stay(kafka_bootstrap, unique, 
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
-def test_scale_1_3_1_under_load(kafka_bootstrap, unique, tmp_path, monkeypatch, report, guarantee):
+def test_scale_1_3_1_under_load(fresh_kafka_bootstrap, unique, tmp_path, monkeypatch, report, guarantee):
     """One worker runs the 6 tasks while events arrive on every partition every 50 ms; two more
     join together (2 tasks each), then both leave with SIGTERM (a clean leave) and the first runs
     all 6 again. The tasks are balanced at each settled point, the final count of every key
     equals the events produced for it. Figures (reported, not bounded here: the 2 -> 3 test bounds
     the scale-out's): the longest output gap of the partitions the first worker kept through the
     scale-out and through the scale-in, and that of the partitions that came back to it."""
+    kafka_bootstrap = fresh_kafka_bootstrap
     inp, out, app = f"events-{unique}", f"counts-{unique}", f"scale131-{unique}"
     monkeypatch.setenv("APP_INPUT", inp)
     monkeypatch.setenv("APP_OUTPUT", out)
