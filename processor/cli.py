@@ -12,7 +12,7 @@ Every flag can come from the environment instead: ``PROCESSOR_<FLAG_NAME>``
 (``PROCESSOR_BOOTSTRAP_SERVERS``, ``PROCESSOR_CONFIG`` with one KEY=VALUE per line,
 ``PROCESSOR_TOPOLOGY`` for MODULE:ATTR); the command line wins.
     processor describe MODULE:ATTR
-    processor broker [--port P]
+    processor broker [--port P] [--apache-kafka [--kafka-version V] [--nodes N] [--data-dir DIR]]
 
 Errors the user can fix print one line on stderr, ``processor: error: <message>``, no traceback,
 and exit with the code of their class (``ProcessorError.exit_code``, see ``processor.errors``):
@@ -45,6 +45,7 @@ import time
 from processor.config import ON_ERROR_POLICIES, PROCESSING_GUARANTEES, StreamsConfig
 from processor.errors import ConfigError, ProcessorError
 from processor.kafka.client_config import ClientConfig, parse_pairs
+from processor.runtime.apache_kafka import DEFAULT_VERSION as APACHE_KAFKA_VERSION
 
 
 def resolve_topology(spec: str):
@@ -187,8 +188,17 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--raw", action="store_true",
                             help="keys and values as hex, every column family (bookkeeping, host-local) too")
 
-    b = sub.add_parser("broker", help="start the local development broker (tansu) and print its address")
-    b.add_argument("--port", type=int, default=None)
+    b = sub.add_parser("broker", help="start a local broker on 127.0.0.1 and print its address: the embedded "
+                                      "development broker (tansu), or Apache Kafka with --apache-kafka")
+    b.add_argument("--port", type=int, default=None, help="the client port (default: a free one)")
+    b.add_argument("--apache-kafka", action="store_true",
+                   help="start Apache Kafka (KRaft) instead of tansu: its jars are fetched from Maven Central "
+                        "once, with Maven, into ~/.cache/processor (needs Java 17 and Maven)")
+    b.add_argument("--kafka-version", default=None, help=f"Apache Kafka's version (default {APACHE_KAFKA_VERSION})")
+    b.add_argument("--nodes", type=int, default=1,
+                   help="Apache Kafka nodes (3: replication factor 3, min.insync.replicas=2)")
+    b.add_argument("--data-dir", default=None,
+                   help="keep Apache Kafka's data and logs here (default: a temporary folder, removed at exit)")
     return ap
 
 
@@ -433,9 +443,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "backfill":
             return run_backfill_command(args)
         if args.command == "broker":
+            from processor.runtime.apache_kafka import ApacheKafka
             from processor.runtime.local_broker import LocalBroker
 
-            with LocalBroker(port=args.port) as broker:
+            if not args.apache_kafka and (args.kafka_version or args.nodes != 1 or args.data_dir):
+                raise ConfigError("--kafka-version, --nodes and --data-dir are settings of --apache-kafka")
+            broker: LocalBroker | ApacheKafka
+            if args.apache_kafka:
+                broker = ApacheKafka(nodes=args.nodes, version=args.kafka_version or APACHE_KAFKA_VERSION,
+                                     port=args.port, directory=args.data_dir)
+            else:
+                broker = LocalBroker(port=args.port)
+            with broker:
                 print(broker.bootstrap_servers, flush=True)
                 stop = []
                 for sig in (signal.SIGTERM, signal.SIGINT):

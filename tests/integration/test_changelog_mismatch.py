@@ -2,8 +2,8 @@
 
 A worker process runs on the session broker until it has processed and committed its input, and
 is stopped with SIGTERM: its state directory now says its stores reflect the task changelog and
-the store changelog up to some offsets. Then a SECOND, fresh broker (Tansu) gets the same input
-and output topics and the worker is started again with the same ``--state-dir`` and
+the store changelog up to some offsets. Then a SECOND, fresh broker (``own_broker``, of the run's
+kind) gets the same input and output topics and the worker is started again with the same ``--state-dir`` and
 ``--application-id`` against it: the changelog topics there are new and empty, so the local
 checkpoint is past their end. The worker must refuse to run on that state: exit code 5, ONE line
 on stderr (``processor: error: ...``) naming the changelog topic and partition and the offset
@@ -15,7 +15,6 @@ import signal
 import time
 
 from processor.kafka import clients as kafka
-from processor.runtime.local_broker import LocalBroker
 from processor.state.rocksdb import RocksDBDatabase
 from processor.state.store import TASK_STORE
 from tests.integration.helpers import produce, start_worker_process, wait_until_group_drained
@@ -25,7 +24,7 @@ N = 200
 SPEC = "tests.integration.apps:filter_topology"
 
 
-def test_changelog_behind_local_checkpoint_exits_5(kafka_bootstrap, unique, tmp_path, report):
+def test_changelog_behind_local_checkpoint_exits_5(kafka_bootstrap, unique, tmp_path, report, own_broker):
     inp, out, app = f"orders-{unique}", f"big-{unique}", f"app-{unique}"
     env = {"APP_INPUT": inp, "APP_OUTPUT": out}
     state = tmp_path / "state"
@@ -68,20 +67,20 @@ def test_changelog_behind_local_checkpoint_exits_5(kafka_bootstrap, unique, tmp_
 
     # 2. the same application and state directory against a fresh broker: same input and output
     # topics (with the same records), changelog topics created anew, empty
-    with LocalBroker(log_path=tmp_path / "tansu-2.log") as other:
-        kafka.create_topics(other.bootstrap_servers, {inp: 1, out: 1})
-        produce(other.bootstrap_servers, inp, records)
-        t0 = time.monotonic()
-        p = run_worker(run_args("filter_topology", other.bootstrap_servers, app, state, *FAST_GROUP), env,
-                       timeout=150)
-        refused_s = time.monotonic() - t0
-        # (a refusal, not a restore that waits for records that will never come)
-        last = assert_exit(p, 5, "task 0_0", f"changelog {task_topic}[0]", "delete")
-        assert re.search(rf"\boffset {task_offset}\b", last), last   # what the local state claims
-        # nothing was processed on the mismatched state
-        assert kafka.read_topic(other.bootstrap_servers, out) == []
-        assert refused_s < 30, refused_s
-        assert "stopped after" not in p.stderr
+    other = own_broker()
+    kafka.create_topics(other.bootstrap_servers, {inp: 1, out: 1})
+    produce(other.bootstrap_servers, inp, records)
+    t0 = time.monotonic()
+    p = run_worker(run_args("filter_topology", other.bootstrap_servers, app, state, *FAST_GROUP), env,
+                   timeout=150)
+    refused_s = time.monotonic() - t0
+    # (a refusal, not a restore that waits for records that will never come)
+    last = assert_exit(p, 5, "task 0_0", f"changelog {task_topic}[0]", "delete")
+    assert re.search(rf"\boffset {task_offset}\b", last), last   # what the local state claims
+    # nothing was processed on the mismatched state
+    assert kafka.read_topic(other.bootstrap_servers, out) == []
+    assert refused_s < 30, refused_s
+    assert "stopped after" not in p.stderr
 
     # the state directory is left as it was (the worker refused, it did not "repair" anything)
     db = RocksDBDatabase(state / app / "task-0_0")
