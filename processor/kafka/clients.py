@@ -130,7 +130,10 @@ def topic_partitions(bootstrap_servers: Cluster, timeout_s: float = 10.0) -> dic
 
 def create_topics(bootstrap_servers: Cluster, topics: dict[str, int], exist_ok: bool = True,
                   timeout_s: float = 15.0, config: dict | None = None, replication_factor: int = 1) -> None:
-    """Create ``{topic: partitions}`` (explicit retention, or ``config``)."""
+    """Create ``{topic: partitions}`` (explicit retention, or ``config``), and return once the
+    broker's metadata lists every one of them with its partitions: Apache Kafka answers
+    CreateTopics when its controller has the topic, and a broker's metadata may show it a
+    moment later (a client that looks it up at once would find it missing)."""
     if not topics:
         return
     client = admin(bootstrap_servers)  # must outlive the futures
@@ -145,6 +148,13 @@ def create_topics(bootstrap_servers: Cluster, topics: dict[str, int], exist_ok: 
             if exist_ok and err.name() == "TOPIC_ALREADY_EXISTS":
                 continue
             raise ConfigError(f"cannot create topic {topic!r}: {err.str()}") from None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listed = client.list_topics(timeout=max(0.1, deadline - time.monotonic())).topics
+        missing = [t for t in topics if t not in listed or listed[t].error is not None or not listed[t].partitions]
+        if not missing or time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
 
 
 def read_topic(bootstrap_servers: Cluster, topic: str, timeout_s: float = 30.0,

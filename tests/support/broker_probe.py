@@ -107,7 +107,22 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _kafka_cause(exc: BaseException) -> BaseException:
+    """The KafkaException behind ``exc``: confluent-kafka reports a fatal error raised in a
+    callback during ``flush`` (Apache Kafka fencing the zombie's produce) as a SystemError of the
+    next callback, with the KafkaException as its context; ``exc`` itself otherwise."""
+    cause: BaseException | None = exc
+    for _ in range(5):
+        if cause is None:
+            break
+        if isinstance(cause, KafkaException):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return exc
+
+
 def _is_fencing(exc: BaseException) -> bool:
+    exc = _kafka_cause(exc)
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0].code() in FENCING_ERRORS
     return False
@@ -287,7 +302,7 @@ def _probe_zombie_fenced(bootstrap: str, timeout_s: float, details: dict[str, st
             details[f"{name}.zombie_commit"] = "succeeded"
         except Exception as exc:
             fenced = _is_fencing(exc)
-            details[f"{name}.zombie_commit"] = f"raised {_error_text(exc)}"
+            details[f"{name}.zombie_commit"] = f"raised {_error_text(_kafka_cause(exc))}"
 
         try:
             successor.begin_transaction()
