@@ -12,9 +12,10 @@ Invariants:
 1. **A task's database is open once.** A task becoming active here stops being a standby first
    (``StandbyTasks.release``), and a standby is opened only for a task not active here.
 2. **The report is a snapshot.** What this member tells the leader (its application server, the
-   tasks it runs, the changelog offset sum of every task it holds state of) is rebuilt by the
-   main loop (``refresh_report``) and only read by the group client, which may build a join on its
-   own thread.
+   tasks it runs, the changelog offset sum of every task it holds state of: running, kept as a
+   standby, or closed here and left on disk, a revoked task or a dropped standby alike) is rebuilt
+   by the main loop (``refresh_report``) and only read by the group client, which may build a
+   join on its own thread.
 3. **Warm-ups end in a probing rebalance.** A member given warm-ups asks for a rebalance once
    their copies have caught up (a completed standby pass), at most every ``PROBING_INTERVAL_S``,
    so a task waiting on a warm-up moves without an operator.
@@ -206,10 +207,18 @@ class WorkerFleet(FleetListener):
             return
         tm = self.worker.task_manager
         active = set(tm.tasks) | {k for r in tm.restoring for k in r.keys}
+        kept = self.standby.offset_sums()
         try:   # (a standby that cannot open is set aside by update itself, the others kept)
             self.standby.update(set(a.standby) - active)
         except Exception as exc:   # the worker runs its active tasks on
             log.warning("standby replicas %s not kept: %s", sorted(a.standby), exc)
+        finally:
+            # a copy closed here stays on disk as far as its checkpoint reaches: it is reported
+            # as such (invariant 2), or a task moving to this member the next round, its warm-up
+            # closed meanwhile, would count as having no state here and be sent back
+            for key, total in kept.items():
+                if key not in self.standby.dbs:
+                    self._closed_sums[key] = total
         self.refresh_report()
 
     # -- the group's callbacks (FleetListener) -------------------------------------------------------
