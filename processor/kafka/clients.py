@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import cast
+from collections.abc import Callable
+from typing import TypeVar, cast
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from processor.errors import BrokerUnreachable, ConfigError, KafkaIOError
@@ -31,6 +32,58 @@ CHANGELOG_TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1", "cleanu
 KAFKA_LOGGER = logging.getLogger("processor.kafka")
 # one DEBUG line per client opened: its role and settings (secrets redacted)
 CLIENTS_LOGGER = logging.getLogger("processor.clients")
+# a transient error met and retried (``retry_transient``, ``assign``)
+RETRY_LOGGER = logging.getLogger("processor.kafka.retry")
+
+# Errors of a broker that is down, paused or moving a leader or coordinator: librdkafka's own (no
+# connection, a request timed out) and the broker's retriable ones. Kafka Streams retries such
+# errors until ``task.timeout.ms`` (5 minutes by default); so does the worker. (Whether librdkafka
+# marks one retriable varies by call: a timed-out ``list_topics`` or ``committed`` is not marked.)
+TRANSIENT_CODES = frozenset({
+    KafkaError._TIMED_OUT, KafkaError._TIMED_OUT_QUEUE, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._RESOLVE, KafkaError._WAIT_COORD, KafkaError._WAIT_CACHE, KafkaError._NODE_UPDATE,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION, KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.UNSTABLE_OFFSET_COMMIT, KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.KAFKA_STORAGE_ERROR})
+# how long the worker retries a transient error before it gives up (Kafka Streams' task.timeout.ms)
+TRANSIENT_TIMEOUT_S = 300.0
+_T = TypeVar("_T")
+
+
+def is_transient(err: KafkaError | None) -> bool:
+    """Whether ``err`` is a broker outage's or a leader's/coordinator's move: retry it (never a
+    fatal error)."""
+    return err is not None and not err.fatal() and (err.retriable() or err.code() in TRANSIENT_CODES)
+
+
+def _error_of(exc: KafkaException) -> KafkaError | None:
+    err = exc.args[0] if exc.args else None
+    return err if isinstance(err, KafkaError) else None
+
+
+def retry_transient(call: Callable[[], _T], what: str, timeout_s: float = TRANSIENT_TIMEOUT_S) -> _T:
+    """``call()``, again after each transient error (``is_transient``: one warning line each) for
+    up to ``timeout_s``; then, or at once on any other Kafka error, a ``KafkaIOError`` naming
+    ``what`` (``reading the committed offsets of ...``) and the error."""
+    deadline = time.monotonic() + timeout_s
+    failures = 0
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            err = _error_of(exc)
+            text = err.str() if err is not None else str(exc)
+            if not is_transient(err):
+                raise KafkaIOError(f"{what}: {text}") from None
+            failures += 1
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise KafkaIOError(f"{what}: the broker did not answer within {timeout_s:.0f} s "
+                                   f"({failures} attempts; last: {text})") from None
+            RETRY_LOGGER.warning("%s failed (%s): transient, retrying (attempt %d, giving up in %.0f s)",
+                                 what, text, failures + 1, left)
+            time.sleep(min(0.5, left))
 
 
 def cluster_of(bootstrap_servers, config: ClientConfig | None = None) -> KafkaCluster:
@@ -68,10 +121,24 @@ def assign(consumer: Consumer, partitions: list, timeout_s: float = 10.0) -> Non
     a partition starts at a logical offset (BEGINNING, END): librdkafka queries such an offset
     at once only if it knows the partition's leader, and otherwise on a 500 ms retry timer
     (measured on the local broker: first record 0.52 s after assign, 0.08 s with the metadata
-    known). Explicit offsets need no query."""
+    known). Explicit offsets need no query.
+
+    The metadata saves time only: when the broker does not give it (a transient error: down,
+    paused, electing leaders) the partitions are assigned without it, with one warning line
+    (librdkafka finds the leaders itself and its fetches wait for them); any other error is a
+    ``KafkaIOError``."""
     if any(tp.offset < 0 for tp in partitions):
         for topic in dict.fromkeys(tp.topic for tp in partitions if tp.offset < 0):
-            consumer.list_topics(topic, timeout=timeout_s)
+            try:
+                consumer.list_topics(topic, timeout=timeout_s)
+            except KafkaException as exc:
+                err = _error_of(exc)
+                text = err.str() if err is not None else str(exc)
+                if not is_transient(err):
+                    raise KafkaIOError(f"fetching the metadata of topic {topic!r}: {text}") from None
+                RETRY_LOGGER.warning("the metadata of topic %s did not come (%s): transient, assigning its "
+                                     "partitions without it (librdkafka looks the leaders up itself)", topic, text)
+                break   # (the broker is not answering: not another wait for each topic)
     consumer.assign(partitions)
 
 

@@ -34,7 +34,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from processor.errors import ConfigError
 from processor.kafka.client_config import Cluster
-from processor.kafka.clients import assign, consumer_defaults, new_consumer, topic_partitions
+from processor.kafka.clients import assign, consumer_defaults, is_transient, new_consumer, topic_partitions
 
 TopicPartitionKey = tuple[str, int]
 
@@ -123,6 +123,8 @@ def _first_events(c: Consumer, positions: dict[TopicPartitionKey, int], deadline
                 out[key] = ("msg", m.offset(), c.get_watermark_offsets(TopicPartition(*key), cached=True)[1])
             elif err.code() == KafkaError._PARTITION_EOF:
                 out[key] = ("eof", m.offset(), None)
+            elif is_transient(err):   # the broker down or paused: librdkafka retries (the deadline holds)
+                continue
             else:
                 raise ConfigError(f"snapshot of {_where(key)}: {err.str()}")
             c.pause([TopicPartition(*key)])   # one event is all this step needs
@@ -153,6 +155,6 @@ def _eof_offsets(c: Consumer, positions: dict[TopicPartitionKey, int], deadline:
             key = cast(TopicPartitionKey, (m.topic(), m.partition()))   # (set on these events)
             if err.code() == KafkaError._PARTITION_EOF:
                 out.setdefault(key, cast(int, m.offset()))
-            else:
+            elif not is_transient(err):   # (a transient one: librdkafka retries, the deadline holds)
                 raise ConfigError(f"snapshot of {_where(key)}: {err.str()}")
     return out

@@ -15,8 +15,10 @@ partition's start offset and below its end, then stops once every partition is *
 A finished partition is paused and its later records are not yielded. A start offset of 0 or
 less reads from the beginning (``OFFSET_BEGINNING``: whatever retention left). An error event
 other than EOF raises the caller's error for it (``KafkaIOError`` naming the partition and what
-was being read, as a rule; without one the event is left to librdkafka, which retries); not
-finishing within ``timeout_s`` raises the caller's error naming the partitions still pending.
+was being read, as a rule; without one the event is left to librdkafka, which retries), except a
+transient one (``clients.is_transient``: the broker down or paused, a leader moving), which
+librdkafka retries (one warning line every few seconds); not finishing within ``timeout_s``
+raises the caller's error naming the partitions still pending.
 The consumer is the caller's to open and close.
 """
 
@@ -35,6 +37,8 @@ TopicPartitionKey = tuple[str, int]
 ReadFailed = Callable[[TopicPartitionKey, str], Exception]
 # the partitions not finished, sorted -> the error to raise
 EndNotReached = Callable[[list[TopicPartitionKey]], Exception]
+# a transient error event is named in the log at most this often
+TRANSIENT_WARN_EVERY_S = 5.0
 
 
 class PartitionsToEnd:
@@ -66,6 +70,7 @@ class PartitionsToEnd:
         waiting up to ``wait_s`` (``consume`` waits all of it unless the batch fills)."""
         pending, ends = self.pending, self.ends
         deadline = time.monotonic() + timeout_s
+        warned = float("-inf")
         while pending:
             if time.monotonic() > deadline:
                 raise timeout(sorted(pending))
@@ -78,6 +83,12 @@ class PartitionsToEnd:
                         if tp in pending:
                             self.eof[tp] = cast(int, m.offset())
                             self.finish(tp)
+                    elif kafka.is_transient(err):
+                        now = time.monotonic()
+                        if now - warned >= TRANSIENT_WARN_EVERY_S:
+                            warned = now
+                            kafka.RETRY_LOGGER.warning("reading partitions to their end: %s (transient: "
+                                                       "librdkafka retries)", err.str())
                     elif error is not None:
                         raise error(tp, err.str())
                     continue

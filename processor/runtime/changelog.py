@@ -634,6 +634,7 @@ class _Reader:
         n = 0
         checked = False
         t0 = last_log = last_progress = time.monotonic()
+        warned = float("-inf")
         try:
             while len(done) < len(starts):
                 # a short timeout: consume() waits all of it unless the batch fills, and the
@@ -664,6 +665,14 @@ class _Reader:
                                 f"{tp[0]}[{tp[1]}] up to offset {starts.get(tp)}, past the changelog's "
                                 f"end ({err.str()}); the changelog was recreated or the state directory "
                                 f"belongs to another cluster: delete it to restore"), self.names.get(tp))
+                        if kafka.is_transient(err):
+                            # the broker down or paused, a leader moving: librdkafka retries, and the
+                            # restore goes on when it answers (``STALL_S`` without progress is an error)
+                            if now - warned >= PROGRESS_EVERY_S:
+                                warned = now
+                                log.warning("restoring: %s (transient: librdkafka retries; the restore goes on)",
+                                            err.str())
+                            continue
                         raise _of_task(KafkaIOError(f"restoring task {self.names.get(tp)} from {tp[0]}[{tp[1]}]: "
                                                     f"{err.str()}"), self.names.get(tp))
                     if tp in done:

@@ -257,8 +257,12 @@ class TaskManager:
         ``max.poll.interval.ms`` expiry) and the tasks already open keep processing."""
         sub_of_topic = self.sub_of_topic
         keys = self.keys_of(partitions)
+        # (after a broker pause the coordinator may take a while to answer again: retried, as
+        # Kafka Streams does, up to ``TRANSIENT_TIMEOUT_S``; the group's heartbeats go on meanwhile)
         committed = {(tp.topic, tp.partition): tp.offset
-                     for tp in consumer.committed(partitions, timeout=30)}
+                     for tp in kafka.retry_transient(lambda: consumer.committed(partitions, timeout=10),
+                                                     f"reading the group's committed offsets of {len(partitions)} "
+                                                     f"assigned partition(s)")}
         new = [key for key in sorted(keys) if key not in self.tasks]
         waiting = [tp for tp in partitions if (sub_of_topic[tp.topic], tp.partition) in set(new)]
         for tp in partitions:

@@ -84,7 +84,7 @@ def test_the_caller_finishes_a_partition():
 
 
 def test_errors_and_timeouts_are_the_callers():
-    failing = _Event("t", 0, None, KafkaError(KafkaError._TRANSPORT))
+    failing = _Event("t", 0, None, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
     c = _Consumer([[failing]])
     with pytest.raises(KafkaIOError, match=r"reading t\[0\]: "):
         list(PartitionsToEnd(c, {("t", 0): 0}).records(
@@ -92,6 +92,11 @@ def test_errors_and_timeouts_are_the_callers():
     # without an error of its own the event is left to librdkafka's retries
     c = _Consumer([[failing], [_eof("t", 0, 0)]])
     assert list(PartitionsToEnd(c, {("t", 0): 0}).records(5, error=None, timeout=_never)) == []
+    # and so is a transient one (the broker down), whatever the caller's error
+    transient = _Event("t", 0, None, KafkaError(KafkaError._TRANSPORT))
+    c = _Consumer([[transient], [_eof("t", 0, 0)]])
+    assert list(PartitionsToEnd(c, {("t", 0): 0}).records(
+        5, error=lambda tp, err: KafkaIOError(f"reading {tp[0]}[{tp[1]}]: {err}"), timeout=_never)) == []
     with pytest.raises(ConfigError, match=r"still \[\('t', 0\)\]"):
         list(PartitionsToEnd(_Consumer([]), {("t", 0): 0}).records(
             0.05, wait_s=0, error=None, timeout=lambda pending: ConfigError(f"still {pending}")))
