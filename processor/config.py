@@ -176,9 +176,11 @@ class StreamsConfig:
         """Exactly once: how long the broker lets a transaction stay open before aborting it (a
         producer setting; librdkafka's 60 s unless given). A worker that dies mid-transaction
         holds read_committed readers of its outputs and changelogs back until then. (Kafka
-        Streams sets 10 s; librdkafka also caps ``message.timeout.ms`` at it, and with 10 s a
-        broker paused for 20 s timed the open transaction's records out, which the worker does
-        not survive yet: ``tests/integration/test_broker_freeze.py``.)"""
+        Streams sets 10 s; librdkafka also caps ``message.timeout.ms`` at it, so with 10 s a
+        broker paused for 20 s times the open transaction's records out: the worker aborts it,
+        rebuilds its tasks from their changelogs and goes on, with a new producer if the broker
+        fenced the old one on the timeout: ``processor/runtime/commit_unit.py``,
+        ``tests/integration/test_broker_freeze.py``.)"""
         given = self.clients.for_kind("producer").get("transaction.timeout.ms")
         try:
             return int(given) if given is not None else EXACTLY_ONCE_TRANSACTION_TIMEOUT_MS

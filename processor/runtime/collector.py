@@ -5,11 +5,16 @@ drives it; ``Task`` sees only ``send``.
 
 Invariant: a record handed to ``send`` or ``send_changelog`` is either delivered by the next
 ``flush`` or that flush raises (``DeliveryFailed``, exit 7): no delivery error is dropped.
+Exactly once, the open transaction fails instead (``processor/runtime/commit_unit.py`` aborts it
+and rebuilds the tasks); a producer fenced because the broker aborted its transaction on its
+timeout is replaced (``renew``: a new producer with the same transactional id).
 """
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaException
+import time
+
+from confluent_kafka import KafkaError, KafkaException
 
 from processor.errors import KafkaIOError
 from processor.kafka import clients as kafka
@@ -20,6 +25,16 @@ _ANY_PARTITION = -1
 
 class DeliveryFailed(KafkaIOError):
     """Records the producer could not deliver (exit 7)."""
+
+
+class ProduceFailed(KafkaIOError):
+    """The producer refused a record at once (exit 7, unless exactly once recovers from it:
+    a transactional producer refuses records once its transaction failed); ``error`` is
+    librdkafka's."""
+
+    def __init__(self, message: str, error: KafkaError | None = None) -> None:
+        super().__init__(message)
+        self.error = error
 
 
 class KafkaCollector:
@@ -42,11 +57,17 @@ class KafkaCollector:
         self.delivered_ends: dict[tuple[str, int], int] = {}
         self.transactional = transactional_id is not None
         on_delivery = self.on_delivery_tracking if track_ends else self.on_delivery_error
+        # exactly once: the transactional producer's settings (``renew`` opens another), how long
+        # the broker lets a transaction stay open, and when the open one began
+        self._transactional_config: dict = {}
+        self.transaction_timeout_s = int(producer_config.get("transaction.timeout.ms", 60_000)) / 1000
+        self.began_at = time.monotonic()
         if self.transactional:
-            self.producer = kafka.new_producer({**producer_config, "transactional.id": transactional_id,
-                                                "delivery.report.only.error": False,
-                                                # (a failed record fails the commit: not collected)
-                                                **({"on_delivery": self._track} if track_ends else {})},
+            self._transactional_config = {**producer_config, "transactional.id": transactional_id,
+                                          "delivery.report.only.error": False,
+                                          # (a failed record fails the commit: not collected)
+                                          **({"on_delivery": self._track} if track_ends else {})}
+            self.producer = kafka.new_producer(self._transactional_config,
                                                "outputs, changelogs and offsets (transactional)")
             self.changelog_producer = self.producer
         else:
@@ -71,9 +92,10 @@ class KafkaCollector:
             except BufferError:
                 self.producer.poll(0.05)
             except KafkaException as exc:   # refused at once (the task checked sizes before)
-                raise KafkaIOError(f"producing a record to {topic}"
-                                   f"{'' if partition == _ANY_PARTITION else f'[{partition}]'}: "
-                                   f"{exc.args[0].str() if exc.args else exc}") from None
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                raise ProduceFailed(f"producing a record to {topic}"
+                                    f"{'' if partition == _ANY_PARTITION else f'[{partition}]'}: "
+                                    f"{err.str() if err is not None else exc}", err) from None
         self.sent += 1
 
     def send_changelog(self, topic, key, value, partition, headers, on_delivery):
@@ -140,16 +162,44 @@ class KafkaCollector:
         if self.transactional and not self.in_transaction:
             self.producer.begin_transaction()
             self.in_transaction = True
+            self.began_at = time.monotonic()
 
-    def commit_transaction(self, offsets, group_metadata) -> None:
+    def send_offsets(self, offsets, group_metadata) -> None:
+        """The group offsets of the open transaction (none: nothing to send)."""
         if offsets:
             self.producer.send_offsets_to_transaction(offsets, group_metadata, 60)
+
+    def commit_transaction(self, offsets, group_metadata) -> None:
+        self.send_offsets(offsets, group_metadata)
         self.producer.commit_transaction(60)
         self.in_transaction = False
 
     def abort(self) -> None:
+        """Abort the open transaction. A retriable error (timed out: the broker did not answer)
+        leaves it open, to be aborted again; any other error closes it here."""
         if self.transactional and self.in_transaction:
             try:
                 self.producer.abort_transaction(30)
-            finally:
-                self.in_transaction = False
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if err is None or err.fatal() or not err.retriable():
+                    self.in_transaction = False
+                raise
+            self.in_transaction = False
+
+    def renew(self, timeout_s: float) -> None:
+        """Exactly once, after the broker fenced this producer (it aborted the open transaction on
+        its timeout and bumped the producer's epoch): a new producer with the same transactional
+        id, its transactions initialised (which fences the old one for good); no transaction open.
+        The old producer's records are dropped: their transaction is aborted."""
+        old = self.producer
+        try:
+            old.purge()
+        except Exception:   # a fatal producer may refuse even that: it is dropped anyway
+            pass
+        self.in_transaction = False
+        self.producer = self.changelog_producer = kafka.new_producer(
+            self._transactional_config, "outputs, changelogs and offsets (transactional, renewed)")
+        txn_id = self._transactional_config["transactional.id"]
+        kafka.retry_transient(lambda: self.producer.init_transactions(timeout_s),
+                              f"initialising transactions of a new producer for {txn_id!r}")

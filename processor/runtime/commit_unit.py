@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from processor.errors import ConfigError
+from processor.errors import ConfigError, KafkaIOError
+from processor.kafka import clients as kafka
 
 if TYPE_CHECKING:
     from processor.runtime.fetch_gaps import FetchGaps
@@ -61,6 +62,9 @@ class Committer:
         self.group: WorkerFleet | None = None
         self.units_held = 0   # commits put off while the membership was in doubt
         self.resent_at = 0.0  # group offsets not acknowledged were last sent again then
+        # exactly once: the last transaction committed then; transactions failed since
+        self.committed_at = time.monotonic()
+        self.failed_since_commit = 0
 
     def commit(self, records_processed: int) -> None:
         """One commit unit for every task that has work (see the module docstring); never moves
@@ -108,35 +112,39 @@ class Committer:
             self._retry_skipped_offsets()
             return
         started = time.monotonic()
-        for _task, writer, _pos, _outbox in units:
-            writer.write_pending()
-        collector.flush()               # outputs, internal records, changelog records durable
-        if self.kill_at_commit is not None and records_processed > self.processed_at_last_commit:
-            self.commits_with_records += 1
-            if self.commits_with_records >= self.kill_at_commit:
-                log.warning("test hook: SIGKILL after forwarding, before committing")
-                os.kill(os.getpid(), signal.SIGKILL)
-        self.processed_at_last_commit = records_processed
-        for task, writer, pos, _outbox in units:
-            writer.settle_sink_ends(delivered, task.convergence_pending)
-            writer.write_commit_record(pos)
         group_offsets = tm.group_offsets
         offsets = []
-        for _task, _writer, pos, _outbox in units:
-            for (topic, part), off in pos.items():
-                if off > group_offsets.get((topic, part), 0):
-                    offsets.append(TopicPartition(topic, part, off))
-        if collector.transactional:
-            try:
+        try:
+            for _task, writer, _pos, _outbox in units:
+                writer.write_pending()
+            collector.flush()               # outputs, internal records, changelog records durable
+            if self.kill_at_commit is not None and records_processed > self.processed_at_last_commit:
+                self.commits_with_records += 1
+                if self.commits_with_records >= self.kill_at_commit:
+                    log.warning("test hook: SIGKILL after forwarding, before committing")
+                    os.kill(os.getpid(), signal.SIGKILL)
+            self.processed_at_last_commit = records_processed
+            for task, writer, pos, _outbox in units:
+                writer.settle_sink_ends(delivered, task.convergence_pending)
+                writer.write_commit_record(pos)
+            for _task, _writer, pos, _outbox in units:
+                for (topic, part), off in pos.items():
+                    if off > group_offsets.get((topic, part), 0):
+                        offsets.append(TopicPartition(topic, part, off))
+            if collector.transactional:
                 if self.group is None:
                     group_metadata = self._group_metadata()
-                collector.commit_transaction(offsets, group_metadata)
-            except KafkaException as exc:
-                self._transaction_failed(exc)
-                return
-        else:
-            collector.flush()           # the commit records: the units are durable now
-            offsets = self._commit_group_offsets(offsets)
+                self._commit_transaction(offsets, group_metadata)
+            else:
+                collector.flush()           # the commit records: the units are durable now
+                offsets = self._commit_group_offsets(offsets)
+        except (KafkaException, KafkaIOError) as exc:
+            # exactly once, whatever failed (a record not delivered: timed out while the broker was
+            # paused; the commit refused) fails the transaction, and nothing of it is kept
+            if not collector.transactional:
+                raise
+            self.transaction_failed(exc)
+            return
         for tp in offsets:
             group_offsets[(tp.topic, tp.partition)] = tp.offset
         collector.begin()               # outbox records below go into the next transaction
@@ -217,20 +225,87 @@ class Committer:
         for tp in self._commit_group_offsets(retry):
             group_offsets[(tp.topic, tp.partition)] = tp.offset
 
-    def _transaction_failed(self, exc: KafkaException) -> None:
-        """Exactly once: the transaction did not commit. Fatal if this producer was fenced (a
-        newer instance owns the transactional id); otherwise (the group rebalanced under us) abort
-        it, drop every task's uncommitted state and rebuild the tasks from their changelogs."""
-        err = exc.args[0]
-        if err.fatal() or not err.txn_requires_abort():
-            raise ConfigError(f"exactly_once: the transaction could not commit ({err.str()}); "
-                              f"this worker was fenced by a newer instance") from None
-        log.warning("exactly_once: transaction aborted (%s); rebuilding tasks from their changelogs",
-                    err.str())
+    def _commit_transaction(self, offsets: list[TopicPartition], group_metadata) -> None:
+        """Exactly once: commit the open transaction (with ``offsets``); a commit that timed out
+        (the broker not answering: librdkafka goes on with it) is resumed, up to
+        ``TRANSIENT_TIMEOUT_S``, as librdkafka asks: calling it again."""
         collector = self.tasks.collector
-        collector.abort()
+        deadline = time.monotonic() + kafka.TRANSIENT_TIMEOUT_S
+        sent = False
+        while True:
+            try:
+                if not sent:
+                    collector.send_offsets(offsets, group_metadata)
+                    sent = True
+                collector.commit_transaction([], None)
+                break
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if not isinstance(err, KafkaError) or not err.retriable() or err.fatal() or \
+                        err.txn_requires_abort() or time.monotonic() > deadline:
+                    raise
+                log.warning("exactly_once: %s timed out (%s): transient, resuming it",
+                            "the commit" if sent else "sending the offsets", err.str())
+        self.committed_at = time.monotonic()
+        self.failed_since_commit = 0
+
+    def transaction_failed(self, exc: Exception) -> None:
+        """Exactly once: the open transaction failed (``exc``: a record the producer refused or did
+        not deliver, the commit refused, the group rebalanced under us). Abort it, drop every
+        task's uncommitted state and rebuild the tasks from their changelogs
+        (``abort_and_rebuild``). Fatal: a producer fenced by a newer instance (see there), and
+        transactions failing for ``TRANSIENT_TIMEOUT_S`` without one committed."""
+        err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else getattr(exc, "error", None)
+        err = err if isinstance(err, KafkaError) else None
+        text = err.str() if err is not None else str(exc)
+        self.failed_since_commit += 1
+        since = time.monotonic() - self.committed_at
+        if self.failed_since_commit > 1 and since > kafka.TRANSIENT_TIMEOUT_S:
+            raise KafkaIOError(f"exactly_once: no transaction committed for {since:.0f} s, "
+                               f"{self.failed_since_commit} failed; the last: {text}") from None
+        log.warning("exactly_once: transaction aborted (%s); rebuilding tasks from their changelogs", text)
+        self.abort_and_rebuild(err)
+
+    def abort_and_rebuild(self, err: KafkaError | None = None, rebuild: bool = True) -> None:
+        """Exactly once: abort the open transaction (again while the broker does not answer, up
+        to ``TRANSIENT_TIMEOUT_S``), begin the next, and (``rebuild``) rebuild every task from its
+        changelogs. A producer fenced (``err`` or the abort's error fatal) is replaced by a new
+        one with the same transactional id (``KafkaCollector.renew``) when its transaction had
+        been open longer than ``transaction.timeout.ms``: the broker aborted it on its timeout and
+        fenced the producer's epoch. Otherwise a newer instance owns the transactional id: fatal
+        (``ConfigError``)."""
+        collector = self.tasks.collector
+        fatal = err if err is not None and err.fatal() else self._abort(collector)
+        if fatal is not None:
+            opened = time.monotonic() - collector.began_at
+            if opened < collector.transaction_timeout_s:
+                raise ConfigError(f"exactly_once: the transaction could not commit ({fatal.str()}); "
+                                  f"this worker was fenced by a newer instance") from None
+            log.warning("exactly_once: the producer was fenced (%s) after its transaction stayed open %.0f s, "
+                        "longer than transaction.timeout.ms (%.0f s): the broker aborted it on its timeout; "
+                        "a new transactional producer takes over the transactional id",
+                        fatal.str(), opened, collector.transaction_timeout_s)
+            collector.renew(30)
         self.fetch_gaps.clear()
         # the rebuilt tasks resend their outboxes at once: into the next transaction (a
         # transactional producer refuses a record outside one)
         collector.begin()
-        self.tasks.reopen_all()
+        if rebuild:
+            self.tasks.reopen_all()
+
+    def _abort(self, collector) -> KafkaError | None:
+        """Abort the open transaction, again while the abort times out (the broker not answering
+        yet), up to ``TRANSIENT_TIMEOUT_S``; returns the error when the producer is fenced (fatal)."""
+        deadline = time.monotonic() + kafka.TRANSIENT_TIMEOUT_S
+        while True:
+            try:
+                collector.abort()
+                return None
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.fatal():
+                    return err
+                text = err.str() if isinstance(err, KafkaError) else str(exc)
+                if not collector.in_transaction or time.monotonic() > deadline:
+                    raise KafkaIOError(f"exactly_once: aborting the failed transaction failed: {text}") from None
+                log.warning("exactly_once: aborting the transaction timed out (%s): transient, resuming it", text)

@@ -51,7 +51,7 @@ from processor.kafka import internal_topics, startup_checks
 from processor.kafka.client_config import ClientConfig
 from processor.kafka.partitioning import determine_partitioners
 from processor.runtime.changelog import RestoreInterrupted
-from processor.runtime.collector import KafkaCollector
+from processor.runtime.collector import KafkaCollector, ProduceFailed
 from processor.runtime.commit_unit import Committer
 from processor.runtime.dispatch import MessageDispatch
 from processor.runtime.fetch_gaps import FetchGaps
@@ -367,12 +367,9 @@ class Worker:
         if collector is not None and collector.transactional and not tm.closing:
             # exactly once: the open transaction holds the lost tasks' outputs since their last
             # commit, which their new owner produces again: abort it (the tasks still here, if
-            # any, are rebuilt from their changelogs, as after any aborted transaction)
-            collector.abort()
-            self.fetch_gaps.clear()
-            collector.begin()
-            if tm.tasks:
-                tm.reopen_all()
+            # any, are rebuilt from their changelogs, as after any aborted transaction; a producer
+            # the broker fenced on the transaction's timeout is renewed: ``abort_and_rebuild``)
+            self.committer.abort_and_rebuild(rebuild=bool(tm.tasks))
         log.warning("assigned %s; lost %s (the group gave them to another worker: closed without committing)",
                     tm.describe_assignment(), ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
 
@@ -571,9 +568,18 @@ class Worker:
                 break
             if msgs and self.first_record_at is None:
                 self.first_record_at = time.monotonic()
-            n = dispatch(msgs) if msgs else 0
-            if groups:
-                n += tm.process_buffered()
+            try:
+                n = dispatch(msgs) if msgs else 0
+                if groups:
+                    n += tm.process_buffered()
+            except ProduceFailed as exc:
+                # exactly once: a producer whose transaction failed (its records timed out while
+                # the broker was paused) refuses records: the batch is dropped with the transaction,
+                # the tasks are rebuilt from their changelogs and sought back to their positions
+                if not self.collector.transactional:
+                    raise
+                self.committer.transaction_failed(exc)
+                n = 0
             if n:
                 self.records_processed += n
                 self.last_record_at = time.monotonic()

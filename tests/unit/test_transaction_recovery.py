@@ -1,0 +1,95 @@
+"""Exactly once, a failed transaction (``processor/runtime/commit_unit.py``): aborted (again while
+the abort times out), the tasks rebuilt; a producer fenced after its transaction outlived
+``transaction.timeout.ms`` (the broker aborted it on its timeout) is renewed; one fenced sooner
+means a newer instance owns the transactional id: fatal, as before."""
+
+import time
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from processor.errors import ConfigError, KafkaIOError
+from processor.runtime.collector import ProduceFailed
+from processor.runtime.commit_unit import Committer
+
+FENCED = KafkaError(KafkaError._FENCED, "Producer fenced by newer instance", fatal=True)
+ABORT_TIMED_OUT = KafkaError(KafkaError._TIMED_OUT, "Timed out waiting for operation to finish", retriable=True)
+
+
+class _Collector:
+    transactional = True
+
+    def __init__(self, aborts=(), opened_s=1.0, timeout_s=10.0):
+        self.aborts = list(aborts)   # errors the next abort() calls raise, then success
+        self.in_transaction = True
+        self.began_at = time.monotonic() - opened_s
+        self.transaction_timeout_s = timeout_s
+        self.renewed = 0
+        self.begun = 0
+
+    def abort(self):
+        if self.aborts:
+            err = self.aborts.pop(0)
+            if not err.retriable():
+                self.in_transaction = False
+            raise KafkaException(err)
+        self.in_transaction = False
+
+    def renew(self, timeout_s):
+        self.renewed += 1
+        self.in_transaction = False
+
+    def begin(self):
+        self.in_transaction = True
+        self.begun += 1
+
+
+class _Tasks:
+    def __init__(self, collector):
+        self.collector = collector
+        self.reopened = 0
+
+    def reopen_all(self):
+        self.reopened += 1
+
+
+class _Gaps:
+    def clear(self):
+        pass
+
+
+def _committer(collector):
+    tasks = _Tasks(collector)
+    return Committer(tasks, _Gaps(), None), tasks
+
+
+def test_abort_timing_out_is_resumed_then_tasks_rebuilt():
+    c = _Collector(aborts=[ABORT_TIMED_OUT, ABORT_TIMED_OUT])
+    committer, tasks = _committer(c)
+    committer.transaction_failed(ProduceFailed("producing a record to out: Local: Erroneous state",
+                                               KafkaError(KafkaError._STATE)))
+    assert (c.renewed, c.begun, tasks.reopened, c.in_transaction) == (0, 1, 1, True)
+
+
+def test_fenced_after_the_transaction_timeout_renews_the_producer():
+    c = _Collector(aborts=[FENCED], opened_s=25.0, timeout_s=10.0)
+    committer, tasks = _committer(c)
+    committer.transaction_failed(KafkaIOError("task 0_1: 5 changelog record(s) failed delivery"))
+    assert (c.renewed, c.begun, tasks.reopened) == (1, 1, 1)
+
+
+def test_fenced_within_the_transaction_timeout_is_fatal():
+    c = _Collector(opened_s=1.0, timeout_s=10.0)
+    committer, tasks = _committer(c)
+    with pytest.raises(ConfigError, match="fenced by a newer instance"):
+        committer.transaction_failed(KafkaException(FENCED))
+    assert (c.renewed, tasks.reopened) == (0, 0)
+
+
+def test_failing_without_a_commit_for_too_long_is_fatal():
+    c = _Collector()
+    committer, tasks = _committer(c)
+    committer.committed_at = time.monotonic() - 1000
+    committer.transaction_failed(KafkaIOError("first"))
+    with pytest.raises(KafkaIOError, match="no transaction committed for 1000 s, 2 failed; the last: second"):
+        committer.transaction_failed(KafkaIOError("second"))
