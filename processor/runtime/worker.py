@@ -137,6 +137,12 @@ class Worker:
         self._consumer_config = clients.for_kind("consumer")
         # for every consumer the worker opens (group, restore, end-of-partition probes)
         self.isolation_level = config.isolation_level
+        if processing_guarantee == "exactly_once" and self.isolation_level == "read_uncommitted":
+            log.warning("exactly_once with isolation.level=read_uncommitted: only for a broker whose "
+                        "read_committed hides no aborted record anyway (Tansu); on one that hides them "
+                        "(Apache Kafka) a task rebuilt after an aborted transaction, or moved, restores that "
+                        "transaction's changelog records and commit record, and keeps state whose outputs "
+                        "were aborted (docs/semantics.md \"Isolation level\")")
         self._producer_config = clients.for_kind("producer")
         # foreign-key join subscriptions and responses wait for the commit, a later one of the
         # same pair replacing an earlier (processor/engine/fk_join_coalescing.py)

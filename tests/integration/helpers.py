@@ -271,8 +271,23 @@ def wait_until_group_drained(bootstrap: str, group: str, topics: dict[str, int],
                               "read_uncommitted", timeout_s, poll_s)
 
 
+def open_transactions(bootstrap: str, topics) -> list[tuple[str, int]]:
+    """The partitions of ``topics`` with a transaction open: their last stable offset (where a
+    read_committed consumer reaches partition EOF) is below their high watermark (read_uncommitted's
+    EOF). Both found by fetching (``snapshot_end_offsets``), the high watermark first."""
+    from processor.kafka.partition_ends import snapshot_end_offsets
+
+    topics = list(topics)
+    if not topics:
+        return []
+    hw = snapshot_end_offsets(bootstrap, topics, consumer_config={"isolation.level": "read_uncommitted"})
+    lso = snapshot_end_offsets(bootstrap, topics, consumer_config={"isolation.level": "read_committed"})
+    return sorted(k for k, end in hw.items() if lso[k] < end)
+
+
 def wait_until_tasks_committed(bootstrap: str, topology, topics: dict[str, int], isolation_level: str,
-                               timeout_s: float = 120.0, poll_s: float = 0.5, check=None) -> float:
+                               timeout_s: float = 120.0, poll_s: float = 0.5, check=None,
+                               settled: list[str] | tuple[str, ...] = ()) -> float:
     """Like ``wait_until_group_drained``, but by the workers' own truth: the last commit record in
     each task changelog (``topology``: bound to its application id) names the input positions
     its unit covered; drained when those reach the end of every partition of ``topics``. Needed
@@ -280,7 +295,15 @@ def wait_until_tasks_committed(bootstrap: str, topology, topics: dict[str, int],
     ``transactions_complete_after_fencing``). Reads with ``isolation_level`` (read_committed
     where the broker hides aborted transactions, so an aborted unit's commit record does not
     count). ``check()``, if given, runs on every poll (e.g. to fail at once when a worker
-    process exited). Returns the seconds waited."""
+    process exited). Returns the seconds waited.
+
+    Under ``read_committed`` it also waits until no transaction is open on ``topics`` and on the
+    ``settled`` topics (outputs the test reads next): a worker SIGKILLed with a transaction open
+    under a transactional id that never comes back (a wiped state directory, a worker not
+    restarted) holds the last stable offset of every partition it wrote until the broker aborts
+    that transaction (``transaction.timeout.ms``). Until then the workers, reading
+    read_committed, see nothing of an internal partition past it, and a reader of the outputs
+    nothing past it either: the positions "at the end" would be at that offset, not at the end."""
     from processor.state import commit_record
     from processor.state.store import TASK_STORE
 
@@ -310,25 +333,35 @@ def wait_until_tasks_committed(bootstrap: str, topology, topics: dict[str, int],
                     out[tp] = max(out[tp], off)
         return out
 
+    stable = None
+    if isolation_level == "read_committed":
+        def stable():
+            return open_transactions(bootstrap, [*topics, *settled])
+
     try:
         return _wait_until_at_end(bootstrap, f"the tasks' commit records did not reach the end of {sorted(topics)}",
-                                  committed, isolation_level, timeout_s, poll_s)
+                                  committed, isolation_level, timeout_s, poll_s, stable)
     finally:
         c.close()
 
 
 def _wait_until_at_end(bootstrap: str, failure: str, committed, isolation_level: str, timeout_s: float,
-                       poll_s: float) -> float:
+                       poll_s: float, open_transactions=None) -> float:
     """Poll ``committed()`` (``{(topic, partition): offset}``) until no partition holds a record at
-    or after its offset (partition EOF, read with ``isolation_level``); on timeout fail with
-    ``failure`` and each lagging partition's committed offset and high watermark."""
+    or after its offset (partition EOF, read with ``isolation_level``) and ``open_transactions()``,
+    if given, names no partition; on timeout fail with ``failure`` and each lagging partition's
+    committed offset and high watermark (or the partitions with a transaction open)."""
     t0 = time.monotonic()
     while True:
         at = committed()
         behind = kafka.partitions_with_records_from(bootstrap, at, isolation_level=isolation_level)
-        if not behind:
+        still_open = open_transactions() if not behind and open_transactions is not None else []
+        if not behind and not still_open:
             return time.monotonic() - t0
         if time.monotonic() - t0 > timeout_s:
+            if not behind:
+                raise AssertionError(f"{failure} within {timeout_s:.0f} s: a transaction is still open on "
+                                     f"{[f'{t}[{p}]' for t, p in still_open]}")
             raise AssertionError(f"{failure} within {timeout_s:.0f} s; behind (committed offset / high "
                                  f"watermark): {_lag_report(bootstrap, {tp: at[tp] for tp in behind})}")
         time.sleep(poll_s)

@@ -91,14 +91,18 @@ def _fail_if_one_exits(procs, worker_logs):
 
 def _wait_until_drained(bootstrap, app, sources, parts, isolation_level, check, worker_logs=None) -> list[str]:
     """Wait (240 s at most) until the tasks of ``convergence_topology`` committed every partition
-    of ``sources`` and of its internal topics, ``check()`` between polls; a timeout's message gets
-    ``worker_logs()`` appended when given. Returns the internal topics."""
+    of ``sources`` and of its internal topics, ``check()`` between polls; read_committed: and no
+    transaction is open on those or on the outputs (a worker SIGKILLed after its state directory
+    was wiped comes back with another transactional id: its open transaction holds the last
+    stable offsets until the broker aborts it). A timeout's message gets ``worker_logs()``
+    appended when given. Returns the internal topics."""
     topo = apps.convergence_topology().for_application(app)
     internal = [f"{app}-carriers-repartition", f"{app}-enriched-subscription-registration-topic",
                 f"{app}-enriched-subscription-response-topic"]
     try:
         wait_until_tasks_committed(bootstrap, topo, {t: parts for t in sources + internal},
-                                   isolation_level, timeout_s=240, check=check)
+                                   isolation_level, timeout_s=240, check=check,
+                                   settled=[f"{app}-{j}" for j in OUTS])
     except AssertionError as e:
         if worker_logs is None:
             raise
@@ -194,7 +198,7 @@ def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, 
            f"{sum(c[3] for c in converged)}; internal-topic fetch gaps read again: "
            f"{text.count('fetch had skipped offsets')}; keys whose final output differs from the driver: "
            f"{ {j: len(w) for j, w in wrong.items()} }")
-    staging = _staged_record_faults(kafka_bootstrap, f"{app}-carriers-repartition")
+    staging = _staged_record_faults(kafka_bootstrap, f"{app}-carriers-repartition", iso)
     report(f"  repartition topic read by the aggregation: {staging}")
     if any(wrong.values()):
         _dump_topics(kafka_bootstrap, tmp_path / "topics",
@@ -206,8 +210,11 @@ def test_four_sigkills_and_a_wipe_outputs_equal_driver(kafka_bootstrap, unique, 
     assert staging["conflicting"] == 0 and staging["out_of_order"] == 0, staging
 
 
-def _staged_record_faults(bootstrap, topic) -> dict:
-    """The invariant the aggregation's deduplication relies on, checked on its input topic: every
+def _staged_record_faults(bootstrap, topic, isolation_level) -> dict:
+    """The invariant the aggregation's deduplication relies on, checked on its input topic as the
+    aggregation reads it (``isolation_level``: read_committed never shows the records of an
+    aborted transaction, which the replay may send again otherwise, e.g. with a foreign-key
+    response that arrived in between): every
     provenance (source topic, partition, offset, sequence) names one record (copies are equal:
     ``conflicting`` counts provenances seen with different records), and in each partition the
     provenances of one source only grow, copies aside (``out_of_order`` counts records the
@@ -216,7 +223,7 @@ def _staged_record_faults(bootstrap, topic) -> dict:
 
     seen, top = {}, {}
     counts = {"records": 0, "copies": 0, "conflicting": 0, "out_of_order": 0}
-    for m in kafka.read_topic(bootstrap, topic, isolation_level="read_uncommitted"):
+    for m in kafka.read_topic(bootstrap, topic, isolation_level=isolation_level):
         counts["records"] += 1
         src = provenance.decode(provenance.find(m.headers()))
         ident = (src.topic, src.partition, src.offset, src.sequence)
