@@ -171,13 +171,17 @@ def withhold_moving(active: Mapping[str, list[TaskId]], owned: Mapping[str, Iter
     return out
 
 
-def group_metadata_bytes(group: str, generation: int, member_id: str) -> bytes:
+def group_metadata_bytes(group: str, generation: int, member_id: str, group_instance_id: str | None = None) -> bytes:
     """librdkafka's serialized consumer group metadata (rd_kafka_consumer_group_metadata_write):
     ``b"CGMDv2:"``, native int32 generation, NUL-terminated group id, NUL-terminated member id,
-    then ``0x01`` (no group instance id). Internal format: a test compares it with
-    confluent-kafka's own for (-1, "")."""
-    return (b"CGMDv2:" + struct.pack("=i", generation) + group.encode() + b"\0" + member_id.encode()
-            + b"\0" + b"\x01")
+    then ``0x01`` (no group instance id) or ``0x00`` and the NUL-terminated group instance id (a
+    static member: Kafka checks a transactional offset commit's instance id against the group's,
+    and fences a replaced one). Internal format: tests compare it with confluent-kafka's own, for
+    (-1, "") and for a static member that joined a group."""
+    head = b"CGMDv2:" + struct.pack("=i", generation) + group.encode() + b"\0" + member_id.encode() + b"\0"
+    if group_instance_id is None:
+        return head + b"\x01"
+    return head + b"\x00" + group_instance_id.encode() + b"\0"
 
 
 # -- the assignor and the membership client (kafka-python) ---------------------------------------
@@ -482,7 +486,8 @@ class FleetMembership:
         generation, member_id = self.generation
         if generation < 0:
             return None
-        return group_metadata_bytes(self.group, generation, member_id or "")
+        return group_metadata_bytes(self.group, generation, member_id or "",
+                                    self.consumer.config.get("group_instance_id"))
 
     def in_doubt(self) -> bool:
         """This member has no generation (its session expired, it was fenced, it has not joined

@@ -91,3 +91,30 @@ def test_static_member_restarted_keeps_its_id_and_its_partitions(kafka_bootstrap
     report(f"static_membership rejoin after SIGKILL + immediate restart: {times[True]:.1f} s as a static member, "
            f"{times[False]:.1f} s as a dynamic one (this broker: "
            f"{'faster' if times[True] < times[False] - 1.0 else 'no faster'})")
+
+
+def test_a_static_members_transactional_commits_carry_its_instance_id(kafka_bootstrap, unique):
+    """The group metadata an exactly-once commit sends (``group_metadata_bytes``) is librdkafka's
+    own for a static member that joined a group: generation, member id AND group instance id
+    (Kafka checks a transactional offset commit's instance id against the group's)."""
+    from confluent_kafka import Consumer
+
+    from processor.runtime.membership import group_metadata_bytes
+
+    topic, group, instance = f"static-meta-{unique}", f"static-meta-{unique}", f"inst-{unique}"
+    kafka.create_topics(kafka_bootstrap, {topic: 1})
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "group.instance.id": instance,
+                  "session.timeout.ms": 6000})
+    try:
+        c.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while not c.assignment():
+            assert time.monotonic() < deadline, "the static member was never assigned"
+            c.poll(0.2)
+        theirs = c.consumer_group_metadata()
+        generation = int.from_bytes(theirs[7:11], "little", signed=True)
+        assert generation >= 1
+        assert theirs == group_metadata_bytes(group, generation, c.memberid(), instance)
+        assert group_metadata_bytes(group, generation, c.memberid()) != theirs   # (without it: another member)
+    finally:
+        c.close()
