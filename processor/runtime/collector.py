@@ -12,12 +12,15 @@ timeout is replaced (``renew``: a new producer with the same transactional id).
 
 from __future__ import annotations
 
+import logging
 import time
 
 from confluent_kafka import KafkaError, KafkaException
 
 from processor.errors import KafkaIOError
 from processor.kafka import clients as kafka
+
+log = logging.getLogger("processor.worker")
 
 # librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner picks the partition
 _ANY_PARTITION = -1
@@ -143,11 +146,22 @@ class KafkaCollector:
             self.delivered_ends[(msg.topic(), msg.partition())] = msg.offset() + 1
 
     def flush(self, timeout_s: float = 60.0) -> None:
-        remaining = self.producer.flush(timeout_s)
-        if self.changelog_producer is not self.producer:
-            remaining += self.changelog_producer.flush(timeout_s)
+        """Every record sent so far delivered, or ``DeliveryFailed``. Records still queued after
+        ``timeout_s`` (the broker not answering: down, paused) are waited for again, one warning
+        line each time, up to ``TRANSIENT_TIMEOUT_S`` in all: librdkafka fails them itself at
+        ``message.timeout.ms`` (capped at ``transaction.timeout.ms`` under exactly once)."""
+        started = time.monotonic()
+        while True:
+            remaining = self.producer.flush(timeout_s)
+            if self.changelog_producer is not self.producer:
+                remaining += self.changelog_producer.flush(timeout_s)
+            waited = time.monotonic() - started
+            if not remaining or self.errors or waited >= kafka.TRANSIENT_TIMEOUT_S:
+                break
+            log.warning("%d record(s) not delivered after %.0f s: the broker is not answering (transient); "
+                        "waiting on (librdkafka fails them at message.timeout.ms)", remaining, waited)
         if remaining:
-            raise DeliveryFailed(f"{remaining} output record(s) not delivered within {timeout_s:.0f} s")
+            raise DeliveryFailed(f"{remaining} output record(s) not delivered within {waited:.0f} s")
         if self.errors:
             first = self.errors[0]
             raise DeliveryFailed(f"{len(self.errors)} output record(s) failed delivery, first: {first}")

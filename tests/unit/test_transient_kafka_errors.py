@@ -164,3 +164,33 @@ def test_restore_reader_other_errors_fail():
     reader = _Reader(c, {("cl", 0): "0_0"}, threading.Event(), {})
     with pytest.raises(KafkaIOError, match="restoring task 0_0 from cl\\[0\\]: Broker: Topic authorization"):
         list(reader.read_many({("cl", 0): 0}))
+
+
+class _Flushing:
+    """A producer whose flushes leave ``remaining`` records, one value per call."""
+
+    def __init__(self, remaining):
+        self.remaining = list(remaining)
+
+    def flush(self, timeout):
+        return self.remaining.pop(0)
+
+
+def test_collector_flush_waits_on_records_the_broker_has_not_taken_yet(caplog):
+    from processor.runtime.collector import KafkaCollector
+
+    c = KafkaCollector(kafka.producer_defaults("127.0.0.1:9"))
+    c.producer, c.changelog_producer = _Flushing([3, 1, 0]), _Flushing([0, 0, 0])
+    with caplog.at_level(logging.WARNING, "processor.worker"):
+        c.flush(0.01)
+    assert sum("not delivered after" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_collector_flush_fails_on_delivery_errors_at_once():
+    from processor.runtime.collector import DeliveryFailed, KafkaCollector
+
+    c = KafkaCollector(kafka.producer_defaults("127.0.0.1:9"))
+    c.producer, c.changelog_producer = _Flushing([2]), _Flushing([0])
+    c.errors.append("out[0]: Broker: Topic authorization failed")
+    with pytest.raises(DeliveryFailed, match="2 output record\\(s\\) not delivered"):
+        c.flush(0.01)
