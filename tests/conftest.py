@@ -280,6 +280,8 @@ SLOW = {
     "tests/integration/test_client_settings.py::test_every_backfill_client_gets_the_settings_driver_and_executors",
     "tests/integration/test_time_ordered_fleet.py",
     "tests/integration/test_exactly_once_zombie.py",
+    "tests/integration/test_exactly_once_rebalance.py",
+    "tests/integration/test_broker_failures.py",
     "tests/integration/test_apache_kafka_broker.py::test_three_node_cluster_survives_a_leader_killed_and_a_rolling_restart",
     "tests/backfill/test_backfill_cluster.py",
 }

@@ -121,6 +121,9 @@ class TaskManager:
         # worker through many rebalances keeps one entry per task, not one per closing)
         self.finished_tasks_metrics: dict[str, dict[str, dict[str, int]]] = {}
         self.restored_records = 0
+        # exactly once: tasks closed without their uncommitted state and rebuilt from their
+        # changelogs after an aborted transaction (``reopen_all``), summed over the worker's life
+        self.tasks_rebuilt = 0
         self.ever_assigned = False
         self.initial_commit_due = False
         self.closing = False
@@ -475,6 +478,7 @@ class TaskManager:
         uncommitted state, rebuilt from its changelogs, and its partitions sought back to its
         positions."""
         keys = sorted(self.tasks)
+        self.tasks_rebuilt += len(keys)
         for key in keys:
             self.writers.pop(key, None)
             task = self.tasks.pop(key)

@@ -14,6 +14,9 @@ Metric names (docs/operations.md "Metrics, health probes and interactive queries
   every task (``records_in``, ``noop_updates_skipped``, ``emissions_deferred``,
   ``late_records_dropped``, ``stale_responses_dropped``, ...) and the task's own (operator
   ``task``: ``processed``, ``dead_lettered``, ``skipped_poison``, ``duplicates_dropped``).
+- ``processor_tasks_rebuilt_total``: exactly once, tasks closed without their uncommitted state
+  and rebuilt from their changelogs after an aborted transaction (a healthy worker's cooperative
+  rebalance rebuilds none).
 - ``processor_fetch_gaps_refetched_total``, ``processor_fetch_gaps_accepted_total``: internal-topic
   offsets a fetch skipped and the worker read again, and gaps accepted as transaction markers.
 - ``processor_consumer_lag_records{topic, partition}``: the fetch high watermark minus the
@@ -97,6 +100,7 @@ class WorkerMetrics:
         started = min((r.started for r in worker._restoring), default=None)
         self.snapshot = {
             "records_processed": worker.records_processed,
+            "tasks_rebuilt": worker.task_manager.tasks_rebuilt,
             "gaps": (worker.fetch_gaps_refetched, worker.fetch_gaps_accepted),
             "tasks": tasks,
             "lag": lag,
@@ -133,6 +137,10 @@ class _SnapshotCollector:
                                         "Input records processed by this worker")
         processed.add_metric([], s["records_processed"])
         yield processed
+        rebuilt = CounterMetricFamily("processor_tasks_rebuilt",
+                                      "Exactly once: tasks rebuilt from their changelogs after an aborted transaction")
+        rebuilt.add_metric([], s["tasks_rebuilt"])
+        yield rebuilt
         for name, what, v in (("processor_fetch_gaps_refetched", "Internal-topic offsets skipped by a fetch and read "
                                "again (processor/runtime/fetch_gaps.py)", s["gaps"][0]),
                               ("processor_fetch_gaps_accepted", "Internal-topic gaps that held no readable record "
