@@ -138,3 +138,19 @@ def test_three_node_cluster_survives_a_leader_killed_and_a_rolling_restart(tmp_p
         got = _roundtrip(cluster.bootstrap_servers, topic, 100)
         assert got[:50] == [b"v%d" % i for i in range(50)]
         assert got[50:] == [b"v%d" % i for i in range(100)]
+
+
+def test_under_ci_a_fall_back_from_apache_kafka_is_a_usage_error(tmp_path):
+    """CI's integration suite runs on Apache Kafka: with CI=true and no Java or Maven on PATH,
+    pytest stops at once and says what to do, instead of running on Tansu."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP_SERVERS", "PROCESSOR_TEST_BROKER")}
+    env.update({"CI": "true", "PATH": str(bin_dir)})
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "--collect-only", "-q",
+                        "tests/unit/test_membership_codec.py"], capture_output=True, text=True, cwd=ROOT, env=env,
+                       timeout=120)
+    assert p.returncode == 4, p.stdout + p.stderr
+    said = p.stdout + p.stderr
+    assert "CI runs the integration suite on Apache Kafka, which needs Java 17 and Maven on PATH" in said, said
+    assert "PROCESSOR_TEST_BROKER=tansu" in said, said
