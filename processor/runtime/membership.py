@@ -13,7 +13,12 @@ Invariants:
    task nobody reports a sum for is absent (no state anywhere).
 3. **Two-phase moves (KIP-429).** A task whose partitions another member reported in
    ``owned_partitions`` this round is not given to its new member in this generation: it stays
-   unassigned, its owner revokes it, and the follow-up rebalance gives it over.
+   unassigned, its owner revokes it, and the follow-up rebalance gives it over. Meanwhile, where
+   its new member holds a copy of its state (a warm-up that caught up, a standby), the task is a
+   standby there: the copy stays open and follows the owner's last commits, so the next round
+   finds it current and moves the task, rather than finding it closed a round's processing
+   behind (beyond ``acceptable_recovery_lag`` on a busy task) and sending the task back to a new
+   warm-up.
 
 4. **The protocol's partitions follow the tasks.** A member's assignment names, as Kafka
    partitions, exactly the source partitions of the active tasks it is given; standbys, warm-ups
@@ -214,7 +219,11 @@ def assign_fleet(rules: FleetRules, subs: Mapping[str, Subscription],
             # still run by its previous owner, which answers for it until it revokes
             fleet[s.server] = {"active": sorted(placement.active.get(m, [])),
                                "standby": sorted(set(placement.standby.get(m, [])) - set(placement.warmup.get(m, [])))}
-    return {m: Assignment(active=sorted(active.get(m, [])), standby=sorted(placement.standby.get(m, [])),
+    # a task withheld for a round stays a standby where it goes, if a copy is there (invariant 3)
+    standby = {m: sorted(set(placement.standby.get(m, []))
+                         | (set(placement.active.get(m, [])) - set(active[m])) & rules.stateful & set(s.sums))
+               for m, s in subs.items()}
+    return {m: Assignment(active=sorted(active.get(m, [])), standby=standby[m],
                           warmup=sorted(placement.warmup.get(m, [])),
                           probing=placement.probing or withheld > 0, fleet=fleet)
             for m in subs}

@@ -80,3 +80,27 @@ def test_group_metadata_bytes_equal_librdkafkas_own():
         assert c.consumer_group_metadata() == group_metadata_bytes("g-meta", -1, "")
     finally:
         c.close()
+
+
+def test_a_task_withheld_for_a_round_stays_a_standby_where_it_goes():
+    """The probing rebalance after a warm-up caught up: the task is placed on the warm-up's member
+    but withheld while its owner revokes it; the warm copy stays a standby there for that round
+    (so it follows the owner's last commits, and the next round finds it current), and is
+    withheld from nobody else's standbys."""
+    from processor.runtime.membership import FleetRules, assign_fleet
+
+    tasks = [(0, p) for p in range(4)]
+    rules = FleetRules(partitions_of_task={t: [("s", t[1])] for t in tasks}, stateful=set(tasks))
+    # m1 runs 3 tasks, m2 runs 1 and its warm-up of (0, 2) has caught up (lag 5)
+    subs = {"m1": Subscription(server=None, process="p1", sums={(0, 0): 100, (0, 1): 100, (0, 2): 105},
+                               running=[(0, 0), (0, 1), (0, 2)]),
+            "m2": Subscription(server=None, process="p2", sums={(0, 2): 100, (0, 3): 100}, running=[(0, 3)])}
+    owned = {"m1": [("s", 0), ("s", 1), ("s", 2)], "m2": [("s", 3)]}
+    out = assign_fleet(rules, subs, owned)
+    assert out["m2"].active == [(0, 3)] and out["m2"].probing   # (0, 2) waits a round...
+    assert (0, 2) in out["m2"].standby                          # ...as a standby of m2
+    assert (0, 2) not in out["m1"].active and (0, 2) not in out["m1"].standby
+    # a member that holds no copy of a withheld task gets none opened for the round
+    subs["m2"].sums = {(0, 3): 100}
+    out = assign_fleet(rules, subs, owned)
+    assert (0, 2) not in out["m2"].standby
