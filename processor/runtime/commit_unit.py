@@ -267,15 +267,30 @@ class Committer:
         self.abort_and_rebuild(err)
 
     def abort_and_rebuild(self, err: KafkaError | None = None, rebuild: bool = True) -> None:
-        """Exactly once: abort the open transaction (again while the broker does not answer, up
-        to ``TRANSIENT_TIMEOUT_S``), begin the next, and (``rebuild``) rebuild every task from its
-        changelogs. A producer fenced (``err`` or the abort's error fatal) is replaced by a new
-        one with the same transactional id (``KafkaCollector.renew``) when its transaction had
-        been open longer than ``transaction.timeout.ms``: the broker aborted it on its timeout and
-        fenced the producer's epoch. Otherwise a newer instance owns the transactional id: fatal
-        (``ConfigError``)."""
+        """Exactly once: abort the open transaction, begin the next, and (``rebuild``) rebuild
+        every task from its changelogs. The producer is replaced by a new one with the same
+        transactional id (``KafkaCollector.renew``: its initialisation aborts the open
+        transaction, waiting while the broker does not answer) when the abort timed out (the
+        broker not answering; or refusing the epoch bump librdkafka's abort of timed-out records
+        needs: Tansu), or when the producer was fenced (``err`` or the abort's error fatal) after
+        its transaction had been open longer than ``transaction.timeout.ms``: the broker aborted
+        it on its timeout and fenced the producer's epoch. Fenced sooner, a newer instance owns
+        the transactional id: fatal (``ConfigError``)."""
         collector = self.tasks.collector
-        fatal = err if err is not None and err.fatal() else self._abort(collector)
+        fatal = err if err is not None and err.fatal() else None
+        timed_out = None
+        if fatal is None:
+            try:
+                collector.abort()
+            except KafkaException as exc:
+                abort_err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                text = abort_err.str() if abort_err is not None else str(exc)
+                if abort_err is not None and abort_err.fatal():
+                    fatal = abort_err
+                elif collector.in_transaction:   # (retriable: timed out)
+                    timed_out = text
+                else:
+                    raise KafkaIOError(f"exactly_once: aborting the failed transaction failed: {text}") from None
         if fatal is not None:
             opened = time.monotonic() - collector.began_at
             if opened < collector.transaction_timeout_s:
@@ -286,26 +301,13 @@ class Committer:
                         "a new transactional producer takes over the transactional id",
                         fatal.str(), opened, collector.transaction_timeout_s)
             collector.renew(30)
+        elif timed_out is not None:
+            log.warning("exactly_once: aborting the transaction timed out (%s): a new transactional producer "
+                        "takes over the transactional id (its initialisation aborts the transaction)", timed_out)
+            collector.renew(30)
         self.fetch_gaps.clear()
         # the rebuilt tasks resend their outboxes at once: into the next transaction (a
         # transactional producer refuses a record outside one)
         collector.begin()
         if rebuild:
             self.tasks.reopen_all()
-
-    def _abort(self, collector) -> KafkaError | None:
-        """Abort the open transaction, again while the abort times out (the broker not answering
-        yet), up to ``TRANSIENT_TIMEOUT_S``; returns the error when the producer is fenced (fatal)."""
-        deadline = time.monotonic() + kafka.TRANSIENT_TIMEOUT_S
-        while True:
-            try:
-                collector.abort()
-                return None
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                if isinstance(err, KafkaError) and err.fatal():
-                    return err
-                text = err.str() if isinstance(err, KafkaError) else str(exc)
-                if not collector.in_transaction or time.monotonic() > deadline:
-                    raise KafkaIOError(f"exactly_once: aborting the failed transaction failed: {text}") from None
-                log.warning("exactly_once: aborting the transaction timed out (%s): transient, resuming it", text)

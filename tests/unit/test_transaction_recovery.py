@@ -1,7 +1,8 @@
-"""Exactly once, a failed transaction (``processor/runtime/commit_unit.py``): aborted (again while
-the abort times out), the tasks rebuilt; a producer fenced after its transaction outlived
-``transaction.timeout.ms`` (the broker aborted it on its timeout) is renewed; one fenced sooner
-means a newer instance owns the transactional id: fatal, as before."""
+"""Exactly once, a failed transaction (``processor/runtime/commit_unit.py``): aborted (an abort
+that times out: a new producer takes over the transactional id), the tasks rebuilt; a producer
+fenced after its transaction outlived ``transaction.timeout.ms`` (the broker aborted it on its
+timeout) is renewed; one fenced sooner means a newer instance owns the transactional id: fatal,
+as before."""
 
 import time
 
@@ -63,12 +64,28 @@ def _committer(collector):
     return Committer(tasks, _Gaps(), None), tasks
 
 
-def test_abort_timing_out_is_resumed_then_tasks_rebuilt():
-    c = _Collector(aborts=[ABORT_TIMED_OUT, ABORT_TIMED_OUT])
+def test_abort_then_tasks_rebuilt():
+    c = _Collector()
     committer, tasks = _committer(c)
     committer.transaction_failed(ProduceFailed("producing a record to out: Local: Erroneous state",
                                                KafkaError(KafkaError._STATE)))
     assert (c.renewed, c.begun, tasks.reopened, c.in_transaction) == (0, 1, 1, True)
+
+
+def test_abort_timing_out_renews_the_producer():
+    # (the broker not answering, or refusing the epoch bump the abort needs: Tansu)
+    c = _Collector(aborts=[ABORT_TIMED_OUT])
+    committer, tasks = _committer(c)
+    committer.transaction_failed(KafkaIOError("task 0_1: 3 changelog record(s) failed delivery"))
+    assert (c.renewed, c.begun, tasks.reopened, c.in_transaction) == (1, 1, 1, True)
+
+
+def test_abort_failing_otherwise_is_fatal():
+    c = _Collector(aborts=[KafkaError(KafkaError._STATE, "Operation not valid in state Ready")])
+    committer, tasks = _committer(c)
+    with pytest.raises(KafkaIOError, match="aborting the failed transaction failed: Operation not valid"):
+        committer.transaction_failed(KafkaIOError("x"))
+    assert tasks.reopened == 0
 
 
 def test_fenced_after_the_transaction_timeout_renews_the_producer():
