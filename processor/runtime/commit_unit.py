@@ -62,9 +62,9 @@ class Committer:
         self.group: WorkerFleet | None = None
         self.units_held = 0   # commits put off while the membership was in doubt
         self.resent_at = 0.0  # group offsets not acknowledged were last sent again then
-        # exactly once: the last transaction committed then; transactions failed since
-        self.committed_at = time.monotonic()
+        # exactly once: transactions failed since the last one committed, the first of them then
         self.failed_since_commit = 0
+        self.failing_since = 0.0
 
     def commit(self, records_processed: int) -> None:
         """One commit unit for every task that has work (see the module docstring); never moves
@@ -246,7 +246,6 @@ class Committer:
                     raise
                 log.warning("exactly_once: %s timed out (%s): transient, resuming it",
                             "the commit" if sent else "sending the offsets", err.str())
-        self.committed_at = time.monotonic()
         self.failed_since_commit = 0
 
     def transaction_failed(self, exc: Exception) -> None:
@@ -254,15 +253,18 @@ class Committer:
         not deliver, the commit refused, the group rebalanced under us). Abort it, drop every
         task's uncommitted state and rebuild the tasks from their changelogs
         (``abort_and_rebuild``). Fatal: a producer fenced by a newer instance (see there), and
-        transactions failing for ``TRANSIENT_TIMEOUT_S`` without one committed."""
+        transactions failing for ``TRANSIENT_TIMEOUT_S`` without one committed since the first."""
         err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else getattr(exc, "error", None)
         err = err if isinstance(err, KafkaError) else None
         text = err.str() if err is not None else str(exc)
+        now = time.monotonic()
+        if self.failed_since_commit == 0:
+            self.failing_since = now
         self.failed_since_commit += 1
-        since = time.monotonic() - self.committed_at
+        since = now - self.failing_since
         if self.failed_since_commit > 1 and since > kafka.TRANSIENT_TIMEOUT_S:
-            raise KafkaIOError(f"exactly_once: no transaction committed for {since:.0f} s, "
-                               f"{self.failed_since_commit} failed; the last: {text}") from None
+            raise KafkaIOError(f"exactly_once: transactions failing for {since:.0f} s, none committed "
+                               f"({self.failed_since_commit} failed); the last: {text}") from None
         log.warning("exactly_once: transaction aborted (%s); rebuilding tasks from their changelogs", text)
         self.abort_and_rebuild(err)
 
