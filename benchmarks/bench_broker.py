@@ -14,12 +14,16 @@ from processor.runtime.local_broker import LocalBroker  # noqa: E402
 
 
 @contextlib.contextmanager
-def broker(bootstrap_servers: str | None):
-    """``bootstrap_servers``, or a local Tansu broker started for the run and stopped after it."""
+def broker(bootstrap_servers: str | None, apache_kafka: bool = False):
+    """``bootstrap_servers``, or a local broker started for the run and stopped after it: Apache
+    Kafka (one KRaft node, ``processor.runtime.apache_kafka``) with ``apache_kafka``, else Tansu."""
     if bootstrap_servers:
         yield bootstrap_servers
         return
-    local = LocalBroker().start()
+    from processor.runtime.apache_kafka import ApacheKafka
+
+    local: LocalBroker | ApacheKafka = ApacheKafka() if apache_kafka else LocalBroker()
+    local.start()
     try:
         yield local.bootstrap_servers
     finally:

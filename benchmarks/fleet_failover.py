@@ -2,6 +2,7 @@
 a partition it ran (issue 36).
 
     python benchmarks/fleet_failover.py --keys 100000                 # local Tansu broker
+    python benchmarks/fleet_failover.py --keys 100000 --apache-kafka  # local Apache Kafka (KRaft node)
     python benchmarks/fleet_failover.py --keys 1000000 --standbys 1,0 --guarantee at_least_once
     python benchmarks/fleet_failover.py --keys 100000 --guarantee exactly_once --bootstrap-servers host:9092
 
@@ -245,15 +246,12 @@ class Worker:
         self.state = tmp / f"w{i}"
         e = dict(os.environ, **env)
         e["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), e.get("PYTHONPATH", "")])
-        # read_uncommitted as in tests/integration/test_fleet_failover.py: Tansu does not complete
-        # every transaction after a fencing, and read_committed would stall behind it
         self.proc = subprocess.Popen(
             [sys.executable, "-c", CLI, "--log-level", "INFO", "run", SPEC,
              "--bootstrap-servers", bootstrap, "--application-id", app, "--state-dir", str(self.state),
              "--commit-interval-ms", str(commit_interval_ms), "--processing-guarantee", guarantee,
              "--consumer-config", f"session.timeout.ms={SESSION_TIMEOUT_MS}",
              "--consumer-config", "heartbeat.interval.ms=500",
-             "--consumer-config", "isolation.level=read_uncommitted",
              *[a for kv in consumer_config for a in ("--consumer-config", kv)],
              "--num-standby-replicas", str(standbys), "--http-port", str(self.port)],
             cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=open(self.log, "a"))
@@ -383,8 +381,9 @@ def run(bootstrap: str, args, standbys: int, guarantee: str, tag: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="failover-bench-") as tmpd:
         tmp = Path(tmpd)
         started = time.time()
+        tansu_level = ["isolation.level=read_uncommitted"] if args.tansu else []
         workers = [Worker(i, bootstrap, app, tmp, env, guarantee, standbys, args.commit_interval_ms,
-                          args.consumer_config) for i in range(2)]
+                          tansu_level + args.consumer_config) for i in range(2)]
         victim, survivor = workers[victim_i], workers[1 - victim_i]
         commits = CommitWatch(bootstrap, topo, parts)
         tail = None
@@ -472,7 +471,8 @@ def run(bootstrap: str, args, standbys: int, guarantee: str, tag: str) -> dict:
             if not args.no_verify:
                 t1 = time.monotonic()
                 got = {}
-                for m in kafka.read_topic(bootstrap, out, timeout_s=600, isolation_level="read_uncommitted"):
+                level = "read_committed" if guarantee == "exactly_once" and not args.tansu else "read_uncommitted"
+                for m in kafka.read_topic(bootstrap, out, timeout_s=600, isolation_level=level):
                     got[m.key()] = m.value()
                 wrong = []
                 for i in range(args.keys):
@@ -543,9 +543,15 @@ def main():
     ap.add_argument("--no-verify", action="store_true", help="skip the final count check")
     ap.add_argument("--keep-logs", metavar="DIR", help="copy the workers' logs here")
     ap.add_argument("--bootstrap-servers")
+    ap.add_argument("--apache-kafka", action="store_true",
+                    help="start a local Apache Kafka node for the run instead of Tansu")
     args = ap.parse_args()
+    # on Tansu the workers read uncommitted (tests/integration/test_fleet_failover.py: Tansu does not
+    # complete every transaction after a fencing, and read_committed would stall behind it);
+    # elsewhere the worker's own level (read_committed under exactly once)
+    args.tansu = not (args.bootstrap_servers or args.apache_kafka)
     results = []
-    with broker(args.bootstrap_servers) as bootstrap:
+    with broker(args.bootstrap_servers, args.apache_kafka) as bootstrap:
         run_id = int(time.time())
         print(f"{args.keys:,} keys on {args.partitions} partitions, {args.guarantee}, {os.cpu_count()} cores, "
               f"session timeout {SESSION_TIMEOUT_MS / 1000:.0f} s", flush=True)
