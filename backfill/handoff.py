@@ -189,7 +189,9 @@ def commit_group_offsets(bootstrap_servers, application_id, snapshot, internal_e
         offsets = [TopicPartition(t, p, e) for (t, p), (_, e) in sorted(snapshot.items())]
         offsets += [TopicPartition(t, p, e) for (t, p), e in sorted(internal_ends.items()) if e > 0]
         if offsets:
-            c.commit(offsets=offsets, asynchronous=False)
+            # the same offsets again after a transient error (a coordinator moving or loading)
+            kafka.retry_transient(lambda: kafka.raise_partition_error(c.commit(offsets=offsets, asynchronous=False)),
+                                  f"committing the offsets of group {application_id!r} at the snapshot")
     finally:
         c.close()
 

@@ -197,8 +197,12 @@ def _refuse_existing(bootstrap_servers, application_id, state_dir: Path | None, 
     conf.update(consumer_config or {})
     conf["group.id"] = application_id
     c = kafka.new_consumer(conf, "checking the group's committed offsets")
+    partitions = [TopicPartition(t, p) for t in topics for p in range(counts[t])]
     try:
-        committed = c.committed([TopicPartition(t, p) for t in topics for p in range(counts[t])], timeout=30)
+        # a group coordinator not loaded yet (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS on
+        # Apache Kafka) is retried as the worker retries it (kafka.retry_transient)
+        committed = kafka.retry_transient(lambda: kafka.raise_partition_error(c.committed(partitions, timeout=30)),
+                                          f"reading the committed offsets of group {application_id!r}")
     finally:
         c.close()
     done = [f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in committed if tp.offset >= 0]

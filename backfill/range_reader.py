@@ -6,8 +6,10 @@ Invariant (``iter_range``): exactly the records at offsets ``start <= offset < e
 split's partition, in offset order, each once; it stops at the first record at or beyond ``end``
 or at partition EOF at or beyond it (offsets taken by transaction markers or aborted records hold
 no record). EOF below ``end``, or ``start`` no longer in the log, fails the read
-(``auto.offset.reset=error``; a high watermark below ``start``, which Tansu answers with an
-empty fetch rather than OFFSET_OUT_OF_RANGE): history is never silently shorter than the snapshot.
+(``auto.offset.reset=error``: Apache Kafka's OFFSET_OUT_OF_RANGE, explained by the partition's
+offsets; a high watermark below ``start``, which Tansu answers with an empty fetch instead): the
+error names where the partition ends (or starts). History is never silently shorter than the
+snapshot.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ def iter_range(bootstrap_servers: str, split, consumer_config: dict | None = Non
             for m in msgs:
                 err = m.error()
                 if err is not None:
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise ConfigError(f"reading {where}: {_out_of_range(c, tp, split, err.str())}")
                     if err.code() != KafkaError._PARTITION_EOF:
                         raise ConfigError(f"reading {where}: {err.str()}")
                     if m.offset() < split.end:
@@ -94,3 +98,20 @@ def iter_range(bootstrap_servers: str, split, consumer_config: dict | None = Non
                 return
     finally:
         c.close()
+
+
+def _out_of_range(consumer, tp, split, error: str) -> str:
+    """Why a fetch from ``split.start`` was out of range (Apache Kafka answers OFFSET_OUT_OF_RANGE,
+    which ``auto.offset.reset=error`` makes an error): the partition ends below the range (as
+    Tansu's empty fetch is reported), or its log starts above ``start`` (retention, DeleteRecords);
+    the broker's own error when its offsets cannot be asked or explain neither."""
+    try:
+        low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+    except Exception as exc:   # noqa: BLE001 (the read fails anyway: say what was met)
+        return f"{error} (the partition's offsets could not be read: {exc})"
+    if 0 <= high < split.start:
+        return f"the partition ends at {high}, below the range (topic truncated or recreated)"
+    if low > split.start:
+        return (f"the partition starts at {low}, above the range's start (records deleted by retention or "
+                f"DeleteRecords since the range was taken)")
+    return f"{error} (the partition holds offsets [{low}, {high}))"

@@ -86,6 +86,16 @@ def retry_transient(call: Callable[[], _T], what: str, timeout_s: float = TRANSI
             time.sleep(min(0.5, left))
 
 
+def raise_partition_error(partitions: list) -> list:
+    """``partitions`` (what ``committed`` or a synchronous ``commit`` returns), or a
+    ``KafkaException`` of the first partition's error (so that ``retry_transient`` retries a
+    transient one, as a coordinator's per-partition answer can be)."""
+    for tp in partitions or []:
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+    return partitions
+
+
 def cluster_of(bootstrap_servers, config: ClientConfig | None = None) -> KafkaCluster:
     """A ``KafkaCluster`` for a bootstrap string (no user settings unless ``config``) or the
     cluster itself; ``config`` replaces a given cluster's settings."""
