@@ -257,13 +257,16 @@ def wait_for(cond, timeout: float, what: str, procs=(), poll_s: float = 0.1) -> 
 
 
 def wait_until_group_drained(bootstrap: str, group: str, topics: dict[str, int], timeout_s: float = 120.0,
-                             poll_s: float = 0.5) -> float:
+                             poll_s: float = 0.5, check=None) -> float:
     """Wait until ``group`` has committed every partition of ``topics`` (``{topic: partitions}``,
     internal topics included) to its end: the committed offsets are read FIRST, then the broker
     is probed (to partition EOF, not list_offsets) for records at or after them; none means
     every record was processed and committed, and so was everything those records caused (a
-    worker flushes its outputs before committing). Returns the seconds waited."""
+    worker flushes its outputs before committing). ``check()``, if given, runs on every poll
+    (e.g. to fail at once with a worker's own error). Returns the seconds waited."""
     def committed():
+        if check is not None:
+            check()
         return {(t, p): max(off, 0) for t, n in topics.items()
                 for p, off in committed_offsets(bootstrap, group, t, n).items()}
 

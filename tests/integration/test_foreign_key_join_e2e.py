@@ -165,6 +165,10 @@ def run_workers_while_producing(kafka_bootstrap, topology, app, state_dir, recor
         except BaseException as exc:  # re-raised in the test thread
             failures.append(exc)
 
+    def check():   # a worker that stopped on an error: its error, not a drain that never comes
+        if failures:
+            raise failures[0]
+
     threads = [threading.Thread(target=run, args=(w,), name=f"fk-worker-{i}") for i, w in enumerate(workers)]
     started = time.monotonic()
     for t in threads:
@@ -178,7 +182,7 @@ def run_workers_while_producing(kafka_bootstrap, topology, app, state_dir, recor
         owned_s = t0 - started
         ends = produce_interleaved(kafka_bootstrap, records, chunk=300, pause_s=0.05)
         produced_s = time.monotonic() - t0
-        wait_until_group_drained(kafka_bootstrap, app, topics)
+        wait_until_group_drained(kafka_bootstrap, app, topics, check=check)
         elapsed = time.monotonic() - t0
     finally:
         for w in workers:
