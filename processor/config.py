@@ -61,7 +61,9 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-EXACTLY_ONCE_TRANSACTION_TIMEOUT_MS = 60_000   # librdkafka's default
+# Kafka Streams' (librdkafka's own default is 60 s): a worker that dies with a transaction open
+# holds read_committed readers back until the broker aborts it on this timeout
+EXACTLY_ONCE_TRANSACTION_TIMEOUT_MS = 10_000
 
 
 @dataclass(frozen=True)
@@ -173,10 +175,12 @@ class StreamsConfig:
 
     @property
     def transaction_timeout_ms(self) -> int:
-        """Exactly once: how long the broker lets a transaction stay open before aborting it (a
-        producer setting; librdkafka's 60 s unless given). A worker that dies mid-transaction
-        holds read_committed readers of its outputs and changelogs back until then. (Kafka
-        Streams sets 10 s; librdkafka also caps ``message.timeout.ms`` at it, so with 10 s a
+        """Exactly once: how long the broker lets a transaction stay open before aborting it (the
+        producer setting; 10 s, Kafka Streams' value, unless given: the worker sets it on its
+        transactional producer, where librdkafka's own default is 60 s). A worker that dies
+        mid-transaction holds read_committed readers of its outputs and changelogs, the survivor
+        taking its tasks over included, back until then. (librdkafka also caps
+        ``message.timeout.ms`` at it, so with 10 s a
         broker paused for 20 s times the open transaction's records out: the worker aborts it,
         rebuilds its tasks from their changelogs and goes on, with a new producer if the broker
         fenced the old one on the timeout: ``processor/runtime/commit_unit.py``,

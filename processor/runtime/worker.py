@@ -144,6 +144,9 @@ class Worker:
                         "transaction's changelog records and commit record, and keeps state whose outputs "
                         "were aborted (docs/semantics.md \"Isolation level\")")
         self._producer_config = clients.for_kind("producer")
+        if processing_guarantee == "exactly_once":
+            # Kafka Streams' transaction timeout unless given (StreamsConfig.transaction_timeout_ms)
+            self._producer_config = {**self._producer_config, "transaction.timeout.ms": config.transaction_timeout_ms}
         # foreign-key join subscriptions and responses wait for the commit, a later one of the
         # same pair replacing an earlier (processor/engine/fk_join_coalescing.py)
         self.coalesce_fk_records = coalesce_fk_records

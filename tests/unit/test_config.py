@@ -147,16 +147,16 @@ def test_the_engine_takes_the_policies_from_the_settings():
 
 def test_exactly_once_transaction_timeout_outlasts_the_commit_interval(tmp_path):
     """Exactly once: a transaction a dead worker left open holds read_committed readers back for
-    transaction.timeout.ms; librdkafka's 60 s unless given, never below the commit interval."""
+    transaction.timeout.ms; Kafka Streams' 10 s unless given, never below the commit interval."""
     from processor.runtime.worker import Worker
 
-    assert StreamsConfig(processing_guarantee="exactly_once").transaction_timeout_ms == 60_000
-    given = StreamsConfig.of(processing_guarantee="exactly_once", producer_config={"transaction.timeout.ms": 10000})
-    assert given.transaction_timeout_ms == 10_000
+    assert StreamsConfig(processing_guarantee="exactly_once").transaction_timeout_ms == 10_000
+    given = StreamsConfig.of(processing_guarantee="exactly_once", producer_config={"transaction.timeout.ms": 30000})
+    assert given.transaction_timeout_ms == 30_000
     with pytest.raises(ConfigError, match=r"transaction.timeout.ms \(10000\) is below commit_interval_ms \(20000\)"):
         StreamsConfig.of(processing_guarantee="exactly_once", commit_interval_ms=20_000,
                          producer_config={"transaction.timeout.ms": 10000})
-    with pytest.raises(ConfigError, match=r"transaction.timeout.ms \(60000\) is below commit_interval_ms \(90000\)"):
+    with pytest.raises(ConfigError, match=r"transaction.timeout.ms \(10000\) is below commit_interval_ms \(90000\)"):
         StreamsConfig(processing_guarantee="exactly_once", commit_interval_ms=90_000)
     StreamsConfig(processing_guarantee="at_least_once", commit_interval_ms=90_000)   # no transactions
     with pytest.raises(ConfigError, match="transaction.timeout.ms must be an integer, not 'soon'"):
