@@ -23,6 +23,7 @@ that exited at start (with the last error line of its log).
 from __future__ import annotations
 
 import base64
+import ctypes
 import fcntl
 import os
 import re
@@ -145,6 +146,14 @@ def kafka_classpath(version: str = DEFAULT_VERSION) -> Path:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
     return libs
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: Linux's PR_SET_PDEATHSIG, SIGTERM when the parent dies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # 1: PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def random_cluster_id() -> str:
@@ -306,8 +315,11 @@ class ApacheKafka:
                 raise ConfigError(f"port {port} on 127.0.0.1 is taken: Apache Kafka node {node.node_id} cannot "
                                   "listen there; stop what listens there")
         node.log = open(node.log_path, "ab")
+        # a session of its own (a terminal's Ctrl-C reaches the node only through ``stop``), and
+        # SIGTERM when the process that started it dies (no node outlives a killed test run)
         node.proc = subprocess.Popen([*self._java, "kafka.Kafka", str(node.properties)],
-                                     stdout=node.log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=node.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_terminate_with_parent)
 
     def _wait_ready(self, nodes: list[KafkaNode], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
