@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from processor.engine.task import Task, max_record_bytes_of
-from processor.errors import ChangelogMismatch, KafkaIOError, ProcessorError
+from processor.errors import ChangelogMismatch, KafkaIOError, ProcessorError, StateError
 from processor.kafka import clients as kafka
 from processor.runtime import sink_tails
 from processor.runtime.changelog import (
@@ -67,6 +67,9 @@ log = logging.getLogger("processor.worker")
 
 # the main loop restores for this long between two polls of the group consumer
 RESTORE_STEP_S = 0.2
+# a task database another worker of this process still has open (it closes the task in its own
+# main loop, on its revocation or loss) is waited for this long before the open fails
+DB_LOCK_WAIT_S = 30.0
 
 TaskKey = tuple[int, int]   # (sub-topology, partition)
 TopicPart = tuple[str, int]   # (topic, partition)
@@ -199,13 +202,40 @@ class TaskManager:
             for sub, partition in keys:
                 path = self.state_dir / f"task-{sub}_{partition}"
                 claim_task_dir(path, owner_of(topology, sub, partition))   # another writer's: rebuilt
-                db = RocksDBDatabase(path)
+                db = self._open_db(path)
                 targets.append(restore_target(topology, db, sub, partition))
         except BaseException:
             for t in targets:
                 t.db.close()
             raise
         return targets
+
+    def _open_db(self, path: Path) -> RocksDBDatabase:
+        """The task's database. RocksDB refuses a database this process has open already: several
+        workers in one process (threads sharing a state directory, as Kafka Streams' stream threads
+        do) hand a task over while its old owner has not closed it yet (it does, in its own main
+        loop, when the group takes the task from it: a revocation, or a session lost under load).
+        That refusal is waited out (``DB_LOCK_WAIT_S``), as Kafka Streams retries a task directory's
+        lock; any other failure, or a lock still held then, fails as before."""
+        deadline = time.monotonic() + DB_LOCK_WAIT_S
+        waited = False
+        while True:
+            try:
+                db = RocksDBDatabase(path)
+            except StateError as exc:
+                if "lock hold by current process" not in str(exc) or time.monotonic() >= deadline \
+                        or self.stop.is_set():
+                    raise
+                if not waited:
+                    waited = True
+                    log.info("task database %s is still open in this process (another worker's task): "
+                             "waiting up to %.0f s for it to close", path, DB_LOCK_WAIT_S)
+                time.sleep(0.05)
+                continue
+            if waited:
+                log.info("task database %s opened after waiting %.1f s", path,
+                         DB_LOCK_WAIT_S - (deadline - time.monotonic()))
+            return db
 
     def _discard_targets(self, keys: list[TaskKey], targets: list[RestoreTarget]) -> None:
         for key, t in zip(keys, targets, strict=False):
