@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.errors import ConfigError, KafkaIOError
 from processor.kafka import clients as kafka
+from processor.runtime.changelog import RestoreInterrupted
 
 if TYPE_CHECKING:
     from processor.runtime.fetch_gaps import FetchGaps
@@ -266,13 +267,15 @@ class Committer:
             raise KafkaIOError(f"exactly_once: transactions failing for {since:.0f} s, none committed "
                                f"({self.failed_since_commit} failed); the last: {text}") from None
         log.warning("exactly_once: transaction aborted (%s); rebuilding tasks from their changelogs", text)
-        self.abort_and_rebuild(err)
+        # (failing again at once: the producer may be stuck in librdkafka, a partition's records
+        # timing out after every abort, as seen after a broker pause: renewed)
+        self.abort_and_rebuild(err, renew=self.failed_since_commit >= 2)
 
-    def abort_and_rebuild(self, err: KafkaError | None = None, rebuild: bool = True) -> None:
+    def abort_and_rebuild(self, err: KafkaError | None = None, rebuild: bool = True, renew: bool = False) -> None:
         """Exactly once: abort the open transaction, begin the next, and (``rebuild``) rebuild
         every task from its changelogs. The producer is replaced by a new one with the same
         transactional id (``KafkaCollector.renew``: its initialisation aborts the open
-        transaction, waiting while the broker does not answer) when the abort timed out (the
+        transaction, waiting while the broker does not answer) when asked (``renew``), when the abort timed out (the
         broker not answering; or refusing the epoch bump librdkafka's abort of timed-out records
         needs: Tansu), or when the producer was fenced (``err`` or the abort's error fatal) after
         its transaction had been open longer than ``transaction.timeout.ms``: the broker aborted
@@ -307,9 +310,18 @@ class Committer:
             log.warning("exactly_once: aborting the transaction timed out (%s): a new transactional producer "
                         "takes over the transactional id (its initialisation aborts the transaction)", timed_out)
             collector.renew(30)
+        elif renew:
+            log.warning("exactly_once: transactions failed %d times in a row: a new transactional producer takes "
+                        "over the transactional id", self.failed_since_commit)
+            collector.renew(30)
         self.fetch_gaps.clear()
         # the rebuilt tasks resend their outboxes at once: into the next transaction (a
         # transactional producer refuses a record outside one)
         collector.begin()
         if rebuild:
-            self.tasks.reopen_all()
+            try:
+                self.tasks.reopen_all()
+            except RestoreInterrupted:
+                # the worker stops meanwhile: the tasks stay closed (what they committed is in
+                # their changelogs; the next owner restores it)
+                log.info("exactly_once: stopping: the tasks are not rebuilt")

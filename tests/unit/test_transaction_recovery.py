@@ -107,7 +107,22 @@ def test_failing_without_a_commit_for_too_long_is_fatal():
     c = _Collector()
     committer, tasks = _committer(c)
     committer.transaction_failed(KafkaIOError("first"))
+    assert c.renewed == 0
     committer.transaction_failed(KafkaIOError("second"))   # (an idle spell before the first: no matter)
+    assert c.renewed == 1   # failing again at once: a new producer (librdkafka's may be stuck)
     committer.failing_since -= 1000
     with pytest.raises(KafkaIOError, match="failing for 1000 s, none committed \\(3 failed\\); the last: third"):
         committer.transaction_failed(KafkaIOError("third"))
+
+
+def test_a_stop_during_the_rebuild_leaves_the_tasks_closed():
+    from processor.runtime.changelog import RestoreInterrupted
+
+    c = _Collector()
+    committer, tasks = _committer(c)
+
+    def interrupted():
+        raise RestoreInterrupted()
+    tasks.reopen_all = interrupted
+    committer.transaction_failed(KafkaIOError("records timed out"))   # (no exception: the worker stops)
+    assert c.begun == 1
