@@ -273,6 +273,11 @@ class ApacheKafka:
             # a timed-out transaction is aborted within a second of its timeout (default 10 s)
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
         }
+        if self.node_count == 1:
+            # a lone node is never partitioned from its own controller, but a heavily loaded machine
+            # (load 120-200 seen here) delayed its heartbeats past the default 9 s: the broker was
+            # fenced ("All brokers are currently fenced") and its groups expired at once
+            settings["broker.session.timeout.ms"] = "30000"
         settings.update(self._settings)
         return settings
 
