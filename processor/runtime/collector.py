@@ -13,6 +13,7 @@ timeout is replaced (``renew``: a new producer with the same transactional id).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from confluent_kafka import KafkaError, KafkaException
@@ -28,6 +29,15 @@ _ANY_PARTITION = -1
 
 class DeliveryFailed(KafkaIOError):
     """Records the producer could not deliver (exit 7)."""
+
+
+class SendOffsetsHung(KafkaIOError):
+    """``send_offsets_to_transaction`` did not return: its producer is abandoned (exactly once
+    renews it)."""
+
+
+# how long past its own timeout ``send_offsets_to_transaction`` may take before it is abandoned
+SEND_OFFSETS_GRACE_S = 5.0
 
 
 class ProduceFailed(KafkaIOError):
@@ -178,10 +188,32 @@ class KafkaCollector:
             self.in_transaction = True
             self.began_at = time.monotonic()
 
-    def send_offsets(self, offsets, group_metadata) -> None:
-        """The group offsets of the open transaction (none: nothing to send)."""
-        if offsets:
-            self.producer.send_offsets_to_transaction(offsets, group_metadata, 60)
+    def send_offsets(self, offsets, group_metadata, timeout_s: float = 60.0) -> None:
+        """The group offsets of the open transaction (none: nothing to send). librdkafka's call can
+        ignore its timeout and wait forever when the group coordinator is down or unknown
+        (librdkafka issues 5456, 5511; seen here after a broker pause): it runs on a thread of its
+        own, and one still waiting ``SEND_OFFSETS_GRACE_S`` after its timeout is abandoned with
+        its producer (``SendOffsetsHung``: the caller renews the producer)."""
+        if not offsets:
+            return
+        producer = self.producer
+        outcome: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                producer.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+        t = threading.Thread(target=call, name="send-offsets-to-transaction", daemon=True)
+        t.start()
+        t.join(timeout_s + SEND_OFFSETS_GRACE_S)
+        if not outcome:
+            raise SendOffsetsHung(f"sending the group offsets to the transaction did not return within "
+                                  f"{timeout_s + SEND_OFFSETS_GRACE_S:.0f} s (librdkafka waits on the group "
+                                  f"coordinator past its timeout)")
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def commit_transaction(self, offsets, group_metadata) -> None:
         self.send_offsets(offsets, group_metadata)

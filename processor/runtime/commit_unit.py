@@ -29,6 +29,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from processor.errors import ConfigError, KafkaIOError
 from processor.kafka import clients as kafka
 from processor.runtime.changelog import RestoreInterrupted
+from processor.runtime.collector import SendOffsetsHung
 
 if TYPE_CHECKING:
     from processor.runtime.fetch_gaps import FetchGaps
@@ -269,9 +270,12 @@ class Committer:
         log.warning("exactly_once: transaction aborted (%s); rebuilding tasks from their changelogs", text)
         # (failing again at once: the producer may be stuck in librdkafka, a partition's records
         # timing out after every abort, as seen after a broker pause: renewed)
-        self.abort_and_rebuild(err, renew=self.failed_since_commit >= 2)
+        # (a producer whose send_offsets_to_transaction never returned is not touched again)
+        hung = isinstance(exc, SendOffsetsHung)
+        self.abort_and_rebuild(err, renew=hung or self.failed_since_commit >= 2, abort=not hung)
 
-    def abort_and_rebuild(self, err: KafkaError | None = None, rebuild: bool = True, renew: bool = False) -> None:
+    def abort_and_rebuild(self, err: KafkaError | None = None, rebuild: bool = True, renew: bool = False,
+                          abort: bool = True) -> None:
         """Exactly once: abort the open transaction, begin the next, and (``rebuild``) rebuild
         every task from its changelogs. The producer is replaced by a new one with the same
         transactional id (``KafkaCollector.renew``: its initialisation aborts the open
@@ -284,7 +288,7 @@ class Committer:
         collector = self.tasks.collector
         fatal = err if err is not None and err.fatal() else None
         timed_out = None
-        if fatal is None:
+        if fatal is None and abort:
             try:
                 collector.abort()
             except KafkaException as exc:
@@ -311,8 +315,9 @@ class Committer:
                         "takes over the transactional id (its initialisation aborts the transaction)", timed_out)
             collector.renew(30)
         elif renew:
-            log.warning("exactly_once: transactions failed %d times in a row: a new transactional producer takes "
-                        "over the transactional id", self.failed_since_commit)
+            log.warning("exactly_once: %s: a new transactional producer takes over the transactional id",
+                        f"transactions failed {self.failed_since_commit} times in a row" if abort else
+                        "the producer is stuck")
             collector.renew(30)
         self.fetch_gaps.clear()
         # the rebuilt tasks resend their outboxes at once: into the next transaction (a

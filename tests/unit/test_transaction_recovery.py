@@ -126,3 +126,37 @@ def test_a_stop_during_the_rebuild_leaves_the_tasks_closed():
     tasks.reopen_all = interrupted
     committer.transaction_failed(KafkaIOError("records timed out"))   # (no exception: the worker stops)
     assert c.begun == 1
+
+
+def test_send_offsets_that_never_returns_is_abandoned(monkeypatch):
+    # librdkafka's send_offsets_to_transaction can wait forever on a group coordinator that is
+    # down (librdkafka issues 5456, 5511): the collector gives up on it
+    import threading
+
+    from processor.kafka import clients as kafka
+    from processor.runtime import collector as collector_module
+
+    class _Stuck:
+        def __init__(self):
+            self.release = threading.Event()
+
+        def send_offsets_to_transaction(self, offsets, metadata, timeout):
+            self.release.wait()
+
+    monkeypatch.setattr(collector_module, "SEND_OFFSETS_GRACE_S", 0.05)
+    c = collector_module.KafkaCollector(kafka.producer_defaults("127.0.0.1:9"))
+    c.producer = stuck = _Stuck()
+    try:
+        with pytest.raises(collector_module.SendOffsetsHung, match="did not return within 0 s"):
+            c.send_offsets(["an offset"], None, timeout_s=0.05)
+    finally:
+        stuck.release.set()
+
+
+def test_a_hung_producer_is_renewed_without_an_abort():
+    from processor.runtime.collector import SendOffsetsHung
+
+    c = _Collector(aborts=[KafkaError(KafkaError._CONFLICT, "Conflicting send_offsets_to_transaction call")])
+    committer, tasks = _committer(c)
+    committer.transaction_failed(SendOffsetsHung("sending the group offsets ... did not return"))
+    assert (c.renewed, c.begun, tasks.reopened, len(c.aborts)) == (1, 1, 1, 1)   # (abort never called)
