@@ -36,7 +36,9 @@ class SendOffsetsHung(KafkaIOError):
     renews it)."""
 
 
-# how long past its own timeout ``send_offsets_to_transaction`` may take before it is abandoned
+# ``send_offsets_to_transaction``'s timeout (it takes milliseconds; one that times out is resumed by
+# the committer) and how long past it the call may take before it is abandoned
+SEND_OFFSETS_TIMEOUT_S = 10.0
 SEND_OFFSETS_GRACE_S = 5.0
 
 
@@ -188,7 +190,7 @@ class KafkaCollector:
             self.in_transaction = True
             self.began_at = time.monotonic()
 
-    def send_offsets(self, offsets, group_metadata, timeout_s: float = 60.0) -> None:
+    def send_offsets(self, offsets, group_metadata, timeout_s: float = SEND_OFFSETS_TIMEOUT_S) -> None:
         """The group offsets of the open transaction (none: nothing to send). librdkafka's call can
         ignore its timeout and wait forever when the group coordinator is down or unknown
         (librdkafka issues 5456, 5511; seen here after a broker pause): it runs on a thread of its
