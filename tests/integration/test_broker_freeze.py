@@ -8,7 +8,8 @@ stopped (SIGSTOP) for 20 s, longer than the group's session timeout, then contin
 The producer of the input rides it out too (its records wait in its queue).
 
 ``exactly_once-txn_timeout_10s``: the workers' producers set ``transaction.timeout.ms=10000``
-(Kafka Streams' value), shorter than the pause: the open transaction outlives its timeout (its
+(Kafka Streams' value, the worker's default too since 02db06c: this case pins it), shorter than
+the pause: the open transaction outlives its timeout (its
 records time out in librdkafka, capped at the transaction timeout, and the broker aborts it once
 it runs again); the workers abort, rebuild their tasks from their changelogs and go on.
 
