@@ -101,6 +101,7 @@ def start_broker(kind: str, directory: Path, nodes: int = 1):
     ``stop()``; ``pid()`` names the process of its (first) node, for tests that pause it."""
     from processor.errors import ConfigError
 
+    directory.mkdir(parents=True, exist_ok=True)
     for attempt in range(3):
         # a free port is chosen before the broker binds it: another xdist worker may take it first
         try:
