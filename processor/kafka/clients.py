@@ -225,9 +225,15 @@ def create_topics(bootstrap_servers: Cluster, topics: dict[str, int], exist_ok: 
             if exist_ok and err.name() == "TOPIC_ALREADY_EXISTS":
                 continue
             raise ConfigError(f"cannot create topic {topic!r}: {err.str()}") from None
+    # (a wait, not a check: a metadata request that times out, on a broker too busy to answer,
+    # ends it; whoever uses the topics next finds out for itself)
     deadline = time.monotonic() + timeout_s
     while True:
-        listed = client.list_topics(timeout=max(0.1, deadline - time.monotonic())).topics
+        try:
+            listed = client.list_topics(timeout=max(1.0, deadline - time.monotonic())).topics
+        except KafkaException as exc:
+            CLIENTS_LOGGER.warning("created topics %s; the broker's metadata did not answer (%s)", sorted(topics), exc)
+            return
         missing = [t for t in topics if t not in listed or listed[t].error is not None or not listed[t].partitions]
         if not missing or time.monotonic() >= deadline:
             return
