@@ -9,7 +9,8 @@ for the quick local loop). Under CI (``CI=true``) a run that would fall back to 
 without being told to is a usage error: CI's integration suite runs on Apache Kafka. Which broker
 ran, and its version, is printed in the pytest header. Under pytest-xdist every worker process has
 its own session fixtures: its own broker (on free ports) and its own local Spark session.
-``own_broker`` starts a broker of the run's kind for a test that stops or pauses it.
+``own_broker`` starts a broker of the run's kind for a test that stops or pauses it;
+``apache_kafka_bootstrap`` is Apache Kafka whatever the run's broker (the tests of what only it does).
 
 Markers (declared in pyproject.toml, applied here at collection so that a test cannot forget one):
 ``integration`` (talks to a real broker: under ``tests/integration`` or uses a broker fixture),
@@ -161,6 +162,22 @@ def own_broker(request, tmp_path):
     finally:
         for b in brokers:
             b.stop()
+
+
+@pytest.fixture(scope="module")
+def apache_kafka_bootstrap(request, tmp_path_factory):
+    """Apache Kafka whatever the run's broker: the run's own when it is Apache Kafka (or an
+    external one), else a KRaft node of the module's own (Java and Maven needed), for the tests
+    of what only Apache Kafka does (fencing a zombie, aborting a dead producer's transaction)."""
+    shared = request.getfixturevalue("kafka_bootstrap")
+    if _broker_kind in ("apache-kafka", "external"):
+        yield shared
+        return
+    broker = start_broker("apache-kafka", tmp_path_factory.mktemp("apache-kafka"))
+    try:
+        yield broker.bootstrap_servers
+    finally:
+        broker.stop()
 
 
 @pytest.fixture

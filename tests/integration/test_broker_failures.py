@@ -1,5 +1,5 @@
 """Broker failures under load (issue 46): a three-node Apache Kafka cluster (replication factor 3,
-``min.insync.replicas=2``, the ``own_broker`` fixture), two worker processes counting events per key
+``min.insync.replicas=2``; Apache Kafka whatever the run's broker), two worker processes counting events per key
 (``apps.counts_topology``: every input record gives one output record, the key's new count) while
 events arrive paced, under both guarantees; then
 
@@ -24,6 +24,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from processor.kafka import clients as kafka
+from processor.runtime.apache_kafka import ApacheKafka
 from tests.integration import apps
 from tests.integration.helpers import (
     assigned_partitions_now,
@@ -68,9 +69,13 @@ def _leaders(bootstrap: str, topic: str) -> dict[int, int]:
 
 @pytest.mark.parametrize("failure", ["leader-killed", "rolling-restart"])
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
-def test_broker_failures_under_load_no_worker_exits_outputs_exact(own_broker, unique, tmp_path, monkeypatch, report,
+def test_broker_failures_under_load_no_worker_exits_outputs_exact(unique, tmp_path, monkeypatch, report,
                                                                    guarantee, failure):
-    cluster = own_broker(nodes=3)
+    with ApacheKafka(nodes=3, directory=tmp_path / "cluster") as cluster:
+        _run_failure(cluster, unique, tmp_path, monkeypatch, report, guarantee, failure)
+
+
+def _run_failure(cluster: ApacheKafka, unique, tmp_path, monkeypatch, report, guarantee, failure):
     bootstrap = cluster.bootstrap_servers
     inp, out, app = f"bev-{unique}", f"bcounts-{unique}", f"bfail-{unique}"
     monkeypatch.setenv("APP_INPUT", inp)
@@ -100,12 +105,12 @@ def test_broker_failures_under_load_no_worker_exits_outputs_exact(own_broker, un
             time.sleep(10.0)
             for p, lg in alive:
                 assert p.poll() is None, open(lg).read()[-4000:]
-            cluster.start_node(victim)
+            cluster.start_node(victim, timeout_s=180)
             what = f"node {victim} (leader of {leaders.count(victim)} of {PARTS} input partitions) SIGKILLed for 10 s"
         else:
             for node in cluster.nodes:
                 cluster.stop_node(node.node_id)
-                cluster.start_node(node.node_id)
+                cluster.start_node(node.node_id, timeout_s=180)
                 for p, lg in alive:
                     assert p.poll() is None, open(lg).read()[-4000:]
             what = "3 nodes restarted in turn"

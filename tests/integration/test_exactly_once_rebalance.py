@@ -38,8 +38,9 @@ def _metric(port: int, name: str) -> float:
     return sum(values)
 
 
-def test_cooperative_rebalances_rebuild_no_task_of_a_healthy_worker(kafka_bootstrap, unique, tmp_path, monkeypatch,
-                                                                    report):
+def test_cooperative_rebalances_rebuild_no_task_of_a_healthy_worker(apache_kafka_bootstrap, unique, tmp_path,
+                                                                    monkeypatch, report):
+    kafka_bootstrap = apache_kafka_bootstrap   # Apache Kafka's group generations and fencing, whatever the run's broker
     inp, out, app = f"rev-{unique}", f"rcounts-{unique}", f"rebal-{unique}"
     monkeypatch.setenv("APP_INPUT", inp)
     monkeypatch.setenv("APP_OUTPUT", out)
