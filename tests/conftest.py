@@ -102,6 +102,8 @@ def start_broker(kind: str, directory: Path, nodes: int = 1):
     ``stop()``; ``pid()`` names the process of its (first) node, for tests that pause it."""
     from processor.errors import ConfigError
 
+    if kind == "tansu" and nodes != 1:
+        pytest.fail(f"Tansu runs as one node, not {nodes}: a test of a cluster uses ApacheKafka(nodes={nodes})")
     directory.mkdir(parents=True, exist_ok=True)
     for attempt in range(3):
         # a free port is chosen before the broker binds it: another xdist worker may take it first
