@@ -309,8 +309,12 @@ class ApacheKafka:
             if proc.returncode != 0:
                 raise ConfigError(f"Apache Kafka {self.version}: formatting node {node.node_id}'s storage failed: "
                                   f"{out.strip().splitlines()[-1] if out.strip() else proc.returncode}")
-        for node in self.nodes:
-            self._launch(node)
+        try:
+            for node in self.nodes:
+                self._launch(node)
+        except BaseException:
+            self.stop()   # (the nodes launched before the one that could not be)
+            raise
         self._wait_ready(self.nodes, timeout_s)
         return self
 
