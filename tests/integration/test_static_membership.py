@@ -93,7 +93,7 @@ def test_static_member_restarted_keeps_its_id_and_its_partitions(kafka_bootstrap
            f"{'faster' if times[True] < times[False] - 1.0 else 'no faster'})")
 
 
-def test_a_static_members_transactional_commits_carry_its_instance_id(kafka_bootstrap, unique):
+def test_a_static_members_transactional_commits_carry_its_instance_id(apache_kafka_bootstrap, unique):
     """The group metadata an exactly-once commit sends (``group_metadata_bytes``) is librdkafka's
     own for a static member that joined a group: generation, member id AND group instance id
     (Kafka checks a transactional offset commit's instance id against the group's)."""
@@ -101,6 +101,7 @@ def test_a_static_members_transactional_commits_carry_its_instance_id(kafka_boot
 
     from processor.runtime.membership import group_metadata_bytes
 
+    kafka_bootstrap = apache_kafka_bootstrap   # (Apache Kafka's static members, whatever the run's broker)
     topic, group, instance = f"static-meta-{unique}", f"static-meta-{unique}", f"inst-{unique}"
     kafka.create_topics(kafka_bootstrap, {topic: 1})
     c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "group.instance.id": instance,
