@@ -339,8 +339,8 @@ def _listed(item: pytest.Item, names: set[str]) -> bool:
 def pytest_collection_modifyitems(config, items):
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if item.nodeid.startswith("tests/integration/") or "kafka_bootstrap" in fixtures \
-                or "fresh_kafka_bootstrap" in fixtures:
+        if item.nodeid.startswith("tests/integration/") \
+                or fixtures & {"kafka_bootstrap", "fresh_kafka_bootstrap", "apache_kafka_bootstrap", "own_broker"}:
             item.add_marker(pytest.mark.integration)
         if fixtures & {"spark", "spark_cluster"} or item.nodeid.split("[")[0] in SPARK_BY_COMMAND:
             item.add_marker(pytest.mark.spark)

@@ -114,6 +114,19 @@ def test_a_version_without_kraft_only_mode_is_one_line():
         assert_one_line_error(p, fragment)
 
 
+def _partition_with_full_isr(admin, topic, timeout_s=60.0):
+    """Partition 0's metadata once every replica is in sync (a created topic's metadata reaches
+    the node that answers a little after CreateTopics returns: an empty partition list at first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        t = admin.list_topics(topic, timeout=30).topics.get(topic)
+        meta = t.partitions.get(0) if t is not None else None
+        if meta is not None and meta.leader >= 0 and len(meta.isrs) == len(meta.replicas):
+            return meta
+        assert time.monotonic() < deadline, f"{topic}[0] not fully in sync after {timeout_s:.0f} s: {meta}"
+        time.sleep(0.2)
+
+
 def test_three_node_cluster_survives_a_leader_killed_and_a_rolling_restart(tmp_path, unique):
     """The cluster the broker-failure tests use: replication factor 3, min.insync.replicas=2;
     acks=all produce goes on with the leader SIGKILLed and through a rolling restart."""
@@ -122,7 +135,7 @@ def test_three_node_cluster_survives_a_leader_killed_and_a_rolling_restart(tmp_p
         topic = f"rf3-{unique}"
         for f in admin.create_topics([NewTopic(topic, 1)]).values():   # the broker's defaults: rf 3
             f.result(30)
-        meta = admin.list_topics(topic, timeout=30).topics[topic].partitions[0]
+        meta = _partition_with_full_isr(admin, topic)
         assert sorted(meta.replicas) == [1, 2, 3]
         cfg = admin.describe_configs([ConfigResource("topic", topic)])
         (res,) = cfg.values()

@@ -134,7 +134,7 @@ def test_rolling_restart_under_load_queries_never_404(kafka_bootstrap, broker_ca
             procs[i].send_signal(signal.SIGTERM)
             assert procs[i].wait(60) == 0, open(logs[i]).read()[-3000:]
             procs[i] = start(i)
-            wait_for(lambda i=i: _ready(ports[i]), 120, f"worker {i} back and ready",
+            wait_for(lambda i=i: _ready(ports[i]), 240, f"worker {i} back and ready",
                      list(zip(procs, logs, strict=True)))
             up[i] = True
             time.sleep(4)
