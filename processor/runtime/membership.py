@@ -373,6 +373,8 @@ class FleetMembership:
             max_poll_interval_ms=max_poll_interval_ms, **dict(client_options or {}))
         self.consumer.subscribe(topics=sorted(topics), listener=_Callbacks(self))
         self.acked: dict[TopicPart, int] = {}       # offsets the group accepted, highest per partition
+        self._sent: dict[TopicPart, int] = {}       # offsets sent, highest per partition
+        self._commits_in_flight = 0
         self.error: BaseException | None = None     # what stopped the polling thread
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -476,8 +478,15 @@ class FleetMembership:
             return
         request = {KafkaTopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
         sent = dict(offsets)
+        with self._lock:
+            self._commits_in_flight += 1
+            for tp, off in sent.items():
+                if off > self._sent.get(tp, -1):
+                    self._sent[tp] = off
 
         def answered(_offsets: Any, response: Any) -> None:
+            with self._lock:
+                self._commits_in_flight -= 1
             if isinstance(response, Exception):
                 log.info("group offset commit refused (%s): sent again later; the commit units are durable in "
                          "the changelogs", type(response).__name__)
@@ -487,6 +496,31 @@ class FleetMembership:
                     self.acked[tp] = off
 
         self.consumer._coordinator.commit_offsets_async(request, callback=answered)
+
+    def _wait_for_commits(self, timeout_s: float) -> None:
+        """Until every commit sent is answered (the polling thread still running), at most
+        ``timeout_s``; what the group refused meanwhile is sent once more and waited for too."""
+        deadline = time.monotonic() + timeout_s
+        resent = False
+        while time.monotonic() < deadline and self._thread.is_alive():
+            with self._lock:
+                busy = self._commits_in_flight > 0
+                again = {tp: off for tp, off in self._sent.items() if off > self.acked.get(tp, -1)}
+            if busy:
+                time.sleep(0.02)
+                continue
+            if not again or resent:
+                return
+            owned = set(self.owned())
+            again = {tp: off for tp, off in again.items() if tp in owned}
+            if not again:
+                return
+            resent = True
+            self.commit(again)
+        if self._commits_in_flight:
+            log.warning("left the group with %d group offset commit(s) unanswered after %.0f s (the commit units "
+                        "are durable in the changelogs: the next owner resumes from them)",
+                        self._commits_in_flight, timeout_s)
 
     def group_metadata(self) -> bytes | None:
         """librdkafka's serialized group metadata with this member's generation and id (for
@@ -512,6 +546,9 @@ class FleetMembership:
         member owns: they run on this thread, the owner having detached)."""
         started = time.monotonic()
         self.detach()
+        # the last commits answered before leaving (Kafka Streams commits synchronously on close):
+        # a commit sent just before and never sent on, or refused, leaves the group's offsets behind
+        self._wait_for_commits(timeout_s / 2)
         self._stop.set()
         self._thread.join(timeout_s)
         try:

@@ -835,3 +835,51 @@ class FirstNewRecords:
         self._stop.set()
         if self._thread.ident is not None:
             self._thread.join(30)
+
+
+# -- counts per key under failures (issue 46): paced rounds in, exact sequences out ---------------
+
+def produce_count_rounds(bootstrap: str, topic: str, keys: int, rounds: int, pace_s: float, produced: list[int],
+                         stop=None, **producer_config) -> None:
+    """``rounds`` rounds of one event ``{"r": r}`` for each of ``keys`` keys (``k0000``...), spread
+    evenly over ``pace_s`` seconds, through one producer with Java's partitioner (extra librdkafka
+    settings in ``producer_config``); ``produced[0]`` counts the events handed to the producer. A
+    set ``stop`` (a ``threading.Event``) ends it after the current round. Every event must be
+    acknowledged (flush)."""
+    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "linger.ms": 5,
+                  **producer_config})
+    t0 = time.monotonic()
+    for r in range(rounds):
+        for k in range(keys):
+            while True:
+                try:
+                    p.produce(topic, key=f"k{k:04d}".encode(), value=json.dumps({"r": r}).encode())
+                    break
+                except BufferError:
+                    p.poll(0.1)
+        p.poll(0)
+        produced[0] += keys
+        wait = t0 + (r + 1) * pace_s / rounds - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        if stop is not None and stop.is_set():
+            break
+    assert p.flush(120) == 0
+
+
+class CountSequences:
+    """A counts-per-key output topic read as a downstream read_committed consumer reads it, against
+    ``1..rounds`` for each of ``keys`` keys: ``counts`` (key -> the counts in order), ``want``,
+    ``doubled`` (outputs beyond the first of their value) and ``missing`` (counts never seen)."""
+
+    def __init__(self, bootstrap: str, topic: str, keys: int, rounds: int):
+        self.counts: dict[bytes, list[int]] = {}
+        for m in kafka.read_topic(bootstrap, topic, isolation_level="read_committed"):
+            self.counts.setdefault(m.key(), []).append(json.loads(m.value()))
+        self.want = {f"k{k:04d}".encode(): list(range(1, rounds + 1)) for k in range(keys)}
+        self.doubled = sum(len(v) - len(set(v)) for v in self.counts.values())
+        self.missing = sum(len(set(w) - set(self.counts.get(k, []))) for k, w in self.want.items())
+
+    def differing(self) -> dict[bytes, list[int]]:
+        """The keys whose outputs are not exactly ``1..rounds``, with their outputs."""
+        return {k: self.counts.get(k, []) for k, w in self.want.items() if self.counts.get(k) != w}

@@ -15,20 +15,20 @@ took, doubled and missing outputs, the workers' logged Kafka errors."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from processor.kafka import clients as kafka
 from processor.runtime.apache_kafka import ApacheKafka
 from tests.integration import apps
 from tests.integration.helpers import (
+    CountSequences,
     assigned_partitions_now,
     kill_leftover_workers,
+    produce_count_rounds,
     start_worker_process,
     stop_workers,
     wait_for,
@@ -40,26 +40,6 @@ PARTS = 4
 KEYS = 300
 ROUNDS = 60          # events per key: 18,000 in all
 PACE_S = 30.0
-
-
-def _produce_paced(bootstrap: str, topic: str, produced: list[int]) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "linger.ms": 5,
-                  "acks": "all", "enable.idempotence": True})
-    t0 = time.monotonic()
-    for r in range(ROUNDS):
-        for k in range(KEYS):
-            while True:
-                try:
-                    p.produce(topic, key=f"k{k:04d}".encode(), value=json.dumps({"r": r}).encode())
-                    break
-                except BufferError:
-                    p.poll(0.1)
-        p.poll(0)
-        produced[0] += KEYS
-        wait = t0 + (r + 1) * PACE_S / ROUNDS - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-    assert p.flush(120) == 0
 
 
 def _leaders(bootstrap: str, topic: str) -> dict[int, int]:
@@ -94,7 +74,8 @@ def _run_failure(cluster: ApacheKafka, unique, tmp_path, monkeypatch, report, gu
 
         wait_for(both_run_tasks, 120, "both workers run tasks", alive)
         produced = [0]
-        producer = threading.Thread(target=_produce_paced, args=(bootstrap, inp, produced))
+        producer = threading.Thread(target=produce_count_rounds, args=(bootstrap, inp, KEYS, ROUNDS, PACE_S, produced),
+                                    kwargs={"acks": "all", "enable.idempotence": True})
         producer.start()
         time.sleep(5.0)
         t0 = time.monotonic()
@@ -130,18 +111,13 @@ def _run_failure(cluster: ApacheKafka, unique, tmp_path, monkeypatch, report, gu
     finally:
         kill_leftover_workers(procs)
 
-    counts: dict[bytes, list[int]] = {}
-    for m in kafka.read_topic(bootstrap, out, isolation_level="read_committed"):
-        counts.setdefault(m.key(), []).append(json.loads(m.value()))
-    want = {f"k{k:04d}".encode(): list(range(1, ROUNDS + 1)) for k in range(KEYS)}
-    doubled = sum(len(v) - len(set(v)) for v in counts.values())
-    missing = sum(len(set(want[k]) - set(counts.get(k, []))) for k in want)
+    got = CountSequences(bootstrap, out, KEYS, ROUNDS)
     report(f"{guarantee}, {failure}: {what}, {failed_s:.1f} s; drained {drained_s:.1f} s after the input; "
-           f"outputs doubled {doubled}, missing {missing}; worker log lines: {text.count('WARNING')} warnings, "
+           f"outputs doubled {got.doubled}, missing {got.missing}; worker log lines: {text.count('WARNING')} warnings, "
            f"{text.count('transaction aborted')} aborted transaction(s), {text.count('restored task')} task restores")
     assert produced[0] == KEYS * ROUNDS
-    assert missing == 0, {k: v for k, v in counts.items() if set(v) != set(want[k])}
-    assert {k: v[-1] for k, v in counts.items()} == {k: ROUNDS for k in want}
+    assert got.missing == 0, got.differing()
+    assert {k: v[-1] for k, v in got.counts.items()} == {k: ROUNDS for k in got.want}
     if guarantee == "exactly_once":
-        assert doubled == 0
-        assert counts == want
+        assert got.doubled == 0
+        assert got.counts == got.want

@@ -10,7 +10,6 @@ asserts from both workers' ``/metrics`` that no task was rebuilt
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -20,14 +19,16 @@ from processor.kafka import clients as kafka
 from processor.runtime.local_broker import free_port
 from tests.integration import apps
 from tests.integration.helpers import (
+    CountSequences,
     assigned_partitions_now,
     kill_leftover_workers,
+    produce_count_rounds,
     start_worker_process,
     stop_workers,
     wait_for,
     wait_until_tasks_committed,
 )
-from tests.integration.test_exactly_once_zombie import KEYS, PARTS, ROUNDS, SPEC, _produce_paced
+from tests.integration.test_exactly_once_zombie import KEYS, PACE_S, PARTS, ROUNDS, SPEC
 
 
 def _metric(port: int, name: str) -> float:
@@ -59,7 +60,8 @@ def test_cooperative_rebalances_rebuild_no_task_of_a_healthy_worker(apache_kafka
         wait_for(lambda: assigned_partitions_now(open(logs[0]).read()) == set(range(PARTS)), 90,
                  "worker A runs every task", [(procs[0], logs[0])])
         stop, produced = threading.Event(), [0]
-        producer = threading.Thread(target=_produce_paced, args=(kafka_bootstrap, inp, stop, produced))
+        producer = threading.Thread(target=produce_count_rounds,
+                                    args=(kafka_bootstrap, inp, KEYS, ROUNDS, PACE_S, produced, stop))
         producer.start()
         time.sleep(4.0)
         procs.append(start(1))
@@ -89,13 +91,11 @@ def test_cooperative_rebalances_rebuild_no_task_of_a_healthy_worker(apache_kafka
     finally:
         kill_leftover_workers(procs)
 
-    counts: dict[bytes, list[int]] = {}
-    for m in kafka.read_topic(kafka_bootstrap, out, isolation_level="read_committed"):
-        counts.setdefault(m.key(), []).append(json.loads(m.value()))
+    got = CountSequences(kafka_bootstrap, out, KEYS, ROUNDS)
     generations = a_log.count("processor.fleet: generation ")
     report(f"worker A through {generations} generation(s) (B joined, B left) while {produced[0]:,} events arrived: "
            f"tasks rebuilt A {a_rebuilt:.0f}, B {b_rebuilt:.0f}; transactions aborted A "
            f"{a_log.count('transaction aborted')}")
     assert generations >= 3
     assert a_rebuilt == 0 and b_rebuilt == 0
-    assert counts == {f"k{k:04d}".encode(): list(range(1, ROUNDS + 1)) for k in range(KEYS)}
+    assert got.counts == got.want, got.differing()

@@ -20,19 +20,18 @@ fences the zombie nor aborts its transaction."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
 
-from confluent_kafka import Producer
-
 from processor.kafka import clients as kafka
 from tests.integration import apps
 from tests.integration.helpers import (
+    CountSequences,
     assigned_partitions_now,
     kill_leftover_workers,
+    produce_count_rounds,
     start_worker_process,
     stop_workers,
     wait_for,
@@ -46,23 +45,6 @@ ROUNDS = 50          # events per key: 20,000 in all
 PACE_S = 25.0        # the time over which they arrive
 FREEZE_AT_S = 4.0
 FREEZE_S = 15.0      # session timeout 6 s (start_worker_process)
-
-
-def _produce_paced(bootstrap: str, topic: str, stop: threading.Event, produced: list[int]) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "linger.ms": 5})
-    per_round = PACE_S / ROUNDS
-    t0 = time.monotonic()
-    for r in range(ROUNDS):
-        for k in range(KEYS):
-            p.produce(topic, key=f"k{k:04d}".encode(), value=json.dumps({"r": r}).encode())
-        p.poll(0)
-        produced[0] += KEYS
-        wait = t0 + (r + 1) * per_round - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        if stop.is_set():
-            break
-    assert p.flush(60) == 0
 
 
 def test_zombie_worker_thawed_mid_transaction_outputs_exactly_once(apache_kafka_bootstrap, unique, tmp_path,
@@ -86,7 +68,8 @@ def test_zombie_worker_thawed_mid_transaction_outputs_exactly_once(apache_kafka_
         wait_for(both_run_tasks, 90, "both workers run tasks", list(zip(procs, logs, strict=True)))
         moved = assigned_partitions_now(open(logs[0]).read())
         stop, produced = threading.Event(), [0]
-        producer = threading.Thread(target=_produce_paced, args=(kafka_bootstrap, inp, stop, produced))
+        producer = threading.Thread(target=produce_count_rounds,
+                                    args=(kafka_bootstrap, inp, KEYS, ROUNDS, PACE_S, produced, stop))
         producer.start()
         time.sleep(FREEZE_AT_S)
         os.kill(procs[0].pid, signal.SIGSTOP)
@@ -117,17 +100,12 @@ def test_zombie_worker_thawed_mid_transaction_outputs_exactly_once(apache_kafka_
             os.kill(procs[0].pid, signal.SIGCONT)
         kill_leftover_workers(procs)
 
-    counts: dict[bytes, list[int]] = {}
-    for m in kafka.read_topic(kafka_bootstrap, out, isolation_level="read_committed"):
-        counts.setdefault(m.key(), []).append(json.loads(m.value()))
-    want = {f"k{k:04d}".encode(): list(range(1, ROUNDS + 1)) for k in range(KEYS)}
-    doubled = sum(len(v) - len(set(v)) for v in counts.values())
-    missing = sum(len(set(want[k]) - set(counts.get(k, []))) for k in want)
+    got = CountSequences(kafka_bootstrap, out, KEYS, ROUNDS)
     zombie_log = open(logs[0]).read()
     aborted = zombie_log.count("transaction aborted")
     report(f"{produced[0]:,} events over {PACE_S:.0f} s, worker 0 (tasks {sorted(moved)}) frozen {FREEZE_S:.0f} s: "
-           f"worker 1 ran every task {took_over_s:.1f} s after the freeze; outputs doubled {doubled}, missing "
-           f"{missing}; the zombie aborted {aborted} transaction(s); drained {drained_s:.1f} s after the input")
+           f"worker 1 ran every task {took_over_s:.1f} s after the freeze; outputs doubled {got.doubled}, missing "
+           f"{got.missing}; the zombie aborted {aborted} transaction(s); drained {drained_s:.1f} s after the input")
     assert produced[0] == KEYS * ROUNDS
-    assert doubled == 0 and missing == 0, {k: v for k, v in counts.items() if v != want[k]}
-    assert counts == want
+    assert got.doubled == 0 and got.missing == 0, got.differing()
+    assert got.counts == got.want
