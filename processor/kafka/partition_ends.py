@@ -32,7 +32,7 @@ from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from processor.errors import ConfigError
+from processor.errors import BrokerUnreachable, ConfigError
 from processor.kafka.client_config import Cluster
 from processor.kafka.clients import assign, consumer_defaults, is_transient, new_consumer, topic_partitions
 
@@ -47,8 +47,8 @@ def snapshot_offsets(bootstrap_servers: Cluster, topics, timeout_s: float = 30.0
 
     ``consumer_config`` (security settings, ``isolation.level``; default ``read_uncommitted``, as
     the worker at least once) must be the one the history is then read with. Raises
-    ``BrokerUnreachable`` if the broker does not answer, ``ConfigError`` naming the missing topics
-    or the partitions whose end was not reached within ``timeout_s``."""
+    ``BrokerUnreachable`` if the broker does not answer (the partitions whose end was not reached
+    within ``timeout_s`` named), ``ConfigError`` naming the missing topics."""
     topics = list(dict.fromkeys(topics))
     counts = topic_partitions(bootstrap_servers, timeout_s=min(timeout_s, 10.0))
     missing = [t for t in topics if t not in counts]
@@ -112,7 +112,7 @@ def _first_events(c: Consumer, positions: dict[TopicPartitionKey, int], deadline
     out: dict = {}
     while len(out) < len(positions):
         if time.monotonic() > deadline:
-            raise ConfigError("snapshot: no record or end of partition seen within the timeout on "
+            raise BrokerUnreachable("snapshot: no record or end of partition seen within the timeout on "
                               + ", ".join(_where(k) for k in sorted(set(positions) - set(out))))
         for m in c.consume(1000, 0.02):   # (consume() waits its whole timeout unless the batch fills)
             key = cast(TopicPartitionKey, (m.topic(), m.partition()))   # (set on these events)
@@ -145,7 +145,7 @@ def _eof_offsets(c: Consumer, positions: dict[TopicPartitionKey, int], deadline:
         if time.monotonic() > deadline:
             if give_up:
                 return out
-            raise ConfigError("snapshot: did not reach the end of "
+            raise BrokerUnreachable("snapshot: did not reach the end of "
                               + ", ".join(_where(k) for k in sorted(set(positions) - set(out)))
                               + " within the timeout")
         for m in c.consume(10000, 0.02):

@@ -73,10 +73,13 @@ class Committer:
         a group offset backwards. (Every record sent belongs to a unit: outputs advance
         positions; outbox records leave the outbox entry to delete.)"""
         tm = self.tasks
-        group_metadata = None   # exactly once: what this unit's offsets go with, read once
+        group_metadata = None   # exactly once: what this unit's offsets go with
+        started_as = (-1, "")   # (generation, member id) when it was read
         if self.group is not None and tm.tasks:
             if tm.collector.transactional:
-                # (a generation read later could be -1 by then, and Kafka does not fence that)
+                # (read at the start: a generation read later could be -1 by then, and Kafka does
+                # not fence that; see _renewed_group_metadata for a later one)
+                started_as = self.group.member_generation()
                 group_metadata = self.group.group_metadata()
                 in_doubt = group_metadata is None
             else:
@@ -136,6 +139,8 @@ class Committer:
             if collector.transactional:
                 if self.group is None:
                     group_metadata = self._group_metadata()
+                else:
+                    group_metadata = self._renewed_group_metadata(started_as, group_metadata)
                 self._commit_transaction(offsets, group_metadata)
             else:
                 collector.flush()           # the commit records: the units are durable now
@@ -204,15 +209,41 @@ class Committer:
             self.skipped_offsets.pop((tp.topic, tp.partition), None)
         return offsets
 
+    def _renewed_group_metadata(self, started_as: tuple[int, str], read: bytes | None) -> bytes | None:
+        """The group metadata an exactly-once unit commits its offsets with: the one read at its
+        start, or the member's current one when the same member (same member id) is in a later
+        generation now. A cooperative rebalance completed meanwhile (on the membership's thread,
+        while this unit flushed), and Kafka refuses the older generation (ILLEGAL_GENERATION:
+        the transaction would abort and every task be rebuilt). The member still owns every
+        partition of the unit: a partition leaves only through a revocation, which the owner
+        runs between two batches, never during a commit; a member fenced meanwhile rejoins
+        under a new member id, and keeps the metadata read at the start (Kafka fences it)."""
+        group = self.group
+        assert group is not None
+        gen, member = group.member_generation()
+        if read is None or member != started_as[1] or not member or gen <= started_as[0]:
+            return read
+        return group.group_metadata() or read
+
     def _group_metadata(self):
         """What an exactly-once commit sends with its offsets without a fleet membership: the
         data consumer's (Kafka fences a stale generation, KIP-447)."""
         return self.tasks.consumer.consumer_group_metadata()
 
     def _retry_skipped_offsets(self) -> None:
-        """Group offsets skipped during a rebalance, of partitions still assigned here."""
-        assigned = self.tasks.assigned
-        group_offsets = self.tasks.group_offsets
+        """Group offsets skipped during a rebalance, of partitions still assigned here; at least
+        once, also the positions of idle tasks above the group's offset (a task taken over whose
+        previous owner's last group commit never landed: its changelogs hold the position, and
+        with no new input no unit would ever commit it)."""
+        tm = self.tasks
+        assigned = tm.assigned
+        group_offsets = tm.group_offsets
+        if not tm.collector.transactional:
+            for (t, p) in assigned:
+                task = tm.tasks.get((tm.sub_of_topic[t], p))
+                pos = task.positions.get((t, p), 0) if task is not None else 0
+                if pos > group_offsets.get((t, p), 0) and pos > self.skipped_offsets.get((t, p), 0):
+                    self.skipped_offsets[(t, p)] = pos
         if self.group is not None:
             # what the group refused or never answered (a rebalance, a coordinator moving)
             now = time.monotonic()

@@ -201,6 +201,10 @@ class WorkerFleet(FleetListener):
     def group_metadata(self) -> bytes | None:
         return self.membership.group_metadata()
 
+    def member_generation(self) -> tuple[int, str]:
+        """This member's (generation, member id) now, as the group client knows it."""
+        return self.membership.generation
+
     def _apply_standbys(self) -> None:
         a = self.assignment
         if a is None:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from processor.engine.task import Task, max_record_bytes_of
-from processor.errors import ChangelogMismatch, KafkaIOError, ProcessorError, StateError
+from processor.errors import ChangelogMismatch, StateError
 from processor.kafka import clients as kafka
 from processor.runtime import sink_tails
 from processor.runtime.changelog import (
@@ -161,13 +161,12 @@ class TaskManager:
         now = time.monotonic()
         if now - self._topics_looked_at >= self.TOPIC_REFRESH_S:
             self._topics_looked_at = now
-            try:
-                self._known_topics = frozenset(kafka.topic_partitions(self.bootstrap_servers, timeout_s=5.0))
-            except ProcessorError as exc:
-                # no answer: whether the topic exists is unknown, and a record is not dead-lettered
-                # on a guess (exit 7; a restart resumes at the last commit)
-                raise KafkaIOError(f"cannot list the cluster's topics to check topic {topic!r}, named by a "
-                                   f"topic extractor: {exc}") from exc
+            # no answer: whether the topic exists is unknown, and a record is not dead-lettered on a
+            # guess: asked again while the broker does not answer, then exit 7 (a restart resumes
+            # at the last commit)
+            self._known_topics = frozenset(kafka.retry_while_unreachable(
+                lambda: kafka.topic_partitions(self.bootstrap_servers, timeout_s=5.0),
+                f"listing the cluster's topics to check topic {topic!r}, named by a topic extractor"))
         return topic in self._known_topics
 
     def restore_consumer_config(self) -> dict:
@@ -181,8 +180,9 @@ class TaskManager:
         """The table sinks' ends now (high watermarks). A lower bound is all a floor needs: the
         high watermark, read uncommitted, never waits for an open transaction, this worker's own
         included."""
-        return sink_tails.partition_ends(self.bootstrap_servers, topics,
-                                         {**self.restore_consumer_config(), "isolation.level": "read_uncommitted"})
+        conf = {**self.restore_consumer_config(), "isolation.level": "read_uncommitted"}
+        return kafka.retry_while_unreachable(lambda: sink_tails.partition_ends(self.bootstrap_servers, topics, conf),
+                                             f"reading the ends of table sink(s) {', '.join(topics)}")
 
     def open_tasks(self, keys: list[TaskKey]) -> None:
         """Open the tasks' databases, bring them up to their changelogs (all at once, here and

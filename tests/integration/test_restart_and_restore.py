@@ -82,3 +82,40 @@ def test_group_offset_never_moves_backwards_when_local_checkpoint_is_stale(kafka
     assert again.records_processed == 0
     assert group_offset() == 100
     assert len(kafka.read_topic(kafka_bootstrap, out)) == 100
+
+
+def test_a_group_offset_behind_the_restored_position_is_committed_without_new_input(kafka_bootstrap, unique,
+                                                                                   tmp_path, monkeypatch):
+    """A previous owner whose last group commit never landed (its changelogs hold the position):
+    the group's offsets set back to 10 of 2,000 after a clean run, a worker on a new state
+    directory restores every task from the changelogs at the end of the input, processes
+    nothing, and commits the group's offsets up to the ends all the same (at least once)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    inp, out, app = f"orders-{unique}", f"big-{unique}", f"app-{unique}"
+    monkeypatch.setenv("APP_INPUT", inp)
+    monkeypatch.setenv("APP_OUTPUT", out)
+    kafka.create_topics(kafka_bootstrap, {inp: 2, out: 2})
+    ends = produce(kafka_bootstrap, inp, table_updates(2_000, keys=300, seed=3))
+
+    def run(state):
+        w = Worker(apps.filter_topology(), kafka_bootstrap, app, tmp_path / state,
+                   consumer_config=TEST_CONSUMER_CONFIG)
+        w.run(until_drained=True, install_signal_handlers=False)
+        return w
+
+    assert run("first").records_processed == 2_000
+    assert committed_offsets(kafka_bootstrap, app, inp, 2) == ends
+    conf = kafka.consumer_defaults(kafka_bootstrap)
+    conf["group.id"] = app
+    c = Consumer(conf)   # the group is empty: a plain offset commit sets it back
+    try:
+        c.commit(offsets=[TopicPartition(inp, p, 10) for p in range(2)], asynchronous=False)
+    finally:
+        c.close()
+    assert committed_offsets(kafka_bootstrap, app, inp, 2) == {0: 10, 1: 10}
+    outputs = len(kafka.read_topic(kafka_bootstrap, out))
+    second = run("second")
+    assert second.records_processed == 0   # resumed from the changelogs' positions, not the group's
+    assert committed_offsets(kafka_bootstrap, app, inp, 2) == ends
+    assert len(kafka.read_topic(kafka_bootstrap, out)) == outputs
