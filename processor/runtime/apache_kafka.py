@@ -281,7 +281,7 @@ class ApacheKafka:
         settings.update(self._settings)
         return settings
 
-    def start(self, timeout_s: float = 60.0) -> ApacheKafka:
+    def start(self, timeout_s: float = 120.0) -> ApacheKafka:
         check_java()
         libs = kafka_classpath(self.version)
         self._java = [shutil.which("java") or "java", *JVM_OPTIONS, "-cp", f"{libs}/*"]
@@ -391,7 +391,7 @@ class ApacheKafka:
                 node.proc.wait()
         self._close_log(node)
 
-    def start_node(self, node_id: int, timeout_s: float = 60.0) -> None:
+    def start_node(self, node_id: int, timeout_s: float = 120.0) -> None:
         """Start a stopped or killed node again on its own data and ports."""
         node = self.node(node_id)
         if node.running():

@@ -40,11 +40,25 @@ def events(topic: str, n: int) -> tuple[list, dict[str, int]]:
     return records, dict(Counter(f"k{i % 50}" for i in range(n)))
 
 
+# (the broker's first metadata answer took over the default 10 s once, late in a loaded run)
+STARTUP_S = 60.0
+
+
 def drain(worker: Worker) -> None:
-    t = threading.Thread(target=worker.run, kwargs={"until_drained": True, "install_signal_handlers": False})
+    failed: list[BaseException] = []
+
+    def run():
+        try:
+            worker.run(until_drained=True, install_signal_handlers=False)
+        except BaseException as exc:   # re-raised in the test's thread
+            failed.append(exc)
+
+    t = threading.Thread(target=run)
     t.start()
     t.join(180)
     assert not t.is_alive(), "the worker did not drain in 180 s"
+    if failed:
+        raise failed[0]
 
 
 def counts_in(bootstrap: str, topic: str) -> dict[str, int]:
@@ -60,8 +74,8 @@ def test_more_standbys_than_workers_and_an_unreachable_application_server(kafka_
     caplog.set_level(logging.INFO)
     nobody = f"127.0.0.1:{free_port()}"   # nothing listens there
     w = Worker(counts_topology(inp, out), kafka_bootstrap, app, tmp_path, commit_interval_ms=200,
-               consumer_config=TEST_CONSUMER_CONFIG, num_standby_replicas=2, http_port=0, http_host="127.0.0.1",
-               application_server=nobody)
+               consumer_config=TEST_CONSUMER_CONFIG, startup_timeout_s=STARTUP_S, num_standby_replicas=2,
+               http_port=0, http_host="127.0.0.1", application_server=nobody)
     drain(w)
     assert w.records_processed == 3000
     assert counts_in(kafka_bootstrap, out) == want
@@ -88,7 +102,7 @@ def test_task_directories_of_another_application_are_moved_aside(kafka_bootstrap
     first, _ = events(inp, 2000)
     produce_with_partitioner(kafka_bootstrap, first, "murmur2_random")
     drain(Worker(counts_topology(inp, out_other), kafka_bootstrap, other, tmp_path, commit_interval_ms=200,
-                 consumer_config=TEST_CONSUMER_CONFIG))
+                 consumer_config=TEST_CONSUMER_CONFIG, startup_timeout_s=STARTUP_S))
     copied = sorted((tmp_path / other).glob("task-*"))
     assert len(copied) == PARTS
     for d in copied:
@@ -98,7 +112,7 @@ def test_task_directories_of_another_application_are_moved_aside(kafka_bootstrap
     produce_with_partitioner(kafka_bootstrap, records[2000:], "murmur2_random")
     caplog.set_level(logging.INFO)
     w = Worker(counts_topology(inp, out), kafka_bootstrap, app, tmp_path, commit_interval_ms=200,
-               consumer_config=TEST_CONSUMER_CONFIG)
+               consumer_config=TEST_CONSUMER_CONFIG, startup_timeout_s=STARTUP_S)
     drain(w)
     assert w.records_processed == 3000
     assert counts_in(kafka_bootstrap, out) == want
