@@ -31,6 +31,11 @@ Invariants:
    Offsets committed through it carry its generation, and the group fences a stale one. (The
    group client is polled continuously: kafka-python 3.0.12 forgets a join that completed
    between two polls with a zero timeout and joins again, forever.)
+6. **One process, one state directory.** Members reporting the same ``process`` (workers in
+   threads of one process, sharing its state directory, as the stream threads of one Kafka
+   Streams instance) are each as current as the most current of them for every task, and no
+   member keeps a standby or warm-up of a task another member of its process runs or owns:
+   it would be the same database (Kafka Streams places standbys per client, not per thread).
 
 ``FleetAssignor`` is the assignor (protocol ``processor-fleet``, cooperative, KIP-429): the
 leader decodes every member's subscription, computes the lags, places the tasks
@@ -162,6 +167,22 @@ def lags_of(subs: Mapping[str, Subscription]) -> dict[str, dict[TaskId, int]]:
         for t in s.running:
             lag[t] = RUNNING
         out[m] = lag
+    # members of one process share its state directory (workers in threads, as the stream threads
+    # of one Kafka Streams instance): each is as current as the most current of them (invariant 6)
+    by_process: dict[str, list[str]] = {}
+    for m, s in subs.items():
+        by_process.setdefault(s.process, []).append(m)
+    for members in by_process.values():
+        if len(members) < 2:
+            continue
+        for m in members:
+            for other in members:
+                if other == m:
+                    continue
+                for t, v in out[other].items():
+                    shared = 0 if v == RUNNING else v
+                    if out[m][t] != RUNNING and shared < out[m][t]:
+                        out[m][t] = shared
     return out
 
 
@@ -209,7 +230,8 @@ def assign_fleet(rules: FleetRules, subs: Mapping[str, Subscription],
     placement: Placement = place(sorted(rules.partitions_of_task), lags_of(subs), stateful=rules.stateful,
                                  num_standbys=rules.num_standbys,
                                  acceptable_recovery_lag=rules.acceptable_recovery_lag,
-                                 max_warmups=rules.max_warmups)
+                                 max_warmups=rules.max_warmups,
+                                 process={m: s.process for m, s in subs.items()})
     active = withhold_moving(placement.active, owned, rules.partitions_of_task)
     withheld = sum(len(placement.active[m]) - len(active[m]) for m in active)
     fleet: dict[str, dict[str, list[TaskId]]] = {}
@@ -219,12 +241,27 @@ def assign_fleet(rules: FleetRules, subs: Mapping[str, Subscription],
             # still run by its previous owner, which answers for it until it revokes
             fleet[s.server] = {"active": sorted(placement.active.get(m, [])),
                                "standby": sorted(set(placement.standby.get(m, [])) - set(placement.warmup.get(m, [])))}
-    # a task withheld for a round stays a standby where it goes, if a copy is there (invariant 3)
-    standby = {m: sorted(set(placement.standby.get(m, []))
-                         | (set(placement.active.get(m, [])) - set(active[m])) & rules.stateful & set(s.sums))
+    # a task withheld for a round stays a standby where it goes, if a copy is there (invariant 3);
+    # never a standby or warm-up where another member of the same process runs or owns it
+    # (invariant 6: it is the same state directory)
+    held_by: dict[TaskId, set[str]] = {}
+    for m, ts in placement.active.items():
+        for t in ts:
+            held_by.setdefault(t, set()).add(m)
+    owner_of = {tp: m for m, tps in owned.items() for tp in tps}
+    for t, tps in rules.partitions_of_task.items():
+        held_by.setdefault(t, set()).update(owner_of[tp] for tp in tps if tp in owner_of)
+
+    def beside_its_holder(m: str, t: TaskId) -> bool:
+        return any(h != m and h in subs and subs[h].process == subs[m].process for h in held_by.get(t, ()))
+
+    standby = {m: sorted(t for t in set(placement.standby.get(m, []))
+                         | (set(placement.active.get(m, [])) - set(active[m])) & rules.stateful & set(s.sums)
+                         if not beside_its_holder(m, t))
                for m, s in subs.items()}
+    warmup = {m: [t for t in placement.warmup.get(m, []) if t in standby[m]] for m in subs}
     return {m: Assignment(active=sorted(active.get(m, [])), standby=standby[m],
-                          warmup=sorted(placement.warmup.get(m, [])),
+                          warmup=sorted(warmup[m]),
                           probing=placement.probing or withheld > 0, fleet=fleet)
             for m in subs}
 

@@ -24,7 +24,9 @@ Invariants of the result (checked by ``tests/unit/test_placement.py`` over rando
    beside the standbys, not instead of one). Kafka Streams' rule (KIP-441).
 5. **Standbys.** A stateful task has ``min(num_standbys, members - 1)`` standby copies besides its
    warm-up, on members other than its active one, at most one per member: those already
-   closest to current first (a standby that exists stays), then the members with the fewest.
+   closest to current first (a standby that exists stays), then the members with the fewest;
+   with ``process`` given, at most one copy per process (members of one process share a state
+   directory), so fewer where the other processes run out.
 
 Kafka Streams' ``HighAvailabilityTaskAssignor`` is the reference for the rules (its rounds of
 round-robin and balancing are not copied: the target here is computed sticky in one pass).
@@ -60,10 +62,12 @@ class Placement:
 
 def place(tasks: Iterable[TaskId], lags: Mapping[str, Mapping[TaskId, int]], *,
           stateful: Iterable[TaskId] = (), num_standbys: int = 0, acceptable_recovery_lag: int = 10_000,
-          max_warmups: int = 2) -> Placement:
+          max_warmups: int = 2, process: Mapping[str, str] | None = None) -> Placement:
     """The placement of ``tasks`` over the members of ``lags`` (``member -> {task: lag}``; a
     task missing from a member's map: no state there). ``stateful``: the tasks with stores (only
-    those have standbys, warm-ups and lags that matter)."""
+    those have standbys, warm-ups and lags that matter). ``process``: member -> its process;
+    members of one process share a state directory, so a standby copy goes to another process
+    (rule 5 counts processes, as Kafka Streams counts clients, not threads)."""
     if max_warmups < 1:
         raise ValueError(f"max_warmups must be at least 1 (a task waiting on a warm-up would never move), "
                          f"not {max_warmups}")
@@ -125,10 +129,17 @@ def place(tasks: Iterable[TaskId], lags: Mapping[str, Mapping[TaskId, int]], *,
             holders.add(target_member)
             copies[target_member] += 1
             result.probing = True
+        added = 0
         for m in sorted((m for m in members if m not in holders),
-                        key=lambda m: (lag(m, t), copies[m], m))[:slots]:
+                        key=lambda m: (lag(m, t), copies[m], m)):
+            if added == slots:
+                break
+            if process is not None and any(process.get(h) == process.get(m) for h in holders):
+                continue   # (that state directory holds it already)
             result.standby[m].append(t)
+            holders.add(m)
             copies[m] += 1
+            added += 1
     for m in members:
         result.standby[m].sort()
         result.warmup[m].sort()

@@ -104,3 +104,34 @@ def test_a_task_withheld_for_a_round_stays_a_standby_where_it_goes():
     subs["m2"].sums = {(0, 3): 100}
     out = assign_fleet(rules, subs, owned)
     assert (0, 2) not in out["m2"].standby
+
+
+def test_members_of_one_process_share_their_state_and_keep_no_standby_beside_each_other():
+    """Two workers in threads of one process (one state directory): the one joining is as
+    current as the one running every task, so half the tasks move to it without a warm-up, and
+    neither keeps a standby of a task the other runs or still owns (the same database); a
+    member of another process still gets its standbys."""
+    from processor.runtime.membership import FleetRules, assign_fleet
+
+    tasks = [(0, p) for p in range(4)]
+    rules = FleetRules(partitions_of_task={t: [("s", t[1])] for t in tasks}, stateful=set(tasks), num_standbys=1)
+    subs = {"t1": Subscription(server=None, process="p1", sums={t: 50_000 for t in tasks}, running=list(tasks)),
+            "t2": Subscription(server=None, process="p1", sums={t: 50_000 for t in tasks})}
+    assert lags_of(subs)["t2"] == {t: 0 for t in tasks}
+    owned = {"t1": [("s", p) for p in range(4)], "t2": []}
+    out = assign_fleet(rules, subs, owned)
+    assert len(out["t1"].active) == 2 and out["t2"].active == [] and out["t2"].probing
+    assert out["t1"].standby == [] and out["t2"].standby == [] and out["t2"].warmup == []
+    # the next round: t1 revoked the two tasks, t2 runs them; still no standby inside the process
+    subs["t1"].running = out["t1"].active
+    out2 = assign_fleet(rules, subs, {"t1": [("s", p) for _, p in out["t1"].active], "t2": []})
+    assert sorted(out2["t1"].active + out2["t2"].active) == tasks and len(out2["t2"].active) == 2
+    assert out2["t1"].standby == [] and out2["t2"].standby == []
+    # a third member, another process: one standby of every task, there
+    subs["t2"].running = out2["t2"].active
+    subs["o"] = Subscription(server=None, process="p2")
+    owned3 = {"t1": [("s", p) for _, p in out2["t1"].active], "t2": [("s", p) for _, p in out2["t2"].active],
+              "o": []}
+    out3 = assign_fleet(rules, subs, owned3)
+    assert out3["t1"].standby == [] and out3["t2"].standby == []
+    assert sorted(out3["o"].standby) == sorted(set(tasks) - set(out3["o"].active))
