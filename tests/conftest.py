@@ -328,6 +328,10 @@ ALONE = {
     # (``fresh_kafka_bootstrap``): the run's shared Tansu, slowed by the topics of the tests
     # before, stretched it too (2.44 and 2.68 s at the end of two clean-clone runs)
     "tests/integration/test_fleet_scale_out.py::test_scale_out_does_not_pause_partitions_that_stay",
+    # a member's heartbeats sampled through a revocation of twice the session timeout: in a
+    # clean-clone run on Apache Kafka (load ~15) the first member missed the round the second
+    # one's join opened, was expelled, and the two had not settled 90 s later (1 of 4 runs)
+    "tests/integration/test_fleet_membership.py::test_a_revocation_longer_than_the_session_keeps_the_member",
 }
 
 
