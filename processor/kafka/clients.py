@@ -48,6 +48,8 @@ TRANSIENT_CODES = frozenset({
     KafkaError.UNSTABLE_OFFSET_COMMIT, KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.KAFKA_STORAGE_ERROR})
 # how long the worker retries a transient error before it gives up (Kafka Streams' task.timeout.ms)
 TRANSIENT_TIMEOUT_S = 300.0
+# how long a topic creation that failed on a transient error (timed out) is tried again
+CREATE_RETRY_S = 60.0
 _T = TypeVar("_T")
 
 
@@ -235,17 +237,33 @@ def create_topics(bootstrap_servers: Cluster, topics: dict[str, int], exist_ok: 
     if not topics:
         return
     client = admin(bootstrap_servers)  # must outlive the futures
-    futures = client.create_topics(
-        [NewTopic(t, n, replication_factor, config=dict(config or TOPIC_CONFIG)) for t, n in topics.items()],
-        operation_timeout=timeout_s, request_timeout=timeout_s)
-    for topic, fut in futures.items():
-        try:
-            fut.result()
-        except KafkaException as exc:
-            err = exc.args[0]
-            if exist_ok and err.name() == "TOPIC_ALREADY_EXISTS":
-                continue
-            raise ConfigError(f"cannot create topic {topic!r}: {err.str()}") from None
+    # a transient error (the controller too busy to answer in time) is retried for up to
+    # CREATE_RETRY_S; a topic a retry finds existing was created by the attempt that timed out
+    pending, retried = dict(topics), set()
+    retry_until = time.monotonic() + CREATE_RETRY_S
+    while pending:
+        futures = client.create_topics(
+            [NewTopic(t, n, replication_factor, config=dict(config or TOPIC_CONFIG)) for t, n in pending.items()],
+            operation_timeout=timeout_s, request_timeout=timeout_s)
+        again: dict[str, int] = {}
+        for topic, fut in futures.items():
+            try:
+                fut.result()
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.name() == "TOPIC_ALREADY_EXISTS" and (exist_ok or topic in retried):
+                    continue
+                if is_transient(err) and time.monotonic() < retry_until:
+                    again[topic] = pending[topic]
+                    continue
+                raise ConfigError(f"cannot create topic {topic!r}: {err.str()}") from None
+        if again:
+            RETRY_LOGGER.warning("creating topic(s) %s failed (%s): transient, retrying for up to %.0f s more",
+                                 ", ".join(sorted(again)), "the broker did not answer in time",
+                                 max(0.0, retry_until - time.monotonic()))
+            retried |= set(again)
+            time.sleep(0.5)
+        pending = again
     # (a wait, not a check: a metadata request that times out, on a broker too busy to answer,
     # ends it; whoever uses the topics next finds out for itself)
     deadline = time.monotonic() + timeout_s

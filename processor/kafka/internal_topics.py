@@ -44,10 +44,9 @@ def wanted_topics(topology, partitions: dict[str, int]) -> dict[str, tuple[int, 
 
 def default_replication_factor(cluster) -> int:
     """``min(3, brokers in the cluster)``."""
-    try:
-        md = kafka.admin(cluster).list_topics(timeout=10)
-    except KafkaException as exc:
-        raise KafkaIOError(f"reading the cluster's brokers: {exc.args[0].str() if exc.args else exc}") from None
+    client = kafka.admin(cluster)
+    md = kafka.retry_transient(lambda: client.list_topics(timeout=10), "reading the cluster's brokers",
+                               kafka.CREATE_RETRY_S)
     return max(1, min(3, len(md.brokers)))
 
 

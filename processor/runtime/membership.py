@@ -181,7 +181,8 @@ def lags_of(subs: Mapping[str, Subscription]) -> dict[str, dict[TaskId, int]]:
                     continue
                 for t, v in out[other].items():
                     shared = 0 if v == RUNNING else v
-                    if out[m][t] != RUNNING and shared < out[m][t]:
+                    mine = out[m].get(t)
+                    if mine is None or mine != RUNNING and shared < mine:
                         out[m][t] = shared
     return out
 

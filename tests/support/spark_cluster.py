@@ -92,7 +92,7 @@ class StandaloneCluster:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as r:
                 return json.loads(r.read())
-        except OSError:
+        except (OSError, ValueError):   # (not up yet; or its web UI up before the status page: an empty body)
             return None
 
     def _wait(self, cond, timeout_s, what) -> None:

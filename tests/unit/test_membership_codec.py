@@ -118,6 +118,10 @@ def test_members_of_one_process_share_their_state_and_keep_no_standby_beside_eac
     subs = {"t1": Subscription(server=None, process="p1", sums={t: 50_000 for t in tasks}, running=list(tasks)),
             "t2": Subscription(server=None, process="p1", sums={t: 50_000 for t in tasks})}
     assert lags_of(subs)["t2"] == {t: 0 for t in tasks}
+    # a task its process runs without having reported a sum for it (nothing committed yet)
+    fresh = {"t1": Subscription(server=None, process="p1", running=[(0, 0)]),
+             "t2": Subscription(server=None, process="p1")}
+    assert lags_of(fresh) == {"t1": {(0, 0): RUNNING}, "t2": {(0, 0): 0}}
     owned = {"t1": [("s", p) for p in range(4)], "t2": []}
     out = assign_fleet(rules, subs, owned)
     assert len(out["t1"].active) == 2 and out["t2"].active == [] and out["t2"].probing
