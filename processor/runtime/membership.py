@@ -533,7 +533,12 @@ class FleetMembership:
                 if off > self.acked.get(tp, -1):
                     self.acked[tp] = off
 
-        self.consumer._coordinator.commit_offsets_async(request, callback=answered)
+        try:
+            self.consumer._coordinator.commit_offsets_async(request, callback=answered)
+        except BaseException:
+            with self._lock:
+                self._commits_in_flight -= 1
+            raise
 
     def _wait_for_commits(self, timeout_s: float) -> None:
         """Until every commit sent is answered (the polling thread still running), at most
