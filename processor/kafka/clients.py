@@ -229,7 +229,8 @@ def topic_partitions(bootstrap_servers: Cluster, timeout_s: float = 10.0) -> dic
 
 
 def create_topics(bootstrap_servers: Cluster, topics: dict[str, int], exist_ok: bool = True,
-                  timeout_s: float = 15.0, config: dict | None = None, replication_factor: int = 1) -> None:
+                  timeout_s: float = 15.0, config: dict | None = None, replication_factor: int = 1,
+                  retry_s: float = CREATE_RETRY_S) -> None:
     """Create ``{topic: partitions}`` (explicit retention, or ``config``), and return once the
     broker's metadata lists every one of them with its partitions: Apache Kafka answers
     CreateTopics when its controller has the topic, and a broker's metadata may show it a
@@ -238,9 +239,9 @@ def create_topics(bootstrap_servers: Cluster, topics: dict[str, int], exist_ok: 
         return
     client = admin(bootstrap_servers)  # must outlive the futures
     # a transient error (the controller too busy to answer in time) is retried for up to
-    # CREATE_RETRY_S; a topic a retry finds existing was created by the attempt that timed out
+    # ``retry_s``; a topic a retry finds existing was created by the attempt that timed out
     pending, retried = dict(topics), set()
-    retry_until = time.monotonic() + CREATE_RETRY_S
+    retry_until = time.monotonic() + retry_s
     while pending:
         futures = client.create_topics(
             [NewTopic(t, n, replication_factor, config=dict(config or TOPIC_CONFIG)) for t, n in pending.items()],

@@ -221,7 +221,7 @@ def _probe_transactions_supported(bootstrap: str, timeout_s: float, details: dic
     committed = f"committed-{uuid.uuid4().hex}".encode()
     producers: list[Producer] = []
     try:
-        kafka.create_topics(bootstrap, {topic: 1}, exist_ok=False, timeout_s=deadline.left())
+        kafka.create_topics(bootstrap, {topic: 1}, exist_ok=False, timeout_s=deadline.left(), retry_s=0)
         producers.append(p := _txn_producer(bootstrap, _fresh("txid"), deadline))
         p.init_transactions(deadline.left())
         p.begin_transaction()
@@ -248,7 +248,7 @@ def _probe_hides_aborted(bootstrap: str, timeout_s: float, details: dict[str, st
     committed = f"committed-{uuid.uuid4().hex}".encode()
     producers: list[Producer] = []
     try:
-        kafka.create_topics(bootstrap, {topic: 1}, exist_ok=False, timeout_s=deadline.left())
+        kafka.create_topics(bootstrap, {topic: 1}, exist_ok=False, timeout_s=deadline.left(), retry_s=0)
         producers.append(p := _txn_producer(bootstrap, _fresh("txid"), deadline))
         p.init_transactions(deadline.left())
         p.begin_transaction()
@@ -284,7 +284,7 @@ def _probe_zombie_fenced(bootstrap: str, timeout_s: float, details: dict[str, st
     producers: list[Producer] = []
     try:
         try:
-            kafka.create_topics(bootstrap, {topic: 1}, exist_ok=False, timeout_s=deadline.left())
+            kafka.create_topics(bootstrap, {topic: 1}, exist_ok=False, timeout_s=deadline.left(), retry_s=0)
             producers.append(zombie := _txn_producer(bootstrap, txid, deadline, quiet=True))
             zombie.init_transactions(deadline.left())
             zombie.begin_transaction()
@@ -337,7 +337,7 @@ def _probe_send_offsets(bootstrap: str, timeout_s: float, details: dict[str, str
     consumer = Consumer(conf)
     producers: list[Producer] = []
     try:
-        kafka.create_topics(bootstrap, {topic: 1}, exist_ok=False, timeout_s=deadline.left())
+        kafka.create_topics(bootstrap, {topic: 1}, exist_ok=False, timeout_s=deadline.left(), retry_s=0)
         producers.append(p := _txn_producer(bootstrap, _fresh("txid"), deadline))
         p.init_transactions(deadline.left())
         p.begin_transaction()
@@ -373,7 +373,7 @@ def _probe_complete_after_fencing(bootstrap: str, timeout_s: float, details: dic
         consumers[g] = Consumer(conf)   # never subscribed: memberless commits, as above
     producers: list[Producer] = []
     try:
-        kafka.create_topics(bootstrap, {topic: 1}, exist_ok=False, timeout_s=deadline.left())
+        kafka.create_topics(bootstrap, {topic: 1}, exist_ok=False, timeout_s=deadline.left(), retry_s=0)
         producers.append(a := _txn_producer(bootstrap, txid_a, deadline, quiet=True))
         producers.append(b := _txn_producer(bootstrap, txid_b, deadline))
         a.init_transactions(deadline.left())
