@@ -4,6 +4,7 @@ changelogs, nothing from the source topic). Either way the output equals the tes
 exactly (a clean stop commits everything, so nothing is replayed)."""
 
 import shutil
+import threading
 
 import pytest
 
@@ -11,7 +12,14 @@ from processor.kafka import clients as kafka
 from processor.runtime.worker import Worker
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.integration import apps
-from tests.integration.helpers import by_key, committed_offsets, driver_output_by_key, produce, table_updates
+from tests.integration.helpers import (
+    by_key,
+    committed_offsets,
+    driver_output_by_key,
+    produce,
+    table_updates,
+    wait_for,
+)
 
 
 @pytest.mark.parametrize("lose_state", [False, True], ids=["same-state-dir", "state-dir-lost"])
@@ -105,7 +113,6 @@ def test_a_group_offset_behind_the_restored_position_is_committed_without_new_in
         return w
 
     assert run("first").records_processed == 2_000
-    assert committed_offsets(kafka_bootstrap, app, inp, 2) == ends
     conf = kafka.consumer_defaults(kafka_bootstrap)
     conf["group.id"] = app
     c = Consumer(conf)   # the group is empty: a plain offset commit sets it back
@@ -115,7 +122,17 @@ def test_a_group_offset_behind_the_restored_position_is_committed_without_new_in
         c.close()
     assert committed_offsets(kafka_bootstrap, app, inp, 2) == {0: 10, 1: 10}
     outputs = len(kafka.read_topic(kafka_bootstrap, out))
-    second = run("second")
+    # (running, not until drained: the catch-up is an idle commit's, retried every commit
+    # interval; a worker's last commit before it leaves can still be lost, see docs/operations.md)
+    second = Worker(apps.filter_topology(), kafka_bootstrap, app, tmp_path / "second",
+                    consumer_config=TEST_CONSUMER_CONFIG)
+    t = threading.Thread(target=second.run, kwargs={"install_signal_handlers": False})
+    t.start()
+    try:
+        wait_for(lambda: committed_offsets(kafka_bootstrap, app, inp, 2) == ends, 60,
+                 "the group's offsets to reach the ends")
+    finally:
+        second.stop()
+        t.join(60)
     assert second.records_processed == 0   # resumed from the changelogs' positions, not the group's
-    assert committed_offsets(kafka_bootstrap, app, inp, 2) == ends
     assert len(kafka.read_topic(kafka_bootstrap, out)) == outputs
