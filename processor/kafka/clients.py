@@ -64,10 +64,14 @@ def _error_of(exc: KafkaException) -> KafkaError | None:
     return err if isinstance(err, KafkaError) else None
 
 
-def retry_transient(call: Callable[[], _T], what: str, timeout_s: float = TRANSIENT_TIMEOUT_S) -> _T:
+def retry_transient(call: Callable[[], _T], what: str, timeout_s: float = TRANSIENT_TIMEOUT_S,
+                    unreachable: bool = False) -> _T:
     """``call()``, again after each transient error (``is_transient``: one warning line each) for
     up to ``timeout_s``; then, or at once on any other Kafka error, a ``KafkaIOError`` naming
-    ``what`` (``reading the committed offsets of ...``) and the error."""
+    ``what`` (``reading the committed offsets of ...``) and the error. With ``unreachable``, a
+    ``BrokerUnreachable`` (a metadata request or a read of partition ends that timed out) is
+    transient too: a worker outlives a broker's pause or restart, as Kafka Streams retries until
+    ``task.timeout.ms``."""
     deadline = time.monotonic() + timeout_s
     failures = 0
     while True:
@@ -78,35 +82,18 @@ def retry_transient(call: Callable[[], _T], what: str, timeout_s: float = TRANSI
             text = err.str() if err is not None else str(exc)
             if not is_transient(err):
                 raise KafkaIOError(f"{what}: {text}") from None
-            failures += 1
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise KafkaIOError(f"{what}: the broker did not answer within {timeout_s:.0f} s "
-                                   f"({failures} attempts; last: {text})") from None
-            RETRY_LOGGER.warning("%s failed (%s): transient, retrying (attempt %d, giving up in %.0f s)",
-                                 what, text, failures + 1, left)
-            time.sleep(min(0.5, left))
-
-
-def retry_while_unreachable(call: Callable[[], _T], what: str, timeout_s: float = TRANSIENT_TIMEOUT_S) -> _T:
-    """``call()``, again while the broker does not answer in time (``BrokerUnreachable``: a metadata
-    request or a read of partition ends timed out; one warning line each) or answers with a
-    transient error, for up to ``timeout_s``: a worker outlives a broker's pause or restart, as
-    Kafka Streams retries until ``task.timeout.ms``. Then a ``KafkaIOError`` naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    failures = 0
-    while True:
-        try:
-            return retry_transient(call, what, max(0.0, deadline - time.monotonic()))
         except BrokerUnreachable as exc:
-            failures += 1
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise KafkaIOError(f"{what}: the broker did not answer within {timeout_s:.0f} s "
-                                   f"({failures} attempts; last: {exc})") from None
-            RETRY_LOGGER.warning("%s failed (%s): transient, retrying (attempt %d, giving up in %.0f s)",
-                                 what, exc, failures + 1, left)
-            time.sleep(min(0.5, left))
+            if not unreachable:
+                raise
+            text = str(exc)
+        failures += 1
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise KafkaIOError(f"{what}: the broker did not answer within {timeout_s:.0f} s "
+                               f"({failures} attempts; last: {text})") from None
+        RETRY_LOGGER.warning("%s failed (%s): transient, retrying (attempt %d, giving up in %.0f s)",
+                             what, text, failures + 1, left)
+        time.sleep(min(0.5, left))
 
 
 def raise_partition_error(partitions: list) -> list:

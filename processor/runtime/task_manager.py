@@ -164,9 +164,10 @@ class TaskManager:
             # no answer: whether the topic exists is unknown, and a record is not dead-lettered on a
             # guess: asked again while the broker does not answer, then exit 7 (a restart resumes
             # at the last commit)
-            self._known_topics = frozenset(kafka.retry_while_unreachable(
+            self._known_topics = frozenset(kafka.retry_transient(
                 lambda: kafka.topic_partitions(self.bootstrap_servers, timeout_s=5.0),
-                f"listing the cluster's topics to check topic {topic!r}, named by a topic extractor"))
+                f"listing the cluster's topics to check topic {topic!r}, named by a topic extractor",
+                unreachable=True))
         return topic in self._known_topics
 
     def restore_consumer_config(self) -> dict:
@@ -181,8 +182,8 @@ class TaskManager:
         high watermark, read uncommitted, never waits for an open transaction, this worker's own
         included."""
         conf = {**self.restore_consumer_config(), "isolation.level": "read_uncommitted"}
-        return kafka.retry_while_unreachable(lambda: sink_tails.partition_ends(self.bootstrap_servers, topics, conf),
-                                             f"reading the ends of table sink(s) {', '.join(topics)}")
+        return kafka.retry_transient(lambda: sink_tails.partition_ends(self.bootstrap_servers, topics, conf),
+                                     f"reading the ends of table sink(s) {', '.join(topics)}", unreachable=True)
 
     def open_tasks(self, keys: list[TaskKey]) -> None:
         """Open the tasks' databases, bring them up to their changelogs (all at once, here and
