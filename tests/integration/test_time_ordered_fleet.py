@@ -1,8 +1,8 @@
 """The backlog of ``test_time_ordered_backlog.py`` (issue 34), larger (2,000 users, 4,000 join
 pairs of records), read by a fleet: three worker processes (`processor run`) over 4 partitions,
-the history produced before any of them starts, one of them SIGKILLed by the test hook at its
-second commit with records (outputs flushed, nothing committed) and started again on its state
-directory.
+the history produced before any of them starts; the first, started alone, is SIGKILLed by the test
+hook at its second commit with records (outputs flushed, nothing committed) while the other two
+join, and started again on its state directory.
 
 Every click joins the region of its time and every pair meets (the model); per key the outputs,
 their replays after the crash aside (at least once: a killed unit's outputs are sent again), are
@@ -21,6 +21,7 @@ from tests.integration.helpers import (
     latest_task_dirs,
     start_worker_process,
     task_store_bytes,
+    wait_for,
     wait_until_group_drained,
 )
 from tests.integration.test_time_ordered_backlog import (
@@ -57,10 +58,13 @@ def test_a_fleet_with_a_sigkill_over_a_backlog_processes_in_time_order(kafka_boo
     logs = [tmp_path / f"w{i}.log" for i in range(3)]
     procs = [start_worker_process(kafka_bootstrap, spec, app, dirs[0], logs[0],
                                   {**env, "PROCESSOR_TEST_KILL_BEFORE_COMMIT": "2"})]
-    procs += [start_worker_process(kafka_bootstrap, spec, app, dirs[i], logs[i], env) for i in (1, 2)]
     try:
-        # (its 2nd commit comes after the three members' first rebalance: on a loaded machine that
-        # took over 120 s once, on Tansu)
+        # Worker 0 takes the backlog before the others start: started together, the others could
+        # process all of it while worker 0 only warmed up a standby (Apache Kafka, a loaded machine),
+        # and it never reached a 2nd commit with records.
+        wait_for(lambda: procs[0].poll() is not None or "processor.worker: assigned" in open(logs[0]).read(),
+                 120, "worker 0's first assignment")
+        procs += [start_worker_process(kafka_bootstrap, spec, app, dirs[i], logs[i], env) for i in (1, 2)]
         try:
             code = procs[0].wait(300)
         except subprocess.TimeoutExpired:
