@@ -49,14 +49,15 @@ class Committer:
     """The commit unit of one worker (see the module docstring)."""
 
     def __init__(self, tasks: TaskManager, fetch_gaps: FetchGaps, metrics: WorkerMetrics,
-                 kill_at_commit: int | None = None) -> None:
+                 kill_at_commit: int | None = None, stop_at_commit: int | None = None) -> None:
         self.tasks = tasks
         self.fetch_gaps = fetch_gaps
         self.metrics = metrics
         self.skipped_offsets: dict[tuple[str, int], int] = {}   # at least once, see commit()
         self.sink_floors_at = time.monotonic()   # the table sinks' floors refreshed
-        # test hook (worker.py): SIGKILL at the N-th commit with new records
+        # test hooks (worker.py): SIGKILL, or SIGSTOP, at the N-th commit with new records
         self.kill_at_commit = kill_at_commit
+        self.stop_at_commit = stop_at_commit
         self.commits_with_records = 0
         self.processed_at_last_commit = 0
         # the group membership (set when the worker runs): group offsets are committed through
@@ -123,11 +124,8 @@ class Committer:
             for _task, writer, _pos, _outbox in units:
                 writer.write_pending()
             collector.flush()               # outputs, internal records, changelog records durable
-            if self.kill_at_commit is not None and records_processed > self.processed_at_last_commit:
-                self.commits_with_records += 1
-                if self.commits_with_records >= self.kill_at_commit:
-                    log.warning("test hook: SIGKILL after forwarding, before committing")
-                    os.kill(os.getpid(), signal.SIGKILL)
+            if records_processed > self.processed_at_last_commit:
+                self._signal_hooks()
             self.processed_at_last_commit = records_processed
             for task, writer, pos, _outbox in units:
                 writer.settle_sink_ends(delivered, task.convergence_pending)
@@ -158,6 +156,37 @@ class Committer:
         for task, writer, pos, outbox in units:
             task.finish_commit(pos, outbox, writer.committed_ends(pos))
         self.metrics.observe_commit(started)
+
+    def _signal_hooks(self) -> None:
+        """Test hooks, at a commit with new records, outputs and changelog records flushed and
+        nothing committed yet: SIGKILL at the ``kill_at_commit``-th (a crash), SIGSTOP at the
+        ``stop_at_commit``-th (a process frozen past its session: the test sends SIGCONT)."""
+        self.commits_with_records += 1
+        if self.kill_at_commit is not None and self.commits_with_records >= self.kill_at_commit:
+            log.warning("test hook: SIGKILL after forwarding, before committing")
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.stop_at_commit is not None and self.commits_with_records == self.stop_at_commit:
+            log.warning("test hook: SIGSTOP after forwarding, before committing")
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    def unsettled(self) -> str | None:
+        """What keeps the group from holding what this worker committed, or None: its membership
+        in doubt, or (at least once) offsets it sent for partitions it owns that the group has
+        not accepted (exactly once they went in the transactions). A worker run until drained stops
+        only once this is None: a member expelled while frozen past its session has its commits
+        refused, and leaving at once would leave the group's offsets behind its changelogs."""
+        group = self.group
+        if group is None:
+            return None
+        if group.in_doubt():
+            return "its group membership is in doubt (expelled, or not joined yet)"
+        tm = self.tasks
+        if tm.collector.transactional:
+            return None
+        left = {tp: off for tp, off in group.unaccepted().items() if tp in tm.assigned}
+        if not left:
+            return None
+        return "offsets not accepted: " + ", ".join(f"{t}[{p}]@{off}" for (t, p), off in sorted(left.items()))
 
     def _refresh_sink_floors(self) -> None:
         """Every ``SINK_ENDS_REFRESH_S``: the table sinks' ends now (high watermarks) become the

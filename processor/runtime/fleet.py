@@ -198,6 +198,10 @@ class WorkerFleet(FleetListener):
         acked = self.membership.acked
         return {tp: off for tp, off in sent.items() if off > acked.get(tp, -1)}
 
+    def unaccepted(self) -> dict[tuple[str, int], int]:
+        """The group offsets this member sent that the group has not accepted (yet)."""
+        return self.membership.unaccepted()
+
     def group_metadata(self) -> bytes | None:
         return self.membership.group_metadata()
 

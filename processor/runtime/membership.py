@@ -59,6 +59,7 @@ from kafka import KafkaConsumer
 from kafka import errors as kafka_errors
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.coordinator.assignors.abstract import AbstractPartitionAssignor, RebalanceProtocol
+from kafka.coordinator.base import MemberState
 from kafka.future import Future as KafkaFuture
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
 from kafka.structs import OffsetAndMetadata
@@ -380,6 +381,27 @@ class MembershipError(Exception):
     """The group client failed (its thread stopped); the worker stops and says why."""
 
 
+def finish_pending_rebalances(coordinator: Any) -> None:
+    """Have kafka-python's group coordinator drive a rebalance round while one is needed *or in
+    flight*, as Java's ``AbstractCoordinator.joinGroupIfNeeded`` does (``rejoinNeededOrPending``).
+
+    kafka-python 3.0.12 drives the JoinGroup/SyncGroup round only while ``need_rejoin()`` holds.
+    A leader's rejoin that a metadata change started (its subscribed topics' metadata differs
+    from the one its last assignment used: a partition added, or at start-up metadata that
+    arrives after the first round) stops being needed the moment the leader's assignment takes
+    the new metadata. A round still in flight when a poll's time ran out was then never
+    finished: the member stayed REBALANCING (every offset commit refused locally), its
+    heartbeats off, until the broker expelled it without its knowing. A worker run until drained
+    left the group with no offsets committed (tests/integration/test_fleet_membership.py
+    reproduces it with 1 ms polls)."""
+    needed = coordinator.need_rejoin
+
+    def need_rejoin() -> bool:
+        return needed() or coordinator.state is MemberState.REBALANCING
+
+    coordinator.need_rejoin = need_rejoin
+
+
 class FleetMembership:
     """This worker's membership of its group through kafka-python (invariant 5).
 
@@ -409,6 +431,7 @@ class FleetMembership:
             partition_assignment_strategy=[self.assignor], enable_auto_commit=False,
             session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
             max_poll_interval_ms=max_poll_interval_ms, **dict(client_options or {}))
+        finish_pending_rebalances(self.consumer._coordinator)
         self.consumer.subscribe(topics=sorted(topics), listener=_Callbacks(self))
         self.acked: dict[TopicPart, int] = {}       # offsets the group accepted, highest per partition
         self._sent: dict[TopicPart, int] = {}       # offsets sent, highest per partition
@@ -540,6 +563,11 @@ class FleetMembership:
                 self._commits_in_flight -= 1
             raise
 
+    def unaccepted(self) -> dict[TopicPart, int]:
+        """The group offsets sent that the group has not accepted (yet): refused, or unanswered."""
+        with self._lock:
+            return {tp: off for tp, off in self._sent.items() if off > self.acked.get(tp, -1)}
+
     def _wait_for_commits(self, timeout_s: float) -> None:
         """Until every commit sent is answered (the polling thread still running), at most
         ``timeout_s``; what the group refused meanwhile is sent once more and waited for too."""
@@ -548,7 +576,7 @@ class FleetMembership:
         while time.monotonic() < deadline and self._thread.is_alive():
             with self._lock:
                 busy = self._commits_in_flight > 0
-                again = {tp: off for tp, off in self._sent.items() if off > self.acked.get(tp, -1)}
+            again = self.unaccepted()
             if busy:
                 time.sleep(0.02)
                 continue

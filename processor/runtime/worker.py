@@ -25,7 +25,8 @@ restore longer than ``max.poll.interval.ms`` without a huge changelog).
 Test hook: with ``PROCESSOR_TEST_KILL_BEFORE_COMMIT=N`` the worker SIGKILLs itself at its N-th
 commit with new records, after outputs and changelog records were flushed to Kafka and before
 the commit records, group offsets or local state are written (the crash window that leaves an
-uncommitted changelog tail and outputs that the replay sends again).
+uncommitted changelog tail and outputs that the replay sends again);
+``PROCESSOR_TEST_STOP_BEFORE_COMMIT=N`` SIGSTOPs it there instead (the test sends SIGCONT).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from confluent_kafka import TopicPartition
 from processor.config import StreamsConfig
 from processor.engine.routing import Routing
 from processor.engine.task import dlq_topic_for
-from processor.errors import ConfigError
+from processor.errors import ConfigError, KafkaIOError
 from processor.graph import AggregateAttrs, UserProcessorAttrs
 from processor.kafka import clients as kafka
 from processor.kafka import internal_topics, startup_checks
@@ -73,6 +74,9 @@ log = logging.getLogger("processor.worker")
 
 # the main loop runs the group's callbacks this often (the group client, waiting, has its own thread)
 FLEET_POLL_S = 0.1
+# a run until drained waits at most this long, once drained, for the group to hold its offsets
+# (a member expelled meanwhile rejoins and restores first)
+UNTIL_DRAINED_SETTLE_S = 120.0
 
 
 
@@ -181,6 +185,7 @@ class Worker:
         self.global_tables: GlobalTables | None = None
         delay = os.environ.get("PROCESSOR_TEST_RESTORE_STEP_DELAY_MS")   # test hook: a slow restore
         kill = os.environ.get("PROCESSOR_TEST_KILL_BEFORE_COMMIT")
+        freeze = os.environ.get("PROCESSOR_TEST_STOP_BEFORE_COMMIT")
         self._sent_at_drain_check = 0
         self._internal_topics = set(topology.internal_topics())
         # Internal topics are written by this application's producers only, so their offsets are
@@ -199,7 +204,8 @@ class Worker:
             restore_step_delay_s=int(delay) / 1000 if delay else 0.0)
         self._sub_of_topic = self.task_manager.sub_of_topic
         self.committer = Committer(self.task_manager, self.fetch_gaps, self.metrics_state,
-                                   kill_at_commit=int(kill) if kill else None)
+                                   kill_at_commit=int(kill) if kill else None,
+                                   stop_at_commit=int(freeze) if freeze else None)
 
     # -- the components' state, as the worker's (tests, metrics, interactive queries) -----------
     @property
@@ -487,6 +493,7 @@ class Worker:
         try:
             self.fleet = WorkerFleet(self)
             self.committer.group = self.fleet
+            unsettled_since = 0.0
             while True:
                 self._loop(until_drained, max_seconds)
                 if self._fatal is not None:
@@ -495,10 +502,20 @@ class Worker:
                 for task in self.tasks.values():
                     task.flush()
                 self.commit()  # sends the flush's internal records (outbox) after persisting them
-                # Drained, but the flush sent deferred emissions: if some went to internal
-                # topics this worker reads, process them too before stopping.
-                if not until_drained or self._stop.is_set() or self.collector.sent == sent:
+                if not until_drained or self._stop.is_set():
                     break
+                # Drained, but the flush sent deferred emissions: if some went to internal
+                # topics this worker reads, process them too before stopping. And drained means
+                # committed: until the group holds the offsets (a member expelled meanwhile
+                # rejoins, and commits the positions its tasks restore), the loop goes on.
+                if self.collector.sent == sent:
+                    unsettled = self.committer.unsettled()
+                    if unsettled is None:
+                        break
+                    unsettled_since = unsettled_since or time.monotonic()
+                    if time.monotonic() - unsettled_since > UNTIL_DRAINED_SETTLE_S:
+                        raise KafkaIOError(f"drained, but the group {self.application_id!r} did not hold this "
+                                           f"worker's offsets after {UNTIL_DRAINED_SETTLE_S:.0f} s: {unsettled}")
             self.commit()  # confirms the outbox records the last commit sent
             self.collector.flush()
         finally:

@@ -4,6 +4,7 @@ changelogs, nothing from the source topic). Either way the output equals the tes
 exactly (a clean stop commits everything, so nothing is replayed)."""
 
 import shutil
+import signal
 import threading
 
 import pytest
@@ -136,3 +137,54 @@ def test_a_group_offset_behind_the_restored_position_is_committed_without_new_in
         t.join(60)
     assert second.records_processed == 0   # resumed from the changelogs' positions, not the group's
     assert len(kafka.read_topic(kafka_bootstrap, out)) == outputs
+
+
+_DRAIN_ONCE = """
+import logging, sys
+from processor.runtime.worker import Worker
+from tests.conftest import TEST_CONSUMER_CONFIG
+from tests.integration import apps
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+w = Worker(apps.filter_topology(), sys.argv[1], sys.argv[2], sys.argv[3], consumer_config=TEST_CONSUMER_CONFIG)
+w.run(until_drained=True, install_signal_handlers=False)
+print(w.records_processed)
+"""
+
+
+def test_a_run_until_drained_frozen_past_its_session_ends_with_its_offsets_committed(kafka_bootstrap, unique,
+                                                                                     tmp_path):
+    """A worker run until drained, frozen (SIGSTOP, by the test hook) at its first commit with
+    records for longer than its session: the group expelled it, so the commit it sends on thawing
+    is refused. It still ends with the group's offsets at the ends: drained means committed, and
+    it rejoins, restores and commits the positions before it stops."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    inp, out, app = f"orders-{unique}", f"big-{unique}", f"app-{unique}"
+    kafka.create_topics(kafka_bootstrap, {inp: 2, out: 2})
+    ends = produce(kafka_bootstrap, inp, table_updates(2_000, keys=300, seed=5))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, APP_INPUT=inp, APP_OUTPUT=out, PROCESSOR_TEST_STOP_BEFORE_COMMIT="1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w") as log_file:
+        p = subprocess.Popen([sys.executable, "-c", _DRAIN_ONCE, kafka_bootstrap, app, str(tmp_path / "state")],
+                             cwd=root, env=env, stdout=subprocess.PIPE, stderr=log_file, text=True)
+    try:
+        def frozen():
+            with open(f"/proc/{p.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "T"
+        wait_for(frozen, 120, "the worker frozen by the test hook", procs=[(p, log_path)])
+        time.sleep(TEST_CONSUMER_CONFIG["session.timeout.ms"] / 1000 + 4)   # expelled by now
+        p.send_signal(signal.SIGCONT)
+        processed, _ = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    log_text = open(log_path).read()
+    assert p.returncode == 0, log_text[-3000:]
+    assert "lost " in log_text or "refused" in log_text, log_text[-3000:]   # the expulsion was seen
+    assert committed_offsets(kafka_bootstrap, app, inp, 2) == ends, log_text[-3000:]
+    assert int(processed) >= 2_000
