@@ -493,7 +493,7 @@ class Worker:
         try:
             self.fleet = WorkerFleet(self)
             self.committer.group = self.fleet
-            unsettled_since = 0.0
+            run_started, unsettled_since = time.monotonic(), 0.0
             while True:
                 self._loop(until_drained, max_seconds)
                 if self._fatal is not None:
@@ -510,7 +510,8 @@ class Worker:
                 # rejoins, and commits the positions its tasks restore), the loop goes on.
                 if self.collector.sent == sent:
                     unsettled = self.committer.unsettled()
-                    if unsettled is None:
+                    if unsettled is None or (max_seconds is not None and
+                                             time.monotonic() - run_started > max_seconds):
                         break
                     unsettled_since = unsettled_since or time.monotonic()
                     if time.monotonic() - unsettled_since > UNTIL_DRAINED_SETTLE_S:
