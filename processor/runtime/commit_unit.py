@@ -181,6 +181,8 @@ class Committer:
         if group.in_doubt():
             return "its group membership is in doubt (expelled, or not joined yet)"
         tm = self.tasks
+        if self.failed_since_commit or tm.restoring:
+            return "its tasks are being rebuilt (a transaction failed, or an assignment restores)"
         if tm.collector.transactional:
             return None
         left = {tp: off for tp, off in group.unaccepted().items() if tp in tm.assigned}
@@ -278,7 +280,7 @@ class Committer:
             now = time.monotonic()
             if now - self.resent_at >= 1.0:
                 self.resent_at = now
-                again = self.group.unacknowledged({tp: off for tp, off in group_offsets.items() if tp in assigned})
+                again = self.group.unaccepted({tp: off for tp, off in group_offsets.items() if tp in assigned})
                 if again:
                     self.group.commit(again)
         retry = [TopicPartition(t, p, off) for (t, p), off in sorted(self.skipped_offsets.items())

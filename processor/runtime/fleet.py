@@ -193,14 +193,10 @@ class WorkerFleet(FleetListener):
     def commit(self, offsets: dict[tuple[str, int], int]) -> None:
         self.membership.commit(offsets)
 
-    def unacknowledged(self, sent: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
-        """Of the group offsets ``sent``, those the group has not accepted (yet)."""
-        acked = self.membership.acked
-        return {tp: off for tp, off in sent.items() if off > acked.get(tp, -1)}
-
-    def unaccepted(self) -> dict[tuple[str, int], int]:
-        """The group offsets this member sent that the group has not accepted (yet)."""
-        return self.membership.unaccepted()
+    def unaccepted(self, offsets: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
+        """Of ``offsets`` (default: every group offset this member sent), those the group has not
+        accepted (yet)."""
+        return self.membership.unaccepted(offsets)
 
     def group_metadata(self) -> bytes | None:
         return self.membership.group_metadata()

@@ -508,10 +508,15 @@ class Worker:
                 # topics this worker reads, process them too before stopping. And drained means
                 # committed: until the group holds the offsets (a member expelled meanwhile
                 # rejoins, and commits the positions its tasks restore), the loop goes on.
-                if self.collector.sent == sent:
+                if self.collector.sent != sent:
+                    unsettled_since = 0.0
+                else:
                     unsettled = self.committer.unsettled()
-                    if unsettled is None or (max_seconds is not None and
-                                             time.monotonic() - run_started > max_seconds):
+                    if unsettled is None:
+                        break
+                    if max_seconds is not None and time.monotonic() - run_started > max_seconds:
+                        log.warning("stopped after max_seconds=%s with the group not holding this worker's "
+                                    "offsets: %s", max_seconds, unsettled)
                         break
                     unsettled_since = unsettled_since or time.monotonic()
                     if time.monotonic() - unsettled_since > UNTIL_DRAINED_SETTLE_S:
