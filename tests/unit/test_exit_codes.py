@@ -1,6 +1,8 @@
 """`processor` exit codes: one per error class (documented in processor.errors), returned by
 cli.main with the error on one stderr line."""
 
+import logging
+
 import pytest
 
 from processor import cli
@@ -21,6 +23,21 @@ from processor.errors import (
     UserFunctionError,
 )
 from processor.runtime.collector import DeliveryFailed
+
+
+@pytest.fixture(autouse=True)
+def logging_as_before():
+    """``cli.main`` configures logging for a process (the root logger's one handler, some levels):
+    put back what pytest set up, or a later test's ``caplog`` sees nothing."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    levels = {n: lg.level for n, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for n, lg in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(lg, logging.Logger):
+            lg.setLevel(levels.get(n, logging.NOTSET))
 
 
 def test_exit_code_per_class():
