@@ -760,7 +760,7 @@ class OutputWatch:
         seen within ``[start, end]`` (monotonic times inside the watch's run); with ``edges`` also
         the silences across the window's edges (from the last change before ``start`` to the first
         after it, from the last change to ``end``). And the resolution: the longest round in the
-        window. (On Tansu the watermark is the last batch's base offset + 1, and 0 while a
+        window and across its edges. (On Tansu the watermark is the last batch's base offset + 1, and 0 while a
         transaction holds records there: under exactly once a change is a transaction's first
         record or its commit.)"""
         spans, resolution = self.gap_spans(partitions, start, end, edges)
@@ -770,8 +770,14 @@ class OutputWatch:
                   edges: bool = False) -> tuple[dict[int, tuple[float, float]], float]:
         """Like ``gaps``, each longest silence as ``(from, to)`` (monotonic times)."""
         window = [t for t in self.samples if start <= t <= end]
-        assert window and window[0] - start < 1 and end - window[-1] < 1, "the watch did not cover the window"
-        resolution = max((b - a for a, b in zip(window, window[1:], strict=False)), default=0.0)
+        # the rounds across the window's edges count too: a round that began before ``start`` (or
+        # ended after ``end``) is what the watch saw there (a loaded machine: a round over 1 s)
+        before = [t for t in self.samples if t < start][-1:]
+        after = [t for t in self.samples if t > end][:1]
+        assert window and (before or window[0] - start < 1) and (after or end - window[-1] < 1), \
+            "the watch did not cover the window"
+        rounds = before + window + after
+        resolution = max((b - a for a, b in zip(rounds, rounds[1:], strict=False)), default=0.0)
         out = {}
         for p in partitions:
             seen = [t for t, _ in self.ends[p]]
