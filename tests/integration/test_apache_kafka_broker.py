@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from processor.runtime.apache_kafka import DEFAULT_VERSION, ApacheKafka
@@ -127,6 +127,21 @@ def _partition_with_full_isr(admin, topic, timeout_s=60.0):
         time.sleep(0.2)
 
 
+def _topic_configs(admin, topic, timeout_s=60.0):
+    """The topic's configs, once the node that answers knows the topic (each node learns a created
+    topic from the metadata log on its own: a loaded one answered UNKNOWN_TOPIC_OR_PART after
+    another node's metadata already showed every replica in sync)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        (res,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
+        try:
+            return res.result(30)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
+
+
 def test_three_node_cluster_survives_a_leader_killed_and_a_rolling_restart(tmp_path, unique):
     """The cluster the broker-failure tests use: replication factor 3, min.insync.replicas=2;
     acks=all produce goes on with the leader SIGKILLed and through a rolling restart."""
@@ -137,9 +152,7 @@ def test_three_node_cluster_survives_a_leader_killed_and_a_rolling_restart(tmp_p
             f.result(30)
         meta = _partition_with_full_isr(admin, topic)
         assert sorted(meta.replicas) == [1, 2, 3]
-        cfg = admin.describe_configs([ConfigResource("topic", topic)])
-        (res,) = cfg.values()
-        assert res.result(30)["min.insync.replicas"].value == "2"
+        assert _topic_configs(admin, topic)["min.insync.replicas"].value == "2"
         leader = meta.leader
         cluster.kill(leader)
         got = _roundtrip(cluster.bootstrap_servers, topic, 50)
