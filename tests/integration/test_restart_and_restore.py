@@ -151,8 +151,8 @@ print(w.records_processed)
 """
 
 
-def test_a_run_until_drained_frozen_past_its_session_ends_with_its_offsets_committed(kafka_bootstrap, unique,
-                                                                                     tmp_path):
+def test_a_run_until_drained_frozen_past_its_session_ends_with_its_offsets_committed(apache_kafka_bootstrap,
+                                                                                     unique, tmp_path):
     """A worker run until drained, frozen (SIGSTOP, by the test hook) at its first commit with
     records for longer than its session: the group expelled it, so the commit it sends on thawing
     is refused. It still ends with the group's offsets at the ends: drained means committed, and
@@ -162,6 +162,7 @@ def test_a_run_until_drained_frozen_past_its_session_ends_with_its_offsets_commi
     import sys
     import time
 
+    kafka_bootstrap = apache_kafka_bootstrap   # Apache Kafka's session expiry, whatever the run's broker
     inp, out, app = f"orders-{unique}", f"big-{unique}", f"app-{unique}"
     kafka.create_topics(kafka_bootstrap, {inp: 2, out: 2})
     ends = produce(kafka_bootstrap, inp, table_updates(2_000, keys=300, seed=5))
