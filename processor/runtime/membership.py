@@ -380,6 +380,14 @@ class MembershipError(Exception):
     """The group client failed (its thread stopped); the worker stops and says why."""
 
 
+def group_coordinator(consumer: KafkaConsumer) -> Any:
+    """kafka-python's group coordinator of ``consumer``: the one place this module reaches past
+    ``KafkaConsumer``'s public API, which has no offset commit with a callback that does not wait,
+    no rejoin request and no hook on when a rebalance round is driven (kafka-python is pinned to
+    ``>=3.0.12,<4`` in pyproject.toml)."""
+    return consumer._coordinator
+
+
 def finish_pending_rebalances(coordinator: Any) -> None:
     """Have kafka-python's group coordinator drive a rebalance round while one is needed *or in
     progress*, as Java's ``AbstractCoordinator.joinGroupIfNeeded`` loops while
@@ -433,7 +441,8 @@ class FleetMembership:
             partition_assignment_strategy=[self.assignor], enable_auto_commit=False,
             session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
             max_poll_interval_ms=max_poll_interval_ms, **dict(client_options or {}))
-        finish_pending_rebalances(self.consumer._coordinator)
+        self._coordinator = group_coordinator(self.consumer)
+        finish_pending_rebalances(self._coordinator)
         self.consumer.subscribe(topics=sorted(topics), listener=_Callbacks(self))
         self.acked: dict[TopicPart, int] = {}       # offsets the group accepted, highest per partition
         self._sent: dict[TopicPart, int] = {}       # offsets sent, highest per partition
@@ -560,7 +569,7 @@ class FleetMembership:
                          "the changelogs", type(response).__name__)
 
         try:
-            self.consumer._coordinator.commit_offsets_async(request, callback=answered)
+            self._coordinator.commit_offsets_async(request, callback=answered)
         except BaseException:
             with self._lock:
                 self._commits_in_flight -= 1
@@ -615,7 +624,7 @@ class FleetMembership:
 
     def request_rejoin(self) -> None:
         """Ask the group for a rebalance (this member's report changed)."""
-        self.consumer._coordinator.request_rejoin()
+        self._coordinator.request_rejoin()
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Leave the group: stop polling, then close the client (its callbacks revoke what this

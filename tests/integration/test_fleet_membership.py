@@ -15,7 +15,14 @@ import time
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
 from processor.kafka import clients as kafka
-from processor.runtime.membership import Assignment, FleetListener, FleetMembership, FleetRules, Subscription
+from processor.runtime.membership import (
+    Assignment,
+    FleetListener,
+    FleetMembership,
+    FleetRules,
+    Subscription,
+    group_coordinator,
+)
 from tests.integration.helpers import wait_for
 
 TOPICS = ("a", "b")       # two sub-topologies of 4 partitions each: 8 tasks
@@ -157,7 +164,7 @@ def test_three_members_balanced_cooperative_and_fenced(kafka_bootstrap, unique, 
 
         # a member without a generation (expelled, fenced) is in doubt: no group metadata for an
         # exactly-once commit (Kafka skips the fencing check for generation -1) until it rejoined
-        first.m.consumer._coordinator.reset_generation()
+        group_coordinator(first.m.consumer).reset_generation()
         assert first.m.in_doubt() and first.m.group_metadata() is None
         wait_for(lambda: not first.m.in_doubt() and settled(members, topics), 60, "the member rejoins")
         assert first.m.group_metadata() is not None
@@ -195,7 +202,7 @@ def test_a_revocation_longer_than_the_session_keeps_the_member(kafka_bootstrap, 
     group = f"fleet-slow-{unique}"
     slow = SlowRevoker(2 * SESSION_MS / 1000)
     first = Member(kafka_bootstrap, group, topics, "m1", slow)
-    slow.heartbeat = first.m.consumer._coordinator.heartbeat
+    slow.heartbeat = group_coordinator(first.m.consumer).heartbeat
     members = [first]
     try:
         wait_for(lambda: settled(members, topics), 60, "one member settles")
