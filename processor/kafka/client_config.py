@@ -60,7 +60,13 @@ JAVA_ONLY_IGNORED = ("key.serializer", "value.serializer", "key.deserializer", "
                      "basic.auth.user.info", "schema.registry.basic.auth.user.info",
                      "auto.register.schemas", "use.latest.version")
 
-_SECRET_PARTS = ("password", "secret", "jaas", "user.info", "token", "credential")
+# what a setting's name says when its value is a secret, or names one (a private key's file): every
+# setting librdkafka itself redacts in its configuration dump (``sasl.username`` too: a cloud API
+# key), the Schema Registry client's credentials, Java's JAAS text. ``tests/unit/test_secret_settings.py``
+# checks the rule against librdkafka's own list of sensitive settings and the registry client's names.
+_SECRET_PARTS = ("password", "passphrase", "secret", "jaas", "user.info", "username", "private",
+                 "oauthbearer.config", "custom.provider.config")
+_SECRET_ENDINGS = (".key", ".token", "key.pem", "key.location", "ssl.ca.pem")
 
 # keys of the common settings that configure the Schema Registry: Java's name -> the Python
 # client's (None: dropped, the Python client infers it); ``schema.registry.<key>`` -> ``<key>``
@@ -73,7 +79,7 @@ _REGISTRY_PREFIX = "schema.registry."
 def is_secret(key: str) -> bool:
     """Whether the value of ``key`` is a secret (passwords, keys, JAAS configs, tokens)."""
     k = key.lower()
-    return any(p in k for p in _SECRET_PARTS) or k.endswith((".key", ".key.pem", "key.pem"))
+    return any(p in k for p in _SECRET_PARTS) or k.endswith(_SECRET_ENDINGS)
 
 
 def redacted(settings: dict) -> dict:
