@@ -23,6 +23,9 @@ code  meaning                                                         raised as
       serialize or is too large; or an internal record is unreadable  OutputError, ProcessingError)
 7     a Kafka read or write failed at run time: outputs or changelogs  KafkaIOError (DeliveryFailed)
       not delivered, a restore or a read that failed or stalled
+8     the Schema Registry stayed unusable past the bound              SchemaRegistryUnavailable
+      (``outage.timeout.ms``): unreachable, timing out, answering
+      5xx or 429, or refusing the credentials (401/403)
 130   interrupted (SIGINT before the worker took over the signal)
 ====  ==============================================================  =============================
 """
@@ -85,6 +88,16 @@ class RecordError(ProcessorError):
         return err
 
 
+def is_operational(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of this package's errors that concerns no record (any
+    :class:`ProcessorError` but a :class:`RecordError`, e.g. :class:`SchemaRegistryUnavailable`).
+
+    Where a serde's failure becomes the record's (a ``DeserializationError`` or an
+    ``OutputError``, then the ``on_error`` policy), such an error is raised as it is instead.
+    """
+    return isinstance(exc, ProcessorError) and not isinstance(exc, RecordError)
+
+
 class SerializationError(RecordError):
     """A key or value could not be (de)serialized."""
 
@@ -123,6 +136,18 @@ class KafkaIOError(ProcessorError):
     delivered, a changelog restore or a read that failed or made no progress."""
 
     exit_code = 7
+
+
+class SchemaRegistryUnavailable(ProcessorError):
+    """The Schema Registry could not be used for longer than the bound (``outage.timeout.ms``,
+    ``processor/serde/registry.py``): unreachable, timing out, answering 5xx or 429, or refusing
+    the credentials (401/403). Not a record error: the record that met it is neither
+    dead-lettered nor skipped under any ``on_error`` policy, and nothing is committed past it;
+    the worker stops (the backfill fails) and reads it again once restarted. Like every
+    :class:`ProcessorError` that is not a :class:`RecordError`, the operators let it through
+    unwrapped."""
+
+    exit_code = 8
 
 
 class StateError(ProcessorError):

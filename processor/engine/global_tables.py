@@ -11,6 +11,7 @@ timestamp extractor fails on.
 
 from __future__ import annotations
 
+from processor.errors import is_operational
 from processor.operators.source import extract_event_time
 from processor.state.source_changelog import apply_table_record
 
@@ -24,7 +25,9 @@ def apply_global_record(store, spec, key_bytes, value_bytes, timestamp: int) -> 
         value = None if value_bytes is None else spec.value_serde.deserialize(value_bytes)
         if spec.timestamp_extractor is not None:   # the row's timestamp (same rule as a source's)
             timestamp = extract_event_time(spec.timestamp_extractor, key, value, timestamp, spec.name)
-    except Exception:
+    except Exception as exc:
+        if is_operational(exc):   # a registry outage: the record is not skipped, the host stops
+            raise
         return False
     apply_table_record(store, key_bytes, value_bytes, timestamp)
     return True

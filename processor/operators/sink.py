@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from processor import provenance
-from processor.errors import OutputError
+from processor.errors import OutputError, is_operational
 from processor.operators.base import Processor, describe_function
 
 
@@ -107,6 +107,8 @@ class Sink(Processor):
         try:
             kb = self.key_serde.serialize(key)
         except Exception as exc:
+            if is_operational(exc):   # not the record's (a registry outage): never rejects it
+                raise
             raise OutputError(f"key serialization with {self.key_serde!r} for topic "
                                      f"{self.topic!r} failed: {type(exc).__name__}: {exc}", step=self.name) from exc
         if self.passthrough and value is ctx.source_value and self.value_serde is ctx.source_value_serde:
@@ -115,6 +117,8 @@ class Sink(Processor):
             try:
                 vb = self.value_serde.serialize(value)
             except Exception as exc:
+                if is_operational(exc):
+                    raise
                 raise OutputError(f"value serialization with {self.value_serde!r} for topic "
                                          f"{self.topic!r} failed: {type(exc).__name__}: {exc}", step=self.name) from exc
         self.records_out += 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numbers
 
-from processor.errors import DeserializationError, UserFunctionError
+from processor.errors import DeserializationError, UserFunctionError, is_operational
 from processor.operators.base import Processor, describe_function
 from processor.records import Change
 from processor.state import timestamped
@@ -36,11 +36,15 @@ class StreamSource(Processor):
         try:
             key = self.key_serde.deserialize(key_bytes)
         except Exception as exc:
+            if is_operational(exc):   # not the record's (a registry outage): never rejects it
+                raise
             raise DeserializationError(f"key deserialization with {self.key_serde!r} failed: "
                                      f"{type(exc).__name__}: {exc}", step=self.name) from exc
         try:
             value = self.value_serde.deserialize(value_bytes)
         except Exception as exc:
+            if is_operational(exc):
+                raise
             raise DeserializationError(f"value deserialization with {self.value_serde!r} failed: "
                                      f"{type(exc).__name__}: {exc}", step=self.name) from exc
         return key, value

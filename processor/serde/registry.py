@@ -25,6 +25,20 @@ sources and sinks to their topics and its stores to their changelog topics
 (``Topology.for_application``); an unbound registry serde refuses to (de)serialize, so nothing
 silently uses the wrong subject or the wrong registry.
 
+Transient failures are not bad records (issue 47): when the registry cannot be used at all
+(unreachable, a request timing out, HTTP 5xx or 408, 429, or 401/403: the credentials refused), a
+(de)serialization does not fail the record: it waits the failure out, retrying with exponential
+back-off (0.5 s doubling to 5 s) for up to ``outage.timeout.ms`` (default 60000; a host registry
+setting: ``--schema-registry-config outage.timeout.ms=...`` or ``schema.registry.outage.timeout.ms``
+in ``--config``), counting each retry per kind (``retry_counts``: the worker's
+``processor_registry_retries_total{kind}``) and logging one warning per kind and outage. Past the
+bound it raises ``SchemaRegistryUnavailable`` (exit code 8), which is not a record error: the
+worker stops without committing past the record, the backfill fails. Only what the registry
+answers about the data itself is the record's: an unknown schema id (404), a writer schema that
+does not resolve into the reader's, bytes that are no frame or no Avro. The bound is measured from
+the first failure; the call in flight when it passes finishes first (the client library's own
+``max.retries`` and the request ``timeout``, default here 10 s where the library has none).
+
 Clients are made lazily, once per process per settings (``client_for``): a serde pickles by its
 settings (Spark executors reconnect), never by a client object. ``mock://`` URLs give the
 client library's in-memory registry, which lives in one process: every serde of this process
@@ -34,18 +48,39 @@ with the same ``mock://`` settings shares it, another process has its own (empty
 from __future__ import annotations
 
 import json
+import logging
 import threading
+import time
+from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
-from processor.errors import ConfigError
+from processor.errors import ConfigError, SchemaRegistryUnavailable
 from processor.serde import Serde, load_schema
 
-__all__ = ["RegistryAvroSerde", "client_for", "adopt_client", "SERDE_SETTINGS", "split_settings"]
+__all__ = ["RegistryAvroSerde", "client_for", "adopt_client", "SERDE_SETTINGS", "split_settings",
+           "failure_kind", "retry_counts", "DEFAULT_OUTAGE_TIMEOUT_MS", "DEFAULT_REQUEST_TIMEOUT_S"]
+
+log = logging.getLogger("processor.serde.registry")
 
 # settings of the serde (not of the registry client) that may come through the host's registry
 # configuration
-SERDE_SETTINGS = ("auto.register.schemas", "normalize.schemas")
+SERDE_SETTINGS = ("auto.register.schemas", "normalize.schemas", "outage.timeout.ms")
+
+# how long one (de)serialization waits out a registry that cannot be used before the host stops
+DEFAULT_OUTAGE_TIMEOUT_MS = 60_000
+# the registry client's request timeout where the settings give none (the client library's
+# default is none at all: a registry that accepts a connection and never answers would hang
+# the worker past any bound)
+DEFAULT_REQUEST_TIMEOUT_S = 10
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 5.0
+
+# the kinds of failure waited out (``failure_kind``), the label of the retry counter
+KINDS = ("unreachable", "timeout", "unavailable", "throttled", "unauthorized")
+_retries: dict[str, int] = dict.fromkeys(KINDS, 0)
+_warned: set[str] = set()
+_retry_lock = threading.Lock()
 
 _clients: dict[tuple, object] = {}
 _clients_lock = threading.Lock()
@@ -68,8 +103,93 @@ def client_for(conf: dict) -> Any:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = SchemaRegistryClient.new_client(dict(conf))
+            settings = dict(conf)
+            if not str(settings.get("url", "")).startswith("mock://"):
+                settings.setdefault("timeout", DEFAULT_REQUEST_TIMEOUT_S)
+            client = _clients[key] = SchemaRegistryClient.new_client(settings)
         return client
+
+
+def failure_kind(exc: BaseException) -> str | None:
+    """The kind of ``exc`` when it says the registry cannot be used now, else None.
+
+    ``unreachable`` (no answer: connection refused or reset, DNS, TLS: the HTTP client's
+    transport errors), ``timeout`` (its timeouts), ``unavailable`` (HTTP 5xx, 408),
+    ``throttled`` (429), ``unauthorized`` (401, 403, an OAuth token that cannot be fetched).
+    None: anything else, e.g. a 404 (unknown schema id, subject or version), 409 (incompatible)
+    or 422 (invalid schema), the registry's answer about the data.
+    """
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 4:
+        seen += 1
+        names = {c.__name__ for c in type(e).__mro__ if c.__module__.split(".")[0] in ("httpx", "httpx2")}
+        if "TimeoutException" in names:
+            return "timeout"
+        if "TransportError" in names:
+            return "unreachable"
+        status = getattr(e, "http_status_code", None)
+        if type(e).__name__ == "SchemaRegistryError" and isinstance(status, int):
+            if status in (401, 403):
+                return "unauthorized"
+            if status == 429:
+                return "throttled"
+            if status == 408 or status >= 500:
+                return "unavailable"
+            return None
+        if type(e).__name__ == "OAuthTokenError":
+            return "unauthorized"
+        e = e.__cause__
+    return None
+
+
+def retry_counts() -> dict[str, int]:
+    """Per kind of failure (``failure_kind``), the registry calls retried in this process.
+
+    A process-wide counter (every serde, every client): each call that failed and was tried again.
+    """
+    with _retry_lock:
+        return dict(_retries)
+
+
+def _count_retry(kind: str, url: str, exc: BaseException, what: Callable[[], str]) -> None:
+    """One retry of ``kind``: counted; logged if the first of its kind since the registry answered.
+
+    One warning per kind and outage, not one per record.
+    """
+    with _retry_lock:
+        _retries[kind] = _retries.get(kind, 0) + 1
+        first = kind not in _warned
+        _warned.add(kind)
+    if first:
+        log.warning("the Schema Registry at %s cannot be used (%s: %s) while %s: retrying with back-off "
+                    "(the record waits; outage.timeout.ms bounds the wait, then the worker stops)",
+                    url, kind, _describe_failure(exc), what())
+
+
+def _recovered(url: str, retried: int, waited_s: float) -> None:
+    with _retry_lock:
+        was = sorted(_warned)
+        _warned.clear()
+    if was:
+        log.warning("the Schema Registry at %s answers again (after %d retries, %.1f s; was: %s)",
+                    url, retried, waited_s, ", ".join(was))
+
+
+def _describe_failure(exc: BaseException) -> str:
+    if type(exc).__name__ == "SchemaRegistryError":
+        return f"HTTP {getattr(exc, 'http_status_code', '?')}: {getattr(exc, 'error_message', exc)}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _millis(value: object, name: str) -> int:
+    try:
+        ms = int(str(value).strip())
+    except ValueError:
+        ms = -1
+    if ms < 0:
+        raise ConfigError(f"{name} must be a whole number of milliseconds (0 or more), not {value!r}")
+    return ms
 
 
 def adopt_client(client: Any) -> dict:
@@ -134,20 +254,25 @@ class RegistryAvroSerde(Serde):
             self._reset()
             return
         self.raw_schema = load_schema(schema)
+        serde_settings: dict
         if isinstance(registry, str):
-            conf = {"url": registry}
+            conf, serde_settings = {"url": registry}, {}
         elif isinstance(registry, dict):
             conf = dict(registry)
+            serde_settings = {k: conf.pop(k) for k in ("outage.timeout.ms",) if k in conf}
             if "url" not in conf:
                 raise ValueError("a Schema Registry settings dict needs a 'url'")
         elif hasattr(registry, "config") and callable(registry.config):
             conf = adopt_client(registry)
+            serde_settings = {}
         else:
             raise TypeError(f"registry must be a URL, a dict of Schema Registry client settings or a "
                             f"SchemaRegistryClient, not {type(registry).__name__}")
         self.conf = conf
         self.auto_register = auto_register
         self.normalize = False
+        self.outage_timeout_ms = (_millis(serde_settings["outage.timeout.ms"], "outage.timeout.ms")
+                                  if "outage.timeout.ms" in serde_settings else DEFAULT_OUTAGE_TIMEOUT_MS)
         self.topic: str | None = None
         self.is_key = False
         self._reset()
@@ -165,7 +290,7 @@ class RegistryAvroSerde(Serde):
             topic: The topic.
             is_key: For the topic's keys (else its values).
             config: The host's Schema Registry settings (client settings, and
-                ``auto.register.schemas``/``normalize.schemas``).
+                ``auto.register.schemas``/``normalize.schemas``/``outage.timeout.ms``).
 
         Returns:
             This serde when nothing changes, else the bound copy.
@@ -177,11 +302,14 @@ class RegistryAvroSerde(Serde):
             auto = _flag(serde_settings["auto.register.schemas"], "auto.register.schemas")
         normalize = (_flag(serde_settings["normalize.schemas"], "normalize.schemas")
                      if "normalize.schemas" in serde_settings else self.normalize)
-        if (topic, is_key, conf, auto, normalize) == (self.topic, self.is_key, self.conf,
-                                                      self.auto_register, self.normalize):
+        outage = (_millis(serde_settings["outage.timeout.ms"], "outage.timeout.ms")
+                  if "outage.timeout.ms" in serde_settings else self.outage_timeout_ms)
+        if (topic, is_key, conf, auto, normalize, outage) == (self.topic, self.is_key, self.conf,
+                                                              self.auto_register, self.normalize,
+                                                              self.outage_timeout_ms):
             return self
         state = {**self.__getstate__(), "topic": topic, "is_key": is_key, "conf": conf,
-                 "auto_register": auto, "normalize": normalize}
+                 "auto_register": auto, "normalize": normalize, "outage_timeout_ms": outage}
         return RegistryAvroSerde(None, None, _bound=state)
 
     def check_settings(self) -> None:
@@ -218,9 +346,13 @@ class RegistryAvroSerde(Serde):
     def _schema_str(self) -> str:
         return json.dumps(self.raw_schema)
 
-    # -- the serde --------------------------------------------------------------------------------
+    # -- the serde ----------------------------------------------------------------------------------
     def serialize(self, value: Any) -> bytes | None:
-        """The framed Avro bytes of ``value``, registering its schema when allowed; None stays None."""
+        """The framed Avro bytes of ``value``, registering its schema when allowed; None stays None.
+
+        A registry that cannot be used is waited out (``outage.timeout.ms``), then
+        ``SchemaRegistryUnavailable``: not an output error (the input record is not rejected).
+        """
         if value is None:
             return None
         ser = self._serializer
@@ -236,17 +368,36 @@ class RegistryAvroSerde(Serde):
         try:
             return ser(value, self._context())
         except Exception as exc:
-            from confluent_kafka.schema_registry.error import SchemaRegistryError
-
-            if isinstance(exc, SchemaRegistryError):
-                how = ("registering it failed" if self.auto_register is not False
-                       else "it is not registered there and auto-registration is off for this output")
-                raise ValueError(f"schema {self._record_name()} under subject {self.subject!r} at "
-                                 f"{safe_url(self.conf['url'])}: {how} ({exc.error_message})") from exc
+            if failure_kind(exc) is None:
+                raise self._write_failure(exc) from exc
+            first = exc
+        try:
+            return self._wait_out(lambda: ser(value, self._context()), first, self._writing)
+        except SchemaRegistryUnavailable:
             raise
+        except Exception as exc:
+            raise self._write_failure(exc) from exc
+
+    def _write_failure(self, exc: Exception) -> Exception:
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        if isinstance(exc, SchemaRegistryError):
+            how = ("registering it failed" if self.auto_register is not False
+                   else "it is not registered there and auto-registration is off for this output")
+            return ValueError(f"schema {self._record_name()} under subject {self.subject!r} at "
+                              f"{safe_url(self.conf['url'])}: {how} ({exc.error_message})")
+        return exc
+
+    def _writing(self) -> str:
+        how = "registering" if self.auto_register is not False else "looking up"
+        return f"{how} schema {self._record_name()} under subject {self.subject!r}"
 
     def deserialize(self, data: bytes | None) -> Any:
-        """The record of framed Avro bytes, read from its writer's schema into ours; None stays None."""
+        """The record of framed Avro bytes, read from its writer's schema into ours; None stays None.
+
+        A registry that cannot be used is waited out (``outage.timeout.ms``), then
+        ``SchemaRegistryUnavailable``: not a deserialization error (the record is not rejected).
+        """
         if data is None:
             return None
         de = self._deserializer
@@ -259,7 +410,56 @@ class RegistryAvroSerde(Serde):
         try:
             return de(data, self._context())
         except Exception as exc:
+            if failure_kind(exc) is None:
+                raise ValueError(self._read_failure(data, exc)) from exc
+            first = exc
+        try:
+            return self._wait_out(lambda: de(data, self._context()), first, lambda: self._reading(data))
+        except SchemaRegistryUnavailable:
+            raise
+        except Exception as exc:
             raise ValueError(self._read_failure(data, exc)) from exc
+
+    def _reading(self, data: bytes) -> str:
+        sid = int.from_bytes(data[1:5], "big") if len(data) >= 5 and data[0] == 0 else None
+        writer = f"writer schema id {sid}" if sid is not None else "the writer schema"
+        return f"reading {writer} of a record of topic {self.topic!r} ({'key' if self.is_key else 'value'})"
+
+    def _wait_out(self, call: Callable[[], Any], exc: Exception, what: Callable[[], str]) -> Any:
+        """``call`` again, with exponential back-off, while the registry cannot be used.
+
+        While it fails so (``failure_kind``), for up to ``outage_timeout_ms`` from ``exc``, the
+        first failure; then ``SchemaRegistryUnavailable``. Anything else it raises is raised as
+        is (the registry answered about the data).
+        """
+        started = time.monotonic()
+        deadline = started + self.outage_timeout_ms / 1000
+        delay = FIRST_BACKOFF_S
+        url = safe_url(self.conf["url"])
+        kind = cast(str, failure_kind(exc))
+        retried = 0
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise SchemaRegistryUnavailable(
+                    f"the Schema Registry at {url} could not be used for {now - started:.1f} s "
+                    f"(outage.timeout.ms={self.outage_timeout_ms}, {retried} retries): {what()}: "
+                    f"{kind}, {_describe_failure(exc)}; stopping without committing the record "
+                    f"(it is read again after a restart)") from exc
+            _count_retry(kind, url, exc, what)
+            retried += 1
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, MAX_BACKOFF_S)
+            try:
+                result = call()
+            except Exception as again:
+                again_kind = failure_kind(again)
+                if again_kind is None:
+                    raise
+                exc, kind = again, again_kind
+                continue
+            _recovered(url, retried, time.monotonic() - started)
+            return result
 
     def _read_failure(self, data: bytes, exc: Exception) -> str:
         from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -271,7 +471,10 @@ class RegistryAvroSerde(Serde):
         writer = f"writer schema id {sid}" if sid is not None else "writer schema (by GUID)"
         where = safe_url(self.conf["url"])
         if isinstance(exc, SchemaRegistryError):
-            return f"{writer} not found in the registry at {where}: {exc.error_message}"
+            if exc.http_status_code == 404:
+                return f"{writer} not found in the registry at {where}: {exc.error_message}"
+            return (f"{writer}: the registry at {where} answered HTTP {exc.http_status_code} "
+                    f"(error code {exc.error_code}): {exc.error_message}")
         if type(exc).__name__ == "SchemaResolutionError":
             return (f"{writer} cannot be read into the reader schema {self._record_name()} "
                     f"(incompatible change): {exc}")
@@ -286,13 +489,14 @@ class RegistryAvroSerde(Serde):
     # -- identity, pickling -----------------------------------------------------------------------
     def _identity(self) -> tuple:
         return (json.dumps(self.raw_schema, sort_keys=True), _settings_key(self.conf), self.auto_register,
-                self.normalize, self.topic, self.is_key)
+                self.normalize, self.topic, self.is_key, self.outage_timeout_ms)
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("_serializer", "_deserializer", "_ctx")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("outage_timeout_ms", DEFAULT_OUTAGE_TIMEOUT_MS)
         self._reset()
 
     def __repr__(self) -> str:

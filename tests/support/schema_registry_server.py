@@ -24,6 +24,12 @@ What it serves (Confluent's paths, JSON shapes, status and error codes):
 - ``DELETE /subjects/{subject}`` (soft delete: the versions' ids stay readable by id);
 - ``GET /config`` and ``/config/{subject}``: ``{"compatibilityLevel": "NONE"}``.
 
+Outages, for the tests of what a registry that cannot be used does to its clients (issue 47):
+``down()`` closes the port (connections refused) and ``up()`` opens it again, the same port and
+the same schemas; ``fail_with(401)`` (or 403, 429, 503...) answers every request with that status
+and Confluent's error body until ``fail_with(None)``; ``delay_s`` holds every answer that long
+(a client's request timeout). A request answered so is recorded too.
+
 Schemas are identified by their canonical JSON (key order and whitespace ignored), a
 simplification of Confluent's Avro canonical form. Not implemented: compatibility checking
 (every version is accepted, as under ``NONE``), references, modes, contexts, metadata and rule
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -76,6 +83,9 @@ class SchemaRegistryServer:
         self._ids: dict[tuple, int] = {}            # (schemaType, canonical schema) -> id
         self._subjects: dict[str, list] = {}        # subject -> [{"version", "id", "deleted"}]
         self.requests: list[tuple[str, str]] = []
+        self.failure: tuple[int, int, str] | None = None   # (status, error code, message) of every answer
+        self.delay_s = 0.0
+        self._port = 0
         self._httpd = None
         self._thread = None
 
@@ -100,7 +110,11 @@ class SchemaRegistryServer:
                     except ValueError:
                         body = ValueError
                 registry.requests.append((method, parts.path))
+                if registry.delay_s:
+                    time.sleep(registry.delay_s)
                 try:
+                    if registry.failure is not None:
+                        raise _Error(*registry.failure)
                     if body is ValueError:
                         raise _Error(400, 400, "Unrecognized request body: not JSON")
                     status, payload = registry._handle(method, [unquote(p) for p in parts.path.strip("/").split("/")],
@@ -112,7 +126,10 @@ class SchemaRegistryServer:
                 self.send_header("Content-Type", CONTENT_TYPE)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):   # a client that gave up (its timeout)
+                    self.close_connection = True
 
             def do_GET(self):
                 self._serve("GET")
@@ -126,7 +143,8 @@ class SchemaRegistryServer:
             def do_DELETE(self):
                 self._serve("DELETE")
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
+        self._port = self._httpd.server_address[1]
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="schema-registry-server", daemon=True)
         self._thread.start()
@@ -134,8 +152,29 @@ class SchemaRegistryServer:
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._port}"
+
+    # -- outages ----------------------------------------------------------------------------------
+    def down(self) -> None:
+        """Close the port: every connection is refused until ``up()`` (the schemas are kept)."""
+        self.stop()
+
+    def up(self) -> None:
+        """Listen again, on the same port, with the same schemas."""
+        if self._httpd is None:
+            self.start()
+
+    def fail_with(self, status: int | None, code: int | None = None, message: str | None = None) -> None:
+        """Answer every request with HTTP ``status`` and Confluent's error body (``error_code``
+        ``code``, default the status; ``message``, default the status's reason), or, with None,
+        serve again."""
+        if status is None:
+            self.failure = None
+            return
+        reasons = {401: "Unauthorized", 403: "Forbidden", 429: "Too Many Requests", 500: "Internal Server Error",
+                   502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+        self.failure = (status, status if code is None else code,
+                        message if message is not None else reasons.get(status, f"HTTP {status}"))
 
     def stop(self) -> None:
         if self._httpd is not None:

@@ -16,6 +16,7 @@ from processor.errors import (
     ProcessingError,
     ProcessorError,
     RecordError,
+    SchemaRegistryUnavailable,
     SerializationError,
     StateDirLocked,
     StateError,
@@ -45,11 +46,11 @@ def test_exit_code_per_class():
                                            BrokerUnreachable, StateDirLocked, ChangelogMismatch,
                                            RecordError, ProcessingError, SerializationError,
                                            DeserializationError, UserFunctionError, OutputError,
-                                           KafkaIOError, DeliveryFailed)} == {
+                                           KafkaIOError, DeliveryFailed, SchemaRegistryUnavailable)} == {
         ProcessorError: 1, StateError: 1, ConfigError: 2, TopologyError: 2, BrokerUnreachable: 3,
         StateDirLocked: 4, ChangelogMismatch: 5, RecordError: 6, ProcessingError: 6,
         SerializationError: 6, DeserializationError: 6, UserFunctionError: 6, OutputError: 6,
-        KafkaIOError: 7, DeliveryFailed: 7}
+        KafkaIOError: 7, DeliveryFailed: 7, SchemaRegistryUnavailable: 8}
     assert not issubclass(KafkaIOError, ConfigError)   # a failed read at run time is not bad usage
     assert issubclass(BrokerUnreachable, ConfigError)
     assert issubclass(StateDirLocked, StateError) and issubclass(ChangelogMismatch, StateError)
@@ -71,6 +72,7 @@ def test_bad_module_attr_is_2(capsys):
     (ChangelogMismatch("task 0_1: local state at 10, changelog ends at 5"), 5),
     (ProcessingError("raised ValueError: bad\nvalue", topic="t", partition=0, offset=3, step="s"), 6),
     (KafkaIOError("task 0_1: 3 changelog record(s) failed delivery, first: t[0]: Broker: timed out"), 7),
+    (SchemaRegistryUnavailable("the Schema Registry at http://r:8081 could not be used for 60.2 s"), 8),
     (ProcessorError("something else"), 1),
 ])
 def test_main_returns_the_error_class_exit_code_on_one_line(monkeypatch, capsys, exc, code):
