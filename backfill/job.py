@@ -387,7 +387,7 @@ class BackfillJob:
         internal_counts = self.internal_counts = {t: n for t, (n, kind) in wanted.items() if kind != "changelog"}
         counts.update(internal_counts)
         dlq = self.dlq = dlq_topic_for(application_id)
-        startup_checks.create_dead_letter_topic(bootstrap_servers, on_error, dlq, counts, replication_factor)
+        startup_checks.ensure_dead_letter_topic(bootstrap_servers, on_error, dlq, counts, replication_factor)
         self.changelog_topics = topo.changelog_topic_partitions(counts)
 
     def take_snapshot(self) -> Snapshot:

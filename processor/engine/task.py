@@ -466,6 +466,11 @@ class Task:
         return self._dead_letters.dead_lettered
 
     @property
+    def dead_lettered_cut(self) -> int:
+        """Of the dead-lettered records, those sent as stubs (too large whole; dead_letters.py)."""
+        return self._dead_letters.cut
+
+    @property
     def skipped_poison(self) -> int:
         """Input records skipped under ``on_error='skip'``."""
         return self._dead_letters.skipped
@@ -555,7 +560,8 @@ class Task:
             for k, v in kept.items():
                 m[k] = m.get(k, 0) + v
         out["task"] = {"processed": self.processed, "dead_lettered": self.dead_lettered,
-                       "skipped_poison": self.skipped_poison, "duplicates_dropped": self.duplicates_dropped}
+                       "dead_lettered_cut": self.dead_lettered_cut, "skipped_poison": self.skipped_poison,
+                       "duplicates_dropped": self.duplicates_dropped}
         if self.enforced_processing or self.idle_waits or self.buffer_pauses:
             out["task"]["enforced_processing"] = self.enforced_processing
             out["task"]["idle_waits"] = self.idle_waits

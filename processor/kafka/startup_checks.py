@@ -1,7 +1,7 @@
 """The checks both hosts (the worker and the backfill) run before they read a record, written once.
 
 Invariant: a host that passes them reads topics that exist, co-partitioned topics with equal
-partition counts, and (under ``on_error="dlq"``) has a dead-letter topic to write to; a host that
+partition counts, and (under ``on_error="dlq"``) has a dead-letter topic it may write to; a host that
 fails them has changed nothing on the broker and stops with one ``ConfigError`` naming the topics
 and the application (exit code 2). Internal topics are created and checked by
 ``processor.kafka.internal_topics``; the hosts call the two in the same order.
@@ -37,16 +37,56 @@ def check_co_partitioning(topology: Any, partitions: Mapping[str, int | None]) -
                               f"partition counts ({listing}); they must be equal")
 
 
-def create_dead_letter_topic(cluster: Any, on_error: str, topic: str, partitions: Mapping[str, int],
+def ensure_dead_letter_topic(cluster: Any, on_error: str, topic: str, partitions: Mapping[str, int],
                              replication_factor: int | None) -> bool:
     """Under ``on_error="dlq"``: create the dead-letter ``topic`` (one partition; the internal
-    topics' replication factor, default min(3, brokers)) unless it is among ``partitions``.
-    Returns whether it was created."""
-    if on_error != "dlq" or topic in partitions:
+    topics' replication factor, default min(3, brokers)) unless it is among ``partitions``, then
+    check that this host may write to it (``check_dead_letter_topic_writable``). Returns whether
+    it was created."""
+    if on_error != "dlq":
         return False
     from processor.kafka import clients as kafka
     from processor.kafka import internal_topics
 
-    rf = replication_factor if replication_factor is not None else internal_topics.default_replication_factor(cluster)
-    kafka.create_topics(cluster, {topic: 1}, replication_factor=rf)
-    return True
+    created = topic not in partitions
+    if created:
+        rf = replication_factor if replication_factor is not None else \
+            internal_topics.default_replication_factor(cluster)
+        kafka.create_topics(cluster, {topic: 1}, replication_factor=rf)
+    check_dead_letter_topic_writable(cluster, on_error, topic)
+    return created
+
+
+def check_dead_letter_topic_writable(cluster: Any, on_error: str, topic: str, timeout_s: float = 15.0) -> None:
+    """Under ``on_error="dlq"``: refuse to start when the broker says this host may not write to
+    the dead-letter ``topic`` (its ACLs, as DescribeTopics' authorized operations report them,
+    KIP-430), so no input is read, let alone committed, that could not be dead-lettered. A broker
+    that does not report authorized operations (no authorizer, or an older broker) passes: a write
+    refused later fails its delivery, which stops the host before the input is committed."""
+    if on_error != "dlq":
+        return
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    from processor.kafka import clients as kafka
+
+    client = kafka.admin(cluster, "checking the dead-letter topic's permissions")
+
+    def describe():
+        future = client.describe_topics(TopicCollection([topic]), request_timeout=timeout_s,
+                                        include_authorized_operations=True)[topic]
+        try:
+            return future.result()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                raise ConfigError(f"the dead-letter topic {topic!r} on {cluster} refuses this application: not "
+                                  f"authorized to describe it; grant it WRITE and DESCRIBE there (--on-error dlq), "
+                                  f"or choose --on-error skip|fail") from None
+            raise
+    description = kafka.retry_transient(describe, f"describing the dead-letter topic {topic!r}", timeout_s=timeout_s)
+    operations = description.authorized_operations
+    if operations and AclOperation.WRITE not in operations and AclOperation.ALL not in operations:
+        raise ConfigError(f"the dead-letter topic {topic!r} on {cluster} refuses this application's writes "
+                          f"(its ACLs grant {', '.join(sorted(op.name for op in operations))}, not WRITE); grant "
+                          f"WRITE on it (--on-error dlq), or choose --on-error skip|fail")

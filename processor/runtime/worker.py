@@ -280,7 +280,7 @@ class Worker:
         created = internal_topics.create_missing(self.bootstrap_servers, wanted, parts,
                                                  self.replication_factor, self.topic_configs)
         internal_topics.warn_deleting_sources(self.bootstrap_servers, sorted(topo.reused_source_topics()))
-        startup_checks.create_dead_letter_topic(self.bootstrap_servers, self.on_error, self.dlq_topic, parts,
+        startup_checks.ensure_dead_letter_topic(self.bootstrap_servers, self.on_error, self.dlq_topic, parts,
                                                 self.replication_factor)
         if created:
             parts = {**parts, **{t: wanted[t][0] for t in created}}

@@ -13,7 +13,8 @@ Metric names (docs/operations.md "Metrics, health probes and interactive queries
 - ``processor_task_events_total{task, operator, event}``: every counter of every operator of
   every task (``records_in``, ``noop_updates_skipped``, ``emissions_deferred``,
   ``late_records_dropped``, ``stale_responses_dropped``, ...) and the task's own (operator
-  ``task``: ``processed``, ``dead_lettered``, ``skipped_poison``, ``duplicates_dropped``).
+  ``task``: ``processed``, ``dead_lettered`` (``dead_lettered_cut``: of them, sent as stubs),
+  ``skipped_poison``, ``duplicates_dropped``).
 - ``processor_tasks_rebuilt_total``: exactly once, tasks closed without their uncommitted state
   and rebuilt from their changelogs after an aborted transaction (a healthy worker's cooperative
   rebalance rebuilds none).

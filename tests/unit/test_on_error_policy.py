@@ -242,9 +242,24 @@ def test_a_dead_letter_record_over_the_limit_keeps_short_texts_or_fails_loudly()
     assert h["__streams.errors.message"] == hf["__streams.errors.message"][:512]
     assert (h["__streams.errors.topic"], h["__streams.errors.offset"]) == (b"items", b"0")
     assert _wire_size(short.key, short.value, short.headers) <= size - 1
+    # too large even with short texts: a stub, its value cut, saying so
+    d = raising_run(1500)
+    [stub] = d.read_output("app-dlq")
+    d.close()
+    assert d.tasks[0].dead_lettered_cut == 1
+    raw = dict(stub.headers)
+    assert _wire_size(stub.key, stub.value, stub.headers) <= 1500
+    assert raw["__streams.errors.stacktrace"] == h["__streams.errors.stacktrace"]
+    assert (raw["__streams.errors.topic"], raw["__streams.errors.offset"]) == (b"items", b"0")
+    value_bytes = len(full.value) if isinstance(full.value, bytes) else None
+    assert raw["processor.errors.truncated"].startswith(b"key=1/1;value=")
+    assert raw["processor.errors.truncated"].endswith(b"headers=0/0")
+    kept, length = map(int, raw["processor.errors.truncated"].split(b";")[1][len(b"value="):].split(b"/"))
+    assert 0 < kept < length and (value_bytes is None or length == value_bytes)
+    # a limit that leaves no room even for the dead-letter headers: loud
     with pytest.raises(OutputError, match=r"record items\[0\]@0, step KTABLE-FILTER-0000000001: cannot "
-                                          r"dead-letter this record"):
-        raising_run(1500)
+                                          r"dead-letter this record: message.max.bytes \(1100\) leaves no room"):
+        raising_run(1100)
 
 
 def test_internal_records_queued_behind_the_outbox_are_size_checked_too():
