@@ -24,6 +24,10 @@ Metric names (docs/operations.md "Metrics, health probes and interactive queries
   task's position, per assigned input partition.
 - ``processor_restore_remaining_records{task}``, ``processor_restore_restored_records{task}``
   and ``processor_restore_rate_records_per_second``: the restore under way (none: no series).
+- ``processor_registry_retries_total{kind}``: Schema Registry calls that failed because the
+  registry could not be used and were tried again (``unreachable``, ``timeout``,
+  ``unavailable``, ``throttled``, ``unauthorized``; ``processor/serde/registry.py``): read live,
+  while the main loop waits an outage out.
 - ``processor_commit_latency_seconds`` (histogram): one commit unit, flush to local batch.
 - ``processor_last_commit_age_seconds``, ``processor_main_loop_age_seconds``.
 - ``processor_assigned_tasks``, ``processor_restoring_tasks``, ``processor_ready`` (0/1).
@@ -131,6 +135,14 @@ class _SnapshotCollector:
         if m.last_commit_at is not None:
             commit_age.add_metric([], now - m.last_commit_at)
         yield commit_age
+        from processor.serde.registry import retry_counts
+
+        registry_retries = CounterMetricFamily("processor_registry_retries",
+                                               "Schema Registry calls retried because the registry could not "
+                                               "be used, per kind of failure", labels=["kind"])
+        for kind, v in retry_counts().items():
+            registry_retries.add_metric([kind], v)
+        yield registry_retries
         s = m.snapshot
         if s is None:
             return

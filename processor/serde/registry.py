@@ -36,8 +36,10 @@ bound it raises ``SchemaRegistryUnavailable`` (exit code 8), which is not a reco
 worker stops without committing past the record, the backfill fails. Only what the registry
 answers about the data itself is the record's: an unknown schema id (404), a writer schema that
 does not resolve into the reader's, bytes that are no frame or no Avro. The bound is measured from
-the first failure; the call in flight when it passes finishes first (the client library's own
-``max.retries`` and the request ``timeout``, default here 10 s where the library has none).
+the first failure; the call in flight when it passes finishes first (its request ``timeout``:
+10 s unless set, where the client library has none). The client library's own retries
+(``max.retries``, its default 3 with random waits of up to 1, 2, 4 s) are off unless set: the
+serde's are the one layer, counted and bounded.
 
 Clients are made lazily, once per process per settings (``client_for``): a serde pickles by its
 settings (Spark executors reconnect), never by a client object. ``mock://`` URLs give the
@@ -71,7 +73,7 @@ SERDE_SETTINGS = ("auto.register.schemas", "normalize.schemas", "outage.timeout.
 DEFAULT_OUTAGE_TIMEOUT_MS = 60_000
 # the registry client's request timeout where the settings give none (the client library's
 # default is none at all: a registry that accepts a connection and never answers would hang
-# the worker past any bound)
+# the worker past any bound); and its own retries are off where the settings do not ask for them
 DEFAULT_REQUEST_TIMEOUT_S = 10
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 5.0
@@ -106,6 +108,9 @@ def client_for(conf: dict) -> Any:
             settings = dict(conf)
             if not str(settings.get("url", "")).startswith("mock://"):
                 settings.setdefault("timeout", DEFAULT_REQUEST_TIMEOUT_S)
+                # one layer of retries, the serde's (counted, bounded by outage.timeout.ms), unless
+                # the settings ask for the client library's own as well
+                settings.setdefault("max.retries", 0)
             client = _clients[key] = SchemaRegistryClient.new_client(settings)
         return client
 
@@ -163,7 +168,7 @@ def _count_retry(kind: str, url: str, exc: BaseException, what: Callable[[], str
         _warned.add(kind)
     if first:
         log.warning("the Schema Registry at %s cannot be used (%s: %s) while %s: retrying with back-off "
-                    "(the record waits; outage.timeout.ms bounds the wait, then the worker stops)",
+                    "(the record waits; past outage.timeout.ms the worker stops, the backfill fails)",
                     url, kind, _describe_failure(exc), what())
 
 

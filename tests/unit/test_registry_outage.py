@@ -202,3 +202,13 @@ def test_a_global_table_does_not_skip_a_record_that_met_an_outage():
 
     with pytest.raises(SchemaRegistryUnavailable):
         apply_global_record({}, Spec, b"k", b"v", 1)
+
+
+def test_the_retries_are_a_metric_of_the_worker():
+    from processor.runtime.worker_metrics import WorkerMetrics
+
+    family = [f for f in WorkerMetrics().registry.collect() if f.name == "processor_registry_retries"]
+    assert len(family) == 1
+    samples = {s.labels["kind"]: s.value for s in family[0].samples if s.name.endswith("_total")}
+    assert samples == {k: float(v) for k, v in retry_counts().items()}
+    assert set(samples) == {"unreachable", "timeout", "unavailable", "throttled", "unauthorized"}
