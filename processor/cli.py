@@ -149,7 +149,23 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--http-port", type=int, default=None, metavar="PORT",
                    help="serve /metrics (Prometheus), /healthz, /readyz and interactive queries "
                         "(/stores/<store>/<key>) on this port (default: off; 0: any free port)")
-    r.add_argument("--http-host", default="0.0.0.0", help="the address --http-port listens on (default: 0.0.0.0)")
+    r.add_argument("--http-host", default=None,
+                   help="the address --http-port listens on (default: 127.0.0.1; 0.0.0.0 when --application-server "
+                        "names a host that is not a loopback one)")
+    r.add_argument("--http-tls-cert", default=None, metavar="PEM",
+                   help="serve HTTPS with this certificate (chain), with --http-tls-key")
+    r.add_argument("--http-tls-key", default=None, metavar="PEM", help="the private key of --http-tls-cert")
+    r.add_argument("--http-tls-client-ca", default=None, metavar="PEM",
+                   help="mutual TLS: a client certificate that chains to these CAs authenticates /stores and "
+                        "/metadata requests (the probes need none)")
+    r.add_argument("--http-tls-ca", default=None, metavar="PEM",
+                   help="the CAs other workers' certificates are checked against when this worker forwards a "
+                        "query to them (default: the system's)")
+    r.add_argument("--http-auth-token-file", default=None, metavar="FILE",
+                   help="/stores and /metadata require 'Authorization: Bearer <the token in FILE>' (or a client "
+                        "certificate with --http-tls-client-ca); workers forward queries with it")
+    r.add_argument("--http-metrics-auth", action="store_true",
+                   help="/metrics requires the same credentials (default: open, as /healthz and /readyz always are)")
     r.add_argument("--health-timeout-s", type=float, default=60.0, metavar="S",
                    help="/healthz answers 503 when the main loop has not iterated for S seconds (default: 60)")
     fl = r.add_argument_group("fleet", "several workers of one application (docs/fleet.md)")
@@ -289,6 +305,16 @@ def streams_config_from_args(args: argparse.Namespace, clients: ClientConfig) ->
                          **topic_settings_from_args(args), **extra)
 
 
+def http_security_from_args(args: argparse.Namespace):
+    """The ``HTTPSecurity`` of ``processor run``'s ``--http-tls-*``/``--http-auth-*`` flags (files
+    read and checked here: a ``ConfigError``, exit code 2, before anything else starts)."""
+    from processor.runtime.http_security import HTTPSecurity
+
+    return HTTPSecurity(tls_cert=args.http_tls_cert, tls_key=args.http_tls_key, tls_client_ca=args.http_tls_client_ca,
+                        tls_ca=args.http_tls_ca, auth_token_file=args.http_auth_token_file,
+                        metrics_auth=args.http_metrics_auth)
+
+
 def client_config_from_args(args):
     """The ClientConfig of the parsed arguments; fills ``args.bootstrap_servers`` from a config
     file's ``bootstrap.servers`` when the flag is absent (and refuses two different ones)."""
@@ -422,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                             config=streams_config_from_args(args, config),
                             startup_timeout_s=args.startup_timeout_s,
                             static_membership=args.static_membership, http_port=args.http_port,
-                            http_host=args.http_host, health_timeout_s=args.health_timeout_s)
+                            http_host=args.http_host, health_timeout_s=args.health_timeout_s,
+                            http_security=http_security_from_args(args))
             worker.run()
             logging.getLogger("processor.worker").info(
                 "stopped after %d records; fetch gaps read again: %d, accepted: %d; counters: %s",

@@ -1,5 +1,8 @@
 """The worker's HTTP endpoint (``processor run --http-port P``; off by default), on the standard
-library's ``ThreadingHTTPServer`` in a daemon thread.
+library's ``ThreadingHTTPServer`` in a daemon thread: a thread per connection, a listen backlog of
+``BACKLOG``, each connection closed after ``CONNECTION_TIMEOUT_S`` without a request, TLS
+handshakes on the connection's thread (never on the accepting one). Who may read which route,
+over TLS or not, and the address it binds: ``processor/runtime/http_security.py``.
 
 Routes:
 - ``GET /metrics``: Prometheus text format (``processor/runtime/worker_metrics.py``).
@@ -10,16 +13,20 @@ Routes:
 - ``GET /stores/<store>/<key>``: ``{"key", "value", "timestamp", "partition", "task"}`` (404 with
   ``{"error", "partition", "task"}`` when another worker owns the key's partition; 404 without a
   partition for a key this worker owns but has no row for; 503 while its task restores).
-  ``GET /stores/<store>?prefix=P&limit=N``: ``{"entries": [...]}`` from every local task of the
-  store. Keys in the path are text: a string-keyed store takes them as they are, any other
-  store parses them as JSON (``/stores/counts/42``). A Processor API window or session store
+  ``GET /stores/<store>?prefix=P&limit=N&after=C``: ``{"entries": [...], "next": C2}`` from every
+  local task of the store: at most N entries (default ``DEFAULT_LIMIT``; a larger N than
+  ``MAX_LIMIT`` is cut to it), in partition order; ``next`` (absent on the last page) is the
+  ``after`` of the next page (``interactive_queries.Cursor``). Keys in the path are text: a
+  string-keyed store takes them as they are, any other store parses them as JSON
+  (``/stores/counts/42``). A Processor API window or session store
   answers a key with ``{"key", "windows": [...], "partition", "task"}`` (its live windows).
 - ``GET /metadata/<store>/<key>``: ``{"active", "standbys", "partition", "task"}``, which
   servers hold the key (``StoreView.metadata``).
 
 Queries across the fleet (``worker.fleet_map`` from the group's assignment, each member's
 ``--application-server``):
-- A key whose task this worker does not run is forwarded, once, to the server the fleet map
+- A key whose task this worker does not run is forwarded, once (with this worker's credentials:
+  ``http_security.py`` invariant 3), to the server the fleet map
   names as its task's active (the request carries ``X-Processor-Forwarded: 1``; a forwarded
   request is never forwarded again: a worker asked for a key it does not run answers 503, the task
   moving between workers): the owner's status and body are
@@ -33,15 +40,23 @@ Queries across the fleet (``worker.fleet_map`` from the group's assignment, each
   and restores it), the task's standbys are asked in turn: 503 only when no copy answers. A worker
   that knows no fleet (an empty fleet map: no member set ``--application-server``) forwards
   nothing and scans its own tasks only, as above.
-- A prefix scan asks every server of the fleet map for its own tasks (forwarded requests) and
-  merges the answers in partition order, each partition's entries in the order its server
-  returned them, cut at ``limit``; a partition is taken from the first server that returns it
+- A prefix scan asks every server of the fleet map for the same page of its own tasks (forwarded
+  requests; each answer names the cursor of each entry) and merges the answers in partition
+  order, each partition's entries in the order its server returned them, up to the first
+  partition where a server's page ended (past it that server's entries are on its next page),
+  cut at ``limit``, ``next`` the cursor of the last entry; a partition is taken from the first server that returns it
   (this worker first), so no key comes twice. A server that does not answer 200 makes the
   whole answer 503 naming it, never a silently partial one, and so does a partition no server
   read (each answer names the partitions its server runs: a task restoring or between two
   owners is in none); ``?partial=true`` answers with what came, ``"missing": [servers]`` and
   ``"missing_partitions": [partitions]``. A global store's scan is answered here (every worker
   holds it whole).
+
+Every answer is JSON (but ``/metrics``), errors too, whatever the status or the method (405 for
+any but GET), with no server version; a request target is read as UTF-8 (raw or
+percent-encoded; 400 when it is not UTF-8, 414 past ``MAX_TARGET`` characters); a request with a
+body is 413. Log lines name a request target by its first ``LOGGED_TARGET_CHARS`` characters,
+escaped; a client that goes away mid-answer is one DEBUG line, never a traceback.
 
 Every answer carries ``X-Processor-Instance``: a random id of this endpoint, made when it starts.
 ``check_advertised`` uses it: once the endpoint listens, a worker given
@@ -67,21 +82,36 @@ import json
 import logging
 import math
 import socket
+import ssl
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from processor.config import check_application_server
-from processor.errors import ConfigError
-from processor.runtime.interactive_queries import DEFAULT_LIMIT, KeyNotHosted, QueryError, StoreNotReady, StoreView
+from processor.errors import ConfigError, ProcessorError
+from processor.runtime.http_security import LOOPBACK, NO_SECURITY, HTTPSecurity
+from processor.runtime.interactive_queries import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    Cursor,
+    KeyNotHosted,
+    QueryBusy,
+    QueryError,
+    StoreNotReady,
+    StoreView,
+)
 from processor.serde import StringSerde
 
 if TYPE_CHECKING:
@@ -95,6 +125,12 @@ FORWARD_TIMEOUT_S = 5.0               # how long a worker waits for another's an
 INSTANCE = "X-Processor-Instance"     # on every answer: the id of the endpoint that answered
 PROBE_TIMEOUT_S = 5.0                 # how long the probe of the advertised address waits
 ROUTES = "/metrics /healthz /readyz /stores/<store>/<key> /metadata/<store>/<key>"
+BACKLOG = 128                 # connections the kernel queues before the server accepts them
+CONNECTION_TIMEOUT_S = 30.0   # a connection's socket timeout: an idle or slow client's thread ends
+HANDSHAKE_TIMEOUT_S = 10.0    # a TLS handshake's
+MAX_TARGET = 8192             # characters of a request target (414 past it)
+LOGGED_TARGET_CHARS = 200     # characters of a request target a log line shows
+OPEN_ROUTES = ("healthz", "readyz")
 
 
 class PeerUnanswered(Exception):
@@ -106,40 +142,108 @@ class PeerUnanswered(Exception):
         self.reason = reason
 
 
-def ask_peer(server: str, path: str) -> tuple[int, dict]:
+class HTTPRefusal(Exception):
+    """A request answered with an error status before it reaches a route (a bad target, no or
+    wrong credentials)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A request target, decoded: the route (``stores``, ``healthz``...; the path's first
+    segment), the store and key text of ``/stores`` and ``/metadata`` (percent-decoded; a key
+    may hold ``/``), the query's parameters."""
+
+    path: str
+    route: str
+    store: str | None
+    key: str | None
+    query: dict[str, list[str]]
+
+
+def parse_target(raw: str) -> Target:
+    """``raw``, the request target as ``http.server`` gives it (its bytes read as Latin-1), read
+    as UTF-8: raw bytes and percent-escapes alike; ``HTTPRefusal`` 400 when it is not UTF-8,
+    414 when it is longer than ``MAX_TARGET``."""
+    if len(raw) > MAX_TARGET:
+        raise HTTPRefusal(414, f"the request target has {len(raw)} characters, more than {MAX_TARGET}")
+    try:
+        text = raw.encode("latin-1").decode("utf-8")
+        url = urlsplit(text)
+        query = parse_qs(url.query, errors="strict")
+        path = url.path.rstrip("/") or "/"
+        parts = path.split("/", 3)   # "", route, store, key
+        route = parts[1] if len(parts) > 1 else ""
+        store = key = None
+        if route in ("stores", "metadata") and len(parts) > 2:
+            store = unquote(parts[2], errors="strict")
+            key = unquote(parts[3], errors="strict") if len(parts) > 3 and parts[3] else None
+    except (UnicodeError, ValueError) as exc:
+        raise HTTPRefusal(400, f"the request target is not UTF-8 text ({type(exc).__name__})") from None
+    return Target(path, route, store, key, query)
+
+
+def loggable(text: str, limit: int = LOGGED_TARGET_CHARS) -> str:
+    """``text`` for a log line: its first ``limit`` characters, non-printable and non-ASCII ones
+    escaped, and how long it was when it was cut."""
+    shown = ascii(text[:limit])[1:-1]
+    return shown if len(text) <= limit else f"{shown}... ({len(text)} characters)"
+
+
+def encode_json(obj) -> bytes:
+    """An answer's body: orjson's (a 10,000-entry page holds the GIL ~7x less long than the
+    standard library's encoder, which the probes' threads wait for), the standard library's for
+    what orjson refuses (an integer past 64 bits); ``repr`` of what neither encodes."""
+    try:
+        return orjson.dumps(obj, default=repr, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
+    except (TypeError, orjson.JSONEncodeError):
+        return (json.dumps(obj, default=repr) + "\n").encode()
+
+
+def ask_peer(server: str, path: str, security: HTTPSecurity = NO_SECURITY) -> tuple[int, dict]:
     """``(status, JSON body)`` of ``GET path`` on worker ``server`` (``host:port``), asked as a
-    forwarded request; ``PeerUnanswered`` when it cannot be reached, times out or answers
-    something that is not a JSON object."""
-    req = urllib.request.Request(f"http://{server}{path}", headers={FORWARDED: "1"})
+    forwarded request with this worker's credentials (``http_security.py`` invariant 3);
+    ``PeerUnanswered`` when it cannot be reached, times out or answers something that is not a
+    JSON object."""
+    req = urllib.request.Request(f"{security.scheme}://{server}{path}",
+                                 headers={FORWARDED: "1", **security.peer_headers()})
     try:
         try:
-            with urllib.request.urlopen(req, timeout=FORWARD_TIMEOUT_S) as r:
+            with urllib.request.urlopen(req, timeout=FORWARD_TIMEOUT_S, context=security.client_context) as r:
                 status, raw = r.status, r.read()
         except urllib.error.HTTPError as e:
             status, raw = e.code, e.read()
         body = json.loads(raw)
-    except (OSError, ValueError) as exc:   # refused, timed out, reset; a body that is not JSON
-        raise PeerUnanswered(server, f"{type(exc).__name__}: {exc}") from None
+    except (OSError, ValueError) as exc:   # refused, timed out, reset, TLS; a body that is not JSON
+        reason = getattr(exc, "reason", exc)
+        raise PeerUnanswered(server, f"{type(reason).__name__}: {reason}") from None
     if not isinstance(body, dict):
         raise PeerUnanswered(server, f"a {type(body).__name__} instead of a JSON object")
     return status, body
 
 
-def probe_application_server(server: str, instance: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+def probe_application_server(server: str, instance: str, timeout_s: float = PROBE_TIMEOUT_S,
+                             security: HTTPSecurity = NO_SECURITY) -> str | None:
     """Why ``server`` (``host:port``) does not reach the endpoint whose id is ``instance``, or
     None when it does: ``GET /healthz`` there must answer with ``X-Processor-Instance: instance``
-    (any status: the probe is about the address, not the worker's health)."""
+    (any status: the probe is about the address, not the worker's health); over TLS, with a
+    certificate the other workers accept (``security.client_context``)."""
     host, port = check_application_server(server)
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
         return f"host {host!r} does not resolve ({exc})"
     try:
-        with urllib.request.urlopen(f"http://{server}/healthz", timeout=timeout_s) as r:
+        with urllib.request.urlopen(f"{security.scheme}://{server}/healthz", timeout=timeout_s,
+                                    context=security.client_context) as r:
             status, got = r.status, r.headers.get(INSTANCE)
     except urllib.error.HTTPError as e:
         status, got = e.code, e.headers.get(INSTANCE)
-    except (OSError, ValueError) as exc:   # refused, timed out, reset, not HTTP
+    except (OSError, ValueError) as exc:   # refused, timed out, reset, not HTTP, a certificate refused
         reason = getattr(exc, "reason", exc)
         return f"no HTTP answer ({type(reason).__name__}: {reason})"
     if got is None:
@@ -162,7 +266,7 @@ def check_advertised(server: str | None, endpoint: WorkerHTTPEndpoint | None) ->
 
     def probe() -> None:
         try:
-            why = probe_application_server(server, endpoint.instance)
+            why = probe_application_server(server, endpoint.instance, security=endpoint.security)
         except Exception as exc:   # never the worker's concern beyond this line
             why = f"the probe failed ({type(exc).__name__}: {exc})"
         if why is None:
@@ -177,24 +281,56 @@ def check_advertised(server: str | None, endpoint: WorkerHTTPEndpoint | None) ->
     return t
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = BACKLOG
+    daemon_threads = True
+    tls_context: ssl.SSLContext | None = None
+
+    def process_request_thread(self, request, client_address):
+        if self.tls_context is not None:   # the handshake on this connection's thread
+            try:
+                request.settimeout(HANDSHAKE_TIMEOUT_S)
+                request = self.tls_context.wrap_socket(request, server_side=True)
+            except OSError as exc:   # (ssl.SSLError too) a client that is not TLS, a certificate refused
+                log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+                self.shutdown_request(request)
+                return
+        super().process_request_thread(request, client_address)
+
+    def handle_error(self, request, client_address):
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):   # a client gone mid-answer, a timeout: no traceback
+            log.debug("HTTP connection from %s ended: %s: %s", client_address[0], type(exc).__name__, exc)
+        else:
+            log.warning("HTTP connection from %s failed", client_address[0], exc_info=True)
+
+
 class WorkerHTTPEndpoint:
-    def __init__(self, worker: Worker, port: int, host: str = "0.0.0.0",
-                 health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S):
+    def __init__(self, worker: Worker, port: int, host: str = LOOPBACK,
+                 health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S, security: HTTPSecurity | None = None):
         self.worker = worker
         self.instance = uuid.uuid4().hex   # X-Processor-Instance of every answer
         self.health_timeout_s = health_timeout_s
+        self.security = security or NO_SECURITY
+        self.host = host
         handler = type("Handler", (_Handler,), {"endpoint": self})
         try:
-            self.server = ThreadingHTTPServer((host, port), handler)
+            self.server = _Server((host, port), handler)
         except OSError as exc:
             raise ConfigError(f"--http-port {port}: cannot listen on {host}:{port}: {exc}") from None
-        self.server.daemon_threads = True
+        self.server.tls_context = self.security.server_context
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, name="processor-http", daemon=True)
 
     def start(self) -> WorkerHTTPEndpoint:
         self._thread.start()
-        log.info("HTTP endpoint on port %d: %s", self.port, ROUTES)
+        sec = self.security
+        log.info("HTTP endpoint on %s://%s:%d: %s (/stores and /metadata: %s; /metrics: %s)", sec.scheme, self.host,
+                 self.port, ROUTES, "token or client certificate" if sec.authenticates else "open",
+                 "authenticated" if sec.metrics_auth else "open")
+        warning = sec.exposure_warning(self.host, self.port)
+        if warning:
+            log.warning("%s", warning)
         return self
 
     def stop(self) -> None:
@@ -210,69 +346,134 @@ class WorkerHTTPEndpoint:
 class _Handler(BaseHTTPRequestHandler):
     endpoint: WorkerHTTPEndpoint
     protocol_version = "HTTP/1.1"
+    timeout = CONNECTION_TIMEOUT_S
+    server_version = "processor"
+    sys_version = ""
 
-    def log_message(self, fmt, *args):   # access log at debug level, not on stderr
-        log.debug("%s " + fmt, self.address_string(), *args)
+    def version_string(self) -> str:   # no library or Python version in the Server header
+        return self.server_version
 
+    # -- logs: through the project's logging, the target cut and escaped -----------------------
+    def log_request(self, code="-", size="-"):
+        log.debug("%s %s %s %s", self.client_address[0], self.command, loggable(getattr(self, "path", "")),
+                  getattr(code, "value", code))
+
+    def log_error(self, format, *args):   # (http.server: timeouts, bad request lines)
+        log.debug("%s %s", self.client_address[0], loggable(format % args))
+
+    def log_message(self, format, *args):
+        log.debug("%s %s", self.client_address[0], loggable(format % args))
+
+    # -- answers -------------------------------------------------------------------------------
     def _send(self, status: int, body: bytes, content_type: str = "application/json",
               headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header(INSTANCE, self.endpoint.instance)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header(INSTANCE, self.endpoint.instance)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        except OSError as exc:   # the client went away mid-answer
+            self.close_connection = True
+            log.debug("%s went away before its answer (%s %s): %s: %s", self.client_address[0], status,
+                      loggable(self.path), type(exc).__name__, exc)
 
     def _json(self, status: int, obj, headers: dict[str, str] | None = None) -> None:
-        self._send(status, (json.dumps(obj, default=repr) + "\n").encode(), headers=headers)
+        self._send(status, encode_json(obj), headers=headers)
+
+    def send_error(self, code, message=None, explain=None):
+        """Every error http.server answers itself (a bad request line, an unknown method...) as
+        JSON; an unknown method is 405."""
+        command = getattr(self, "command", None)
+        if code == HTTPStatus.NOT_IMPLEMENTED and command:
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {command} not allowed: GET only"
+        message = None if message is None else loggable(message)   # (http.server's quote the request line)
+        self.log_error("code %d, message %s", int(code), message)
+        self.close_connection = True
+        if not hasattr(self, "path"):
+            self.path = ""
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":   # a request line not understood
+            self.request_version = self.protocol_version                 # (a status line and headers anyway)
+        status = HTTPStatus(code)
+        headers = {"Allow": "GET"} if status == HTTPStatus.METHOD_NOT_ALLOWED else None
+        self._json(status.value, {"error": message or status.phrase}, headers)
+
+    def _not_allowed(self):
+        self.send_error(HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command} not allowed: GET only")
+
+    do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed
+
+    def _authorize(self) -> None:
+        get_cert = getattr(self.connection, "getpeercert", None)
+        refused = self.endpoint.security.refusal(self.headers.get("Authorization"),
+                                                 bool(get_cert()) if get_cert is not None else False)
+        if refused is not None:
+            status, why = refused
+            raise HTTPRefusal(status, why, {"WWW-Authenticate": 'Bearer realm="processor"'} if status == 401 else None)
 
     def do_GET(self):
         ep = self.endpoint
-        url = urlsplit(self.path)
-        path = url.path.rstrip("/") or "/"
         try:
-            if path == "/metrics":
+            if self.headers.get("Transfer-Encoding") or int(self.headers.get("Content-Length") or 0) > 0:
+                self.close_connection = True   # (its body is never read)
+                raise HTTPRefusal(413, "a GET request takes no body")
+            target = parse_target(self.path)
+            route = target.route
+            if route in ("stores", "metadata") or (route == "metrics" and ep.security.metrics_auth):
+                self._authorize()   # (the probes are always open: OPEN_ROUTES)
+            if target.path == "/metrics":
                 self._send(200, generate_latest(ep.worker.metrics_registry), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
+            elif target.path == "/healthz":
                 ok, age = ep.healthy()
                 self._json(200 if ok else 503, {"status": "ok" if ok else "main loop stuck",
                                                 # up: a 503 never shows the timeout itself
                                                 "main_loop_age_s": math.ceil(age * 1000) / 1000,
                                                 "timeout_s": ep.health_timeout_s})
-            elif path == "/readyz":
+            elif target.path == "/readyz":
                 ok, age = ep.healthy()
                 ready = ok and ep.worker.ready()
                 restoring = ep.worker.metrics_state.snapshot or {}
                 self._json(200 if ready else 503, {
                     "status": "ready" if ready else ("main loop stuck" if not ok else "not ready"),
                     "restoring": sorted((restoring.get("restore") or {}).keys())})
-            elif path.startswith("/stores/"):
-                self._store(path[len("/stores/"):], parse_qs(url.query))
-            elif path.startswith("/metadata/"):
-                name, _, key_text = path[len("/metadata/"):].partition("/")
-                view = StoreView(ep.worker, unquote(name))
-                if not key_text:
-                    raise QueryError(f"/metadata/{name}: no key (GET /metadata/<store>/<key>)")
-                self._json(200, dataclasses.asdict(view.metadata(_key(view, key_text))))
+            elif route == "stores" and target.store is not None:
+                self._store(target)
+            elif route == "metadata" and target.store is not None:
+                view = StoreView(ep.worker, target.store)
+                if target.key is None:
+                    raise QueryError(f"/metadata/{target.store}: no key (GET /metadata/<store>/<key>)")
+                self._json(200, dataclasses.asdict(view.metadata(_key(view, target.key))))
             else:
-                self._json(404, {"error": f"no route {path}; routes: {ROUTES}"})
+                self._json(404, {"error": f"no route {loggable(target.path)}; routes: {ROUTES}"})
+        except HTTPRefusal as exc:
+            self._json(exc.status, {"error": str(exc)}, exc.headers)
         except KeyNotHosted as exc:
             self._json(404, {"error": str(exc), "partition": exc.partition, "task": exc.task})
         except QueryError as exc:
-            self._json(exc.http_status, {"error": str(exc)})
-        except Exception as exc:   # a bad key for its serde, a decoding failure: the caller's answer
-            log.warning("HTTP %s: %s", self.path, exc)
+            self._json(exc.http_status, {"error": str(exc)}, {"Retry-After": "1"} if isinstance(exc, QueryBusy)
+                       else None)
+        except (ValueError, TypeError, LookupError, ProcessorError) as exc:
+            # a bad key for its serde, a decoding failure: the caller's answer
+            log.warning("HTTP %s: %s", loggable(self.path), loggable(str(exc)))
             self._json(400, {"error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:
+            log.warning("HTTP %s failed", loggable(self.path), exc_info=True)
+            self._json(500, {"error": f"{type(exc).__name__}: {exc}"})
 
-    def _store(self, rest: str, query: dict) -> None:
-        name, _, key_text = rest.partition("/")
-        view = StoreView(self.endpoint.worker, unquote(name))
-        if not key_text:
+    def _store(self, target: Target) -> None:
+        assert target.store is not None
+        view = StoreView(self.endpoint.worker, target.store)
+        query = target.query
+        if target.key is None:
             self._prefix(view, query)
             return
-        key = _key(view, key_text)
+        key = _key(view, target.key)
         worker = self.endpoint.worker
         stale, redirect, forwarded = _flag(query, "stale"), _flag(query, "redirect"), bool(self.headers.get(FORWARDED))
         try:
@@ -286,36 +487,37 @@ class _Handler(BaseHTTPRequestHandler):
                 # the asking worker's map named this one, which does not run the task (any more, or
                 # not yet): the task is moving, so ask again (never forwarded twice)
                 raise StoreNotReady(f"{exc} (the task is moving between workers: ask again)") from None
-            self._forward(view, key, redirect, stale)
+            self._forward(view, target, key, redirect, stale)
             return
         except StoreNotReady:
             # restoring here, or a standby here that never caught up: another copy may answer
             # (a global store's tables are bootstrapping: every worker's are, or were, so here)
             if forwarded or not worker.fleet_map or view.is_global:
                 raise
-            self._forward(view, key, redirect, stale)
+            self._forward(view, target, key, redirect, stale)
             return
         if entry is None and where.get("stale"):
             # a standby without the row is no proof the key has none: the active answers
             if forwarded:
                 raise StoreNotReady(f"store {view.name!r}: the standby replica of task {where['task']} here has "
                                     f"no row for the key, which is no proof that the task has none")
-            self._forward(view, key, redirect, stale=True)
+            self._forward(view, target, key, redirect, stale=True)
             return
         if entry is None:
-            self._json(404, {"error": f"no row for key {unquote(key_text)!r} in store {view.name!r}",
+            self._json(404, {"error": f"no row for key {target.key!r} in store {view.name!r}",
                              **where, "hosted_here": True})
         else:
             self._json(200, entry)
 
-    def _forward(self, view: StoreView, key, redirect: bool, stale: bool) -> None:
+    def _forward(self, view: StoreView, target: Target, key, redirect: bool, stale: bool) -> None:
         """Answer for a key whose task this worker cannot answer for: relay its active owner's
         answer (or send the caller there); with ``stale``, when the active cannot answer (down,
         restoring, the task between owners), a standby's. 503 only when no copy answers."""
         meta = view.metadata(key)
+        security = self.endpoint.security
         me = self.endpoint.worker.application_server
-        url = urlsplit(self.path)
-        params = [(k, v) for k, v in parse_qs(url.query).items() if k not in ("stale", "redirect")]
+        path = f"/stores/{quote(view.name, safe='')}/{quote(target.key or '', safe='')}"
+        params = [(k, v) for k, v in target.query.items() if k not in ("stale", "redirect")]
         failures = []
         if meta.active is None:
             failures.append(f"store {view.name!r}: task {meta.task} (partition {meta.partition}) has no active "
@@ -324,15 +526,15 @@ class _Handler(BaseHTTPRequestHandler):
             failures.append(f"store {view.name!r}: task {meta.task} is assigned to this worker ({me}) but not "
                             f"open here yet")
         elif redirect:
-            query = urlencode([(k, v) for k, v in parse_qs(url.query).items() if k != "redirect"], doseq=True)
-            location = f"http://{meta.active}{url.path}" + (f"?{query}" if query else "")
+            query = urlencode([(k, v) for k, v in target.query.items() if k != "redirect"], doseq=True)
+            location = f"{security.scheme}://{meta.active}{path}" + (f"?{query}" if query else "")
             self._json(307, {"location": location, "task": meta.task}, headers={"Location": location})
             return
         else:
             try:
                 # (without ?stale: the active answers from its task, never from a standby it may keep)
                 query = urlencode(params, doseq=True)
-                status, body = ask_peer(meta.active, url.path + (f"?{query}" if query else ""))
+                status, body = ask_peer(meta.active, path + (f"?{query}" if query else ""), security)
                 if status != 503 or not stale:
                     self._json(status, {**body, "served_by": meta.active})
                     return
@@ -346,7 +548,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if server == me:
                     continue   # (this worker's own copy was asked first)
                 try:
-                    status, body = ask_peer(server, url.path + f"?{query}")
+                    status, body = ask_peer(server, path + f"?{query}", security)
                 except PeerUnanswered as exc:
                     failures.append(str(exc))
                     continue
@@ -357,64 +559,103 @@ class _Handler(BaseHTTPRequestHandler):
         raise StoreNotReady("; ".join(failures))
 
     def _prefix(self, view: StoreView, query: dict) -> None:
-        """This worker's entries, and (unless asked by another worker) every other server's."""
+        """A page of this worker's entries, and (unless asked by another worker) every other
+        server's, merged (module docstring)."""
         worker = self.endpoint.worker
-        limit = int(query.get("limit", [DEFAULT_LIMIT])[0])
-        prefix = query.get("prefix", [""])[0]
-        entries, partitions = view.scan(prefix, limit=limit)   # first: a refused scan is refused here
+        text = query.get("limit", [str(DEFAULT_LIMIT)])[-1]
+        if not text.isdigit() or int(text) < 1:
+            raise QueryError(f"limit must be a whole number, 1 or more, not {text[:40]!r}")
+        limit = min(int(text), MAX_LIMIT)
+        prefix = query.get("prefix", [""])[-1]
+        after_text = query.get("after", [""])[-1]
+        after = Cursor.parse(after_text) if after_text else None
+        page = view.page(prefix, limit, after)   # first: a refused scan is refused here
         fleet_map = worker.fleet_map
-        if view.is_global or self.headers.get(FORWARDED) or not fleet_map:
-            self._json(200, {"entries": entries, "partitions": partitions})
+        forwarded = bool(self.headers.get(FORWARDED))
+        if view.is_global or forwarded or not fleet_map:
+            body: dict[str, Any] = {"entries": page.entries, "partitions": page.partitions}
+            if page.next is not None:
+                body["next"] = str(page.next)
+            if forwarded:   # (the asking worker merges pages by them)
+                body["cursors"] = [str(c) for c in page.cursors]
+            self._json(200, body)
             return
         me = worker.application_server
         others = sorted(s for s in fleet_map if s != me)
-        path = f"/stores/{quote(view.name, safe='')}?" + urlencode({"prefix": prefix, "limit": limit})
-        answers: list[tuple[str | None, list[dict], list[int]]] = [(me, entries, partitions)]
+        params = {"prefix": prefix, "limit": limit, **({"after": after_text} if after else {})}
+        path = f"/stores/{quote(view.name, safe='')}?" + urlencode(params)
+        answers: list[tuple[str | None, ScanAnswer]] = [
+            (me, ScanAnswer(page.entries, page.cursors, page.partitions, page.next))]
         server: str | None
         missing: dict[str, str] = {}
+        security = self.endpoint.security
         with ThreadPoolExecutor(max(1, len(others))) as pool:
-            for server, got in zip(others, pool.map(lambda s: _scan_of(s, path), others), strict=True):
+            for server, got in zip(others, pool.map(lambda s: _scan_of(s, path, security), others), strict=True):
                 if isinstance(got, str):
                     missing[server] = got
                 else:
-                    answers.append((server, *got))
+                    answers.append((server, got))
         # a partition whose task no server runs now (restoring, or between two owners) has no
         # entries in any answer: the scan is incomplete, never silently short
         taken_from: dict[int, str | None] = {}   # partition -> the server whose entries are taken
-        for server, _, parts in answers:   # (server None: this worker, no application server)
-            for p in parts:
+        for server, a in answers:   # (server None: this worker, no application server)
+            for p in a.partitions:
                 taken_from.setdefault(p, server)
-        unanswered = [p for p in range(view.partition_count()) if p not in taken_from]
+        # past the first partition where a server's page ended, its entries are on its next page
+        ends = [a.next.partition for _, a in answers if a.next is not None and a.next.partition is not None]
+        cut = min(ends) if ends else None
+        first = after.partition if after is not None and after.partition is not None else 0
+        last = view.partition_count() - 1 if cut is None else cut
+        unanswered = [p for p in range(first, last + 1) if p not in taken_from]
         if (missing or unanswered) and not _flag(query, "partial"):
             why = list(missing.values())
             if unanswered:
                 why.append(f"no worker runs the task of partition(s) {unanswered} now (restoring or moving)")
             raise StoreNotReady(f"store {view.name!r}: the prefix scan is incomplete: "
                                 + "; ".join(why) + " (?partial=true answers without them)")
-        merged = [e for server, got, _ in answers for e in got if taken_from.get(e["partition"]) == server]
-        merged.sort(key=lambda e: e["partition"])   # stable: each partition in its server's order
-        body: dict = {"entries": merged[:limit]}
+        merged = [(e, c) for server, a in answers for e, c in zip(a.entries, a.cursors, strict=True)
+                  if taken_from.get(e["partition"]) == server and (cut is None or e["partition"] <= cut)]
+        merged.sort(key=lambda ec: ec[0]["partition"])   # stable: each partition in its server's order
+        body = {"entries": [e for e, _ in merged[:limit]]}
+        if cut is not None or len(merged) > limit:
+            ended = [a.next for _, a in answers if a.next is not None]
+            body["next"] = str(merged[:limit][-1][1] if merged else min(ended, key=Cursor.position))
         if _flag(query, "partial"):
             body["missing"] = sorted(missing)
             body["missing_partitions"] = unanswered
         self._json(200, body)
 
 
-def _scan_of(server: str, path: str) -> tuple[list[dict], list[int]] | str:
-    """A server's own entries of a prefix scan and the partitions it read them from, or why there
-    are none."""
+@dataclass
+class ScanAnswer:
+    """One server's page of a fleet's prefix scan (``ScanPage`` over the wire)."""
+
+    entries: list[dict]
+    cursors: list[Cursor]
+    partitions: list[int]
+    next: Cursor | None
+
+
+def _scan_of(server: str, path: str, security: HTTPSecurity) -> ScanAnswer | str:
+    """A server's own page of a prefix scan, or why there is none."""
     try:
-        status, body = ask_peer(server, path)
+        status, body = ask_peer(server, path, security)
     except PeerUnanswered as exc:
         return str(exc)
-    if status != 200 or not isinstance(body.get("entries"), list) or not isinstance(body.get("partitions"), list):
+    entries, cursors, parts = body.get("entries"), body.get("cursors"), body.get("partitions")
+    if status != 200 or not isinstance(entries, list) or not isinstance(parts, list):
         return f"{server} answered {status}: {body.get('error', body)}"
-    return body["entries"], body["partitions"]
+    if not isinstance(cursors, list) or len(cursors) != len(entries):
+        return f"{server} answered without the cursors of its entries (a worker of an older version)"
+    try:
+        return ScanAnswer(entries, [Cursor.parse(c) for c in cursors], parts,
+                          Cursor.parse(body["next"]) if body.get("next") else None)
+    except QueryError as exc:
+        return f"{server} answered a cursor that is not one: {exc}"
 
 
 def _key(view: StoreView, key_text: str):
-    """A key from its text in a path: as it is for a string-keyed store, else JSON."""
-    key_text = unquote(key_text)
+    """A key from its (decoded) text in a path: as it is for a string-keyed store, else JSON."""
     return key_text if isinstance(view.key_serde, StringSerde) else json.loads(key_text)
 
 

@@ -7,6 +7,15 @@ Invariants:
 - A query is answered by the main loop, between two batches (``StoreQueries.serve``): a store is
   only ever read by the thread that writes it, and a query sees what the task itself would
   read (the unit's pending writes included, as Kafka Streams' caching stores do).
+- The main loop gives queries at most ``SERVE_BUDGET_S`` per iteration (plus one slice): a
+  prefix scan is read in slices of ``SCAN_SLICE`` entries, each slice a fresh range read that
+  starts after the last key of the one before (no iterator is kept between two iterations, when
+  the task may have committed, or moved), and a scan not finished goes to the back of the queue.
+  So a scan is not a snapshot: each slice is read as of its iteration. At most ``MAX_WAITING``
+  queries wait at once; one more is refused (``QueryBusy``, 503).
+- A scan's page ends after at most ``limit`` entries, in partition order and key order within a
+  partition; ``ScanPage.next`` (``Cursor``: the partition and the last key read, exclusive) is
+  where the next page starts, None when nothing follows.
 - A key is looked up only in the task that owns it: the partition its sub-topology's input
   topics put it in (their partitioners, as the worker checks them). A key owned by a task this
   worker does not run raises ``KeyNotHosted`` naming the partition and task (HTTP 404, or
@@ -36,15 +45,18 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import queue
 import threading
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from processor.errors import ProcessorError
 from processor.runtime.state_inspect import decode_entry
+from processor.state.store import prefix_upper_bound
 
 if TYPE_CHECKING:
     from processor.runtime.worker import Worker
@@ -54,6 +66,15 @@ WINDOWED_KINDS = ("window", "session")
 GLOBAL_TASK = "global"   # the "task" of a global table's entries (every worker holds all of it)
 # a prefix scan returns at most this many entries unless asked for fewer
 DEFAULT_LIMIT = 1000
+# over HTTP, a page never has more (a larger limit is cut to it; ``next`` continues)
+MAX_LIMIT = 10_000
+# the main loop's time for queries per iteration, and the entries a scan reads per slice
+SERVE_BUDGET_S = 0.02
+SCAN_SLICE = 256
+# queries waiting for the main loop at most; one more is refused (503)
+MAX_WAITING = 64
+# how long a caller waits for a scan (read in slices while the loop processes records)
+SCAN_TIMEOUT_S = 30.0
 
 
 class QueryError(ProcessorError):
@@ -76,6 +97,51 @@ class KeyNotHosted(QueryError):
 
 class StoreNotReady(QueryError):
     http_status = 503
+
+
+class QueryBusy(StoreNotReady):
+    """``MAX_WAITING`` queries already wait for the main loop: ask again."""
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a scan's next page starts: after ``key`` (exclusive) in ``partition`` (None: a
+    global store), then the next partitions from their first key. ``str()`` is its text
+    (``?after=``): ``<partition or g>.<the key bytes, base64url>``."""
+
+    partition: int | None
+    key: bytes
+
+    def __str__(self) -> str:
+        p = "g" if self.partition is None else str(self.partition)
+        return f"{p}.{base64.urlsafe_b64encode(self.key).decode().rstrip('=')}"
+
+    @classmethod
+    def parse(cls, text: str) -> Cursor:
+        p, dot, k = text.partition(".")
+        try:
+            if not dot or not (p == "g" or (p.isdigit() and len(p) < 7)):
+                raise ValueError
+            key = base64.b64decode(k + "=" * (-len(k) % 4), altchars=b"-_", validate=True)
+        except ValueError:
+            raise QueryError(f"after={text[:80]!r} is not a cursor (the \"next\" of a previous page)") from None
+        return cls(None if p == "g" else int(p), key)
+
+    def position(self) -> tuple[int, bytes]:
+        return (-1 if self.partition is None else self.partition, self.key)
+
+
+@dataclass
+class ScanPage:
+    """One page of a prefix scan on this worker: the entries, the cursor of each (parallel to
+    them), the partitions of this worker's tasks it covers (every partition of the store whose
+    task runs here and stayed here while it was read) and where the next page starts (None: the
+    scan ended)."""
+
+    entries: list[dict] = field(default_factory=list)
+    cursors: list[Cursor] = field(default_factory=list)
+    partitions: list[int] = field(default_factory=list)
+    next: Cursor | None = None
 
 
 @dataclass(frozen=True)
@@ -102,18 +168,32 @@ def task_holders(fleet_map: Mapping[str, Mapping[str, list]], task: tuple[int, i
     return (actives[0] if actives else None), holding("standby")
 
 
+class _Query:
+    """A query waiting for the main loop: ``fn()`` is its answer, or with ``steps`` a generator
+    that yields between slices and returns the answer."""
+
+    __slots__ = ("fn", "fut", "steps", "gen", "abandoned")
+
+    def __init__(self, fn: Callable[[], Any], steps: bool) -> None:
+        self.fn = fn
+        self.fut: Future = Future()
+        self.steps = steps
+        self.gen: Generator[None, None, Any] | None = None
+        self.abandoned = False
+
+
 class StoreQueries:
     """The queue between querying threads and the main loop."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Query] = queue.SimpleQueue()
         self.loop_thread: threading.Thread | None = None   # set by the worker's run()
 
     def pending(self) -> bool:
         return not self._queue.empty()
 
-    def _waiting(self) -> Iterator[tuple[Callable[[], Any], Future]]:
+    def _waiting(self) -> Iterator[_Query]:
         """The queries waiting, taken off the queue one by one until it is empty."""
         while True:
             try:
@@ -121,34 +201,77 @@ class StoreQueries:
             except queue.Empty:
                 return
 
-    def serve(self) -> None:
-        """Main loop: answer every query waiting."""
-        for fn, fut in self._waiting():
-            if not fut.set_running_or_notify_cancel():
+    def serve(self, budget_s: float = SERVE_BUDGET_S) -> None:
+        """Main loop: answer the queries waiting, for ``budget_s`` (and one query or slice more);
+        the rest, and scans not finished, wait for the next iteration (the module's invariants)."""
+        deadline = time.monotonic() + budget_s
+        unfinished = []
+        for q in self._waiting():
+            fut = q.fut
+            if q.gen is None:
+                if q.abandoned or not fut.set_running_or_notify_cancel():
+                    continue
+                if not q.steps:
+                    try:
+                        fut.set_result(q.fn())
+                    except BaseException as exc:
+                        fut.set_exception(exc)
+                    if time.monotonic() >= deadline:
+                        break
+                    continue
+            elif q.abandoned:   # (its caller stopped waiting)
+                fut.set_exception(StoreNotReady("abandoned"))
                 continue
             try:
-                fut.set_result(fn())
+                if q.gen is None:
+                    q.gen = q.fn()
+                next(q.gen)
+                unfinished.append(q)
+            except StopIteration as done:
+                fut.set_result(done.value)
             except BaseException as exc:
                 fut.set_exception(exc)
+            if time.monotonic() >= deadline:
+                break
+        for q in unfinished:   # to the back of the queue
+            self._queue.put(q)
 
     def fail_waiting(self) -> None:
         """The loop stopped: every query still waiting gets ``StoreNotReady``."""
-        for _, fut in self._waiting():
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(StoreNotReady("the worker is not running"))
+        for q in self._waiting():
+            if q.gen is not None or q.fut.set_running_or_notify_cancel():
+                q.fut.set_exception(StoreNotReady("the worker is not running"))
 
     def call(self, fn, timeout_s: float = 10.0):
         """Run ``fn`` on the main loop (at once when called from it) and return its result."""
+        return self._call(fn, False, timeout_s)
+
+    def call_steps(self, gen_fn: Callable[[], Generator[None, None, Any]], timeout_s: float = SCAN_TIMEOUT_S):
+        """Run the generator ``gen_fn()`` on the main loop, a slice per ``next`` (the module's
+        invariants), and return what it returns."""
+        return self._call(gen_fn, True, timeout_s)
+
+    def _call(self, fn, steps: bool, timeout_s: float):
         if threading.current_thread() is self.loop_thread or self.loop_thread is None:
             if self.loop_thread is None:
                 raise StoreNotReady("the worker is not running")
-            return fn()
-        fut: Future = Future()
-        self._queue.put((fn, fut))
+            if not steps:
+                return fn()
+            gen = fn()
+            while True:
+                try:
+                    next(gen)
+                except StopIteration as done:
+                    return done.value
+        if self._queue.qsize() >= MAX_WAITING:
+            raise QueryBusy(f"{MAX_WAITING} queries already wait for the worker's main loop: ask again")
+        q = _Query(fn, steps)
+        self._queue.put(q)
         try:
-            return fut.result(timeout_s)
+            return q.fut.result(timeout_s)
         except TimeoutError:
-            fut.cancel()
+            q.abandoned = True
+            q.fut.cancel()
             raise StoreNotReady(f"the worker's main loop did not answer within {timeout_s:.0f} s") from None
 
 
@@ -201,20 +324,32 @@ class StoreView:
         active, standbys = task_holders(fleet_map, (self.sub, part))
         return KeyQueryMetadata(active, standbys, part, f"{self.sub}_{part}")
 
-    def prefix(self, prefix, limit: int = DEFAULT_LIMIT, timeout_s: float = 10.0) -> list[dict]:
+    def prefix(self, prefix, limit: int = DEFAULT_LIMIT, timeout_s: float = SCAN_TIMEOUT_S) -> list[dict]:
         """Entries whose key bytes start with ``prefix``'s (a ``str`` is taken as UTF-8, ``bytes``
         as they are), over every task of this store this worker runs, in key order per task."""
-        return self.scan(prefix, limit, timeout_s)[0]
+        return self.page(prefix, limit, timeout_s=timeout_s).entries
 
-    def scan(self, prefix, limit: int = DEFAULT_LIMIT, timeout_s: float = 10.0) -> tuple[list[dict], list[int]]:
-        """``prefix``'s entries here, and the partitions they were read from: every partition of
-        this store whose task runs here (open, not restoring), scanned or cut off by ``limit``
-        (a fleet's scan knows from them which partitions nobody answered for)."""
+    def scan(self, prefix, limit: int = DEFAULT_LIMIT,
+             timeout_s: float = SCAN_TIMEOUT_S) -> tuple[list[dict], list[int]]:
+        """``prefix``'s entries here, and the partitions they were read from (``page``)."""
+        page = self.page(prefix, limit, timeout_s=timeout_s)
+        return page.entries, page.partitions
+
+    def page(self, prefix, limit: int = DEFAULT_LIMIT, after: Cursor | None = None,
+             timeout_s: float = SCAN_TIMEOUT_S) -> ScanPage:
+        """A page of ``prefix``'s entries here, from ``after`` (exclusive; None: the start), at
+        most ``limit``: every partition of this store whose task runs here (open, not restoring),
+        scanned or cut off by ``limit`` (a fleet's scan knows from them which partitions nobody
+        answered for), read on the main loop in slices (the module's invariants)."""
         if self.windowed:
             raise QueryError(f"store {self.name!r} is a {self.spec.kind} store: it answers a key "
                              f"(/stores/{self.name}/<key>: every live window of it), not a prefix scan")
+        if limit < 1:
+            raise QueryError(f"limit must be 1 or more, not {limit}")
+        if after is not None and (after.partition is None) != self.is_global:
+            raise QueryError(f"after={after}: not a cursor of store {self.name!r}")
         pb = prefix.encode() if isinstance(prefix, str) else bytes(prefix)
-        return self.worker._queries.call(lambda: self._scan(pb, limit), timeout_s)
+        return self.worker._queries.call_steps(lambda: self._scan(pb, limit, after), timeout_s)
 
     def partition_count(self) -> int:
         """The partitions of this store's sub-topology (its tasks)."""
@@ -293,26 +428,49 @@ class StoreView:
             return None
         return {"key": self.key_serde.deserialize(kb), "windows": windows}
 
-    def _scan(self, pb: bytes, limit: int) -> tuple[list[dict], list[int]]:
+    def _scan(self, pb: bytes, limit: int, after: Cursor | None) -> Generator[None, None, ScanPage]:
+        """Main loop, a slice per ``next``: a page of the scan (``page``)."""
         w = self.worker
-        out: list[dict] = []
+        page = ScanPage()
+        hi = prefix_upper_bound(pb)
         if self.is_global:
-            for k, v in self._global_store().prefix(pb):
-                if v is None:
-                    continue
-                if len(out) >= limit:
-                    break
-                out.append({**decode_entry(self.spec, k, v), "partition": None, "task": GLOBAL_TASK})
-            return out, []
-        here = sorted((part, task) for (sub, part), task in w.tasks.items() if sub == self.sub)
-        for part, task in here:
-            for k, v in task.stores.store(self.name).prefix(pb):
-                if v is None:
-                    continue
-                if len(out) >= limit:
-                    return out, [p for p, _ in here]
-                out.append({**decode_entry(self.spec, k, v), "partition": part, "task": task.id})
-        return out, [p for p, _ in here]
+            parts: list[int | None] = [None]
+        else:
+            page.partitions = sorted(part for (sub, part) in w.tasks if sub == self.sub)
+            parts = [p for p in page.partitions if after is None or after.partition is None or p >= after.partition]
+        for part in parts:
+            lo = pb
+            if after is not None and after.partition == part:
+                lo = max(pb, after.key + b"\x00")   # (the smallest key after it)
+            while True:
+                if part is None:
+                    store = self._global_store()
+                else:
+                    assert self.sub is not None   # (a task store's view)
+                    task = w.tasks.get((self.sub, part))
+                    if task is None:   # moved away between two slices: not read here
+                        page.partitions.remove(part)
+                        break
+                    store = task.stores.store(self.name)
+                read, last = 0, None
+                for k, v in store.range(lo, hi):
+                    if v is None:
+                        continue
+                    if len(page.entries) >= limit:
+                        page.next = page.cursors[-1] if page.cursors else after
+                        return page
+                    if read >= SCAN_SLICE:
+                        last = k
+                        break
+                    where = (None, GLOBAL_TASK) if part is None else (part, f"{self.sub}_{part}")
+                    page.entries.append({**decode_entry(self.spec, k, v), "partition": where[0], "task": where[1]})
+                    page.cursors.append(Cursor(part, k))
+                    read += 1
+                if last is None:
+                    break   # this partition is read
+                lo = last   # the next slice starts at the first key not read
+                yield
+        return page
 
 
 class _AsCommitted:

@@ -58,6 +58,7 @@ from processor.runtime.dispatch import MessageDispatch
 from processor.runtime.fetch_gaps import FetchGaps
 from processor.runtime.fleet import WorkerFleet
 from processor.runtime.http_endpoint import WorkerHTTPEndpoint, check_advertised
+from processor.runtime.http_security import HTTPSecurity, default_bind_host
 from processor.runtime.interactive_queries import KeyQueryMetadata, StoreQueries, StoreView
 from processor.runtime.state_lock import StateDirLock
 from processor.runtime.task_manager import Restoration, TaskManager
@@ -95,8 +96,9 @@ class Worker:
                  batch_size: int = 1000, startup_timeout_s: float = 10.0,
                  processing_guarantee: str = "at_least_once", client_config: ClientConfig | None = None,
                  replication_factor: int | None = None, topic_configs: dict[str, dict] | None = None,
-                 static_membership: bool = False, http_port: int | None = None, http_host: str = "0.0.0.0",
-                 health_timeout_s: float = 60.0, coalesce_fk_records: bool = True,
+                 static_membership: bool = False, http_port: int | None = None, http_host: str | None = None,
+                 health_timeout_s: float = 60.0, http_security: HTTPSecurity | None = None,
+                 coalesce_fk_records: bool = True,
                  max_task_idle_ms: int = 0, num_standby_replicas: int = 0, acceptable_recovery_lag: int = 10_000,
                  max_warmup_replicas: int = 2, application_server: str | None = None,
                  config: StreamsConfig | None = None):
@@ -174,7 +176,10 @@ class Worker:
         self.metrics_registry = self.metrics_state.registry
         self._queries = StoreQueries(self)
         self.http_port = http_port
+        # None: 127.0.0.1, or 0.0.0.0 for an application server other machines reach
+        # (processor/runtime/http_security.py: TLS, credentials, the bind address)
         self._http_host = http_host
+        self._http_security = http_security
         self._health_timeout_s = health_timeout_s
         self.http_endpoint: WorkerHTTPEndpoint | None = None
         self._fatal: BaseException | None = None
@@ -438,8 +443,9 @@ class Worker:
         try:
             if self.http_port is not None:
                 self.metrics_state.loop_beat = time.monotonic()
-                self.http_endpoint = WorkerHTTPEndpoint(self, self.http_port, self._http_host,
-                                                        self._health_timeout_s).start()
+                host = self._http_host or default_bind_host(self.application_server)
+                self.http_endpoint = WorkerHTTPEndpoint(self, self.http_port, host, self._health_timeout_s,
+                                                        self._http_security).start()
             # does --application-server reach this endpoint? one line if not (the worker runs on)
             check_advertised(self.application_server, self.http_endpoint)
             self._queries.loop_thread = threading.current_thread()
@@ -595,7 +601,8 @@ class Worker:
                 self.commit()
             # (librdkafka's messages: one without an error has a topic, partition and offset;
             # the client's stubs declare them optional)
-            msgs: list[Any] = consumer.consume(batch, 0.0 if restoring else 0.1)
+            # (no wait while queries wait: a scan is answered in slices, one per iteration)
+            msgs: list[Any] = consumer.consume(batch, 0.0 if restoring or queries.pending() else 0.1)
             if self._fatal is not None:
                 break
             if msgs and self.first_record_at is None:

@@ -152,7 +152,20 @@ def test_forwarding_redirects_stale_reads_and_the_prefix_fan_out(kafka_bootstrap
         assert sorted(e["key"] for e in entries) == KEYS
         assert [e["partition"] for e in entries] == sorted(e["partition"] for e in entries)
         assert {e["key"]: e["value"] for e in entries} == COUNTS
-        assert _get(ports[1], "/stores/counts?prefix=user-&limit=7") == (200, {"entries": entries[:7]})
+        status, first = _get(ports[1], "/stores/counts?prefix=user-&limit=7")
+        assert (status, first["entries"]) == (200, entries[:7]) and first["next"], first
+        # pages of 7 through the fan-out, asked at either worker in turn: every entry once, in order
+        paged, cursor, pages = [], None, 0
+        while True:
+            status, body = _get(ports[pages % 2], "/stores/counts?prefix=user-&limit=7"
+                                + (f"&after={cursor}" if cursor else ""))
+            assert status == 200 and len(body["entries"]) <= 7, body
+            paged += body["entries"]
+            pages += 1
+            cursor = body.get("next")
+            if cursor is None:
+                break
+        assert paged == entries and pages >= len(entries) // 7, (pages, [e["key"] for e in paged])
         # each worker's own answer names the partitions it read (all it runs, even past the limit)
         own_parts = _get(ports[1], "/stores/counts?prefix=user-&limit=1", {"X-Processor-Forwarded": "1"})[1]
         assert own_parts["partitions"] == sorted(int(t.split("_")[1]) for t in set(tasks) if owner_of[t] == servers[1])

@@ -58,11 +58,15 @@ def test_every_processor_command_is_a_real_cli_invocation(compose, monkeypatch):
 def test_worker_is_health_checked_restarted_and_scraped(compose):
     worker = compose["services"]["worker"]
     (argv,) = _processor_commands(worker["command"])
-    port = cli._parser().parse_args(argv).http_port
+    args = cli._parser().parse_args(argv)
+    port = args.http_port
     assert port is not None
     assert f"localhost:{port}/healthz" in " ".join(worker["healthcheck"]["test"])
     assert worker["restart"] in ("on-failure", "unless-stopped", "always")
-    assert f"{port}:{port}" in worker["ports"]
+    # published on the host's loopback only, the stores behind a token (the probes and /metrics open)
+    assert worker["ports"] == [f"127.0.0.1:{port}:{port}"]
+    assert args.http_host == "0.0.0.0" and args.http_auth_token_file and not args.http_metrics_auth
+    assert f"> {args.http_auth_token_file}" in worker["command"]   # made at the first start
     prom = yaml.safe_load((ROOT / "compose" / "prometheus.yml").read_text())
     targets = [t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
     assert f"worker:{port}" in targets
