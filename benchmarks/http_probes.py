@@ -55,7 +55,7 @@ def load(bootstrap: str, topic: str, n: int) -> None:
     rnd = random.Random(5)
     p = Producer(kafka.producer_defaults(bootstrap))
     for i in range(n):
-        v = {"name": f"user {i}", "ssn": f"{rnd.randrange(10**9):09d}", "password_hash": "%064x" % rnd.getrandbits(256),
+        v = {"name": f"user {i}", "ssn": f"{rnd.randrange(10**9):09d}", "password_hash": f"{rnd.getrandbits(256):064x}",
              "address": " ".join(f"street-{rnd.randrange(10**6)}" for _ in range(25))}
         produce(p, topic, json.dumps(v).encode(), f"acct-{i:06d}".encode())
     p.flush()

@@ -16,7 +16,9 @@ code  meaning                                                         raised as
       MODULE:ATTR, missing topic, partition-count mismatch, a
       topology that cannot run
 3     the broker did not answer within the startup timeout            BrokerUnreachable
-4     the state directory is locked by another worker process         StateDirLocked
+4     the state directory cannot be used: locked by another worker    StateDirUnusable
+      process, its worker id claimed by another live worker (a        (StateDirLocked,
+      copied directory), read-only, full, or a broken ``worker.id``   CopiedStateDir)
 5     local state does not match its changelog                        ChangelogMismatch
 6     a record failed under ``--on-error fail``: it did not            RecordError (UserFunctionError,
       deserialize, a user function raised, an output did not          DeserializationError,
@@ -154,10 +156,20 @@ class StateError(ProcessorError):
     """A state store could not be opened, read or written."""
 
 
-class StateDirLocked(StateError):
-    """Another worker process holds the state directory (see ``processor.runtime.state_lock``)."""
+class StateDirUnusable(StateError):
+    """The state directory cannot be used: read-only, full, not writable, its ``worker.id``
+    broken, or claimed by another live worker (``processor/runtime/worker_identity.py``)."""
 
     exit_code = 4
+
+
+class StateDirLocked(StateDirUnusable):
+    """Another worker process holds the state directory (see ``processor.runtime.state_lock``)."""
+
+
+class CopiedStateDir(StateDirUnusable):
+    """Another live worker, another process, claims this state directory's worker id: the
+    directory was copied with its ``worker.id`` (``processor/runtime/worker_identity.py``)."""
 
 
 class ChangelogMismatch(StateError):

@@ -24,12 +24,15 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from confluent_kafka import TopicPartition
 
+from processor.errors import CopiedStateDir
 from processor.runtime.changelog import RestoreInterrupted
 from processor.runtime.membership import (
     Assignment,
@@ -38,8 +41,10 @@ from processor.runtime.membership import (
     FleetRules,
     Subscription,
     kafka_python_settings,
+    live_claims,
 )
 from processor.runtime.standby import StandbyTasks
+from processor.runtime.worker_identity import copied_state_dir_message, process_instance
 from processor.state.rocksdb import RocksDBDatabase
 from processor.state.task_owner import claim_task_dir, owner_of
 
@@ -103,6 +108,59 @@ def local_offset_sums(state_dir: Path, worker: Worker, keys: set[TaskKey]) -> di
     return out
 
 
+def refuse_a_copy(worker: Worker, session_timeout_s: float) -> None:
+    """At start-up, before anything fences anything (membership invariant 7): stop with one line
+    (``CopiedStateDir``) when a live member of the group, another process, claims this worker's
+    id. A member whose process is gone (this host, its pid not running, or this very pid: a
+    restarted container) is a dead member the group has not expired yet; one on another host is
+    live if it is still there after a session timeout. A group that cannot be described (no
+    such group, a broker that sends no member metadata: Tansu) passes: the leader's check at
+    the join remains."""
+    worker_id = worker._worker_id()
+    me, _ = process_instance()
+    options, _ = kafka_python_settings(worker._consumer_config)
+    bootstrap = worker.bootstrap_servers.bootstrap_servers
+
+    def others() -> list[tuple[str, str, int | None]]:
+        try:
+            claims = live_claims(bootstrap, worker.application_id, worker_id, options)
+        except Exception as exc:   # (the leader's check at the join remains)
+            log.debug("could not describe group %s to look for a copy of this worker: %s", worker.application_id, exc)
+            return []
+        return [c for c in claims if c[1] != me and not _gone(c[1])]
+    found = others()
+    if found and any(not _on_this_host(c[1]) for c in found):
+        log.warning("worker id %s is claimed by a member on another host (%s): checking that it is live "
+                    "(%.0f s, a session timeout)", worker_id, ", ".join(c[1] for c in found), session_timeout_s)
+        time.sleep(session_timeout_s)
+        members = {c[0] for c in found}
+        found = [c for c in others() if c[0] in members]
+    if found:
+        _, other, since = found[0]
+        raise CopiedStateDir(copied_state_dir_message(worker_id, worker.state_dir, other, since))
+
+
+def _on_this_host(instance: str) -> bool:
+    return instance.partition("@")[2].rpartition("#")[0] == socket.gethostname()
+
+
+def _gone(instance: str) -> bool:
+    """Whether ``instance`` (``pid@host#token``) is a process of this host that no longer runs
+    (or is this very pid: an earlier incarnation of a restarted container)."""
+    if not _on_this_host(instance):
+        return False
+    pid = int(instance.partition("@")[0])
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:   # another user's process: running
+        return False
+    return False
+
+
 class WorkerFleet(FleetListener):
     """One worker's membership, standbys and report (see the module docstring)."""
 
@@ -120,7 +178,10 @@ class WorkerFleet(FleetListener):
         self._reported_at = 0.0
         self._closed_sums: dict[TaskKey, int] = local_offset_sums(worker.state_dir, worker,
                                                                   set(self.rules.stateful))
-        self._report = Subscription(server=worker.config.application_server, process=worker._worker_id())
+        instance, claimed_at = process_instance()
+        self._report = Subscription(server=worker.config.application_server, process=worker._worker_id(),
+                                    instance=instance, claimed_at=claimed_at)
+        self.claimed_by: tuple[str, int | None] | None = None   # refused as a copy (membership invariant 7)
         self.refresh_report()
         options, unsupported = kafka_python_settings(worker._consumer_config)
         if unsupported:
@@ -154,7 +215,8 @@ class WorkerFleet(FleetListener):
         self._reported_at = time.monotonic()
         self._report = Subscription(server=self._report.server, process=self._report.process,
                                     sums={k: v for k, v in sums.items() if k in self.rules.stateful},
-                                    running=sorted(running))
+                                    running=sorted(running), instance=self._report.instance,
+                                    claimed_at=self._report.claimed_at)
 
     # -- the main loop ----------------------------------------------------------------------------
     def serve(self) -> None:
@@ -164,6 +226,9 @@ class WorkerFleet(FleetListener):
         client's thread): the standbys are applied again after each callback, so a task revoked
         here that stays here as a standby becomes one."""
         ran = self.membership.serve()
+        if self.claimed_by is not None:
+            raise CopiedStateDir(copied_state_dir_message(self._report.process, self.worker.state_dir,
+                                                          *self.claimed_by))
         if ran or time.monotonic() - self._reported_at >= 1.0:
             self.refresh_report()
         if self._standby_due or ran:
@@ -227,6 +292,8 @@ class WorkerFleet(FleetListener):
 
     # -- the group's callbacks (FleetListener) -------------------------------------------------------
     def on_assignment(self, assignment: Assignment, generation: int) -> None:
+        if assignment.claimed_by is not None:
+            self.claimed_by = assignment.claimed_by   # (raised on the main loop, by serve)
         self.assignment = assignment
         self.generation = generation
         self.rebalances += 1

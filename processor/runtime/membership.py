@@ -37,6 +37,12 @@ Invariants:
    member keeps a standby or warm-up of a task another member of its process runs or owns:
    it would be the same database (Kafka Streams places standbys per client, not per thread).
 
+7. **One live process per worker id.** Members reporting one ``process`` (worker id) but
+   different ``instance``s are live processes sharing a copied state directory: the leader keeps
+   the instance that claimed the id first and gives every other one nothing but ``claimed_by``,
+   which stops it (``CopiedStateDir``, ``processor/runtime/worker_identity.py``); the others are
+   placed as if it were not there.
+
 ``FleetAssignor`` is the assignor (protocol ``processor-fleet``, cooperative, KIP-429): the
 leader decodes every member's subscription, computes the lags, places the tasks
 (``placement.place``), withholds what another member still owns, and answers each member with
@@ -96,20 +102,27 @@ class Subscription:
     """What a member reports.
 
     Layout: ``[version u8 = 1][UTF-8 JSON {"server": "host:port"|null, "process": str,
-    "sums": {"<sub>_<partition>": int}, "running": ["<sub>_<partition>", ...]}]``.
+    "sums": {"<sub>_<partition>": int}, "running": ["<sub>_<partition>", ...],
+    "instance": str, "claimed_at": int}]``. ``process``: the worker id of its state directory;
     ``sums``: changelog offset sum of the local state per task (where known); ``running``: the
-    tasks it runs as active now (their lag is ``RUNNING``)."""
+    tasks it runs as active now (their lag is ``RUNNING``); ``instance`` and ``claimed_at`` (ms):
+    the live process claiming the worker id and since when (``worker_identity.py``; optional:
+    absent from a worker of an older build, which then is never refused as a copy)."""
 
     server: str | None
     process: str
     sums: dict[TaskId, int] = field(default_factory=dict)
     running: list[TaskId] = field(default_factory=list)
+    instance: str | None = None
+    claimed_at: int | None = None
 
 
 def encode_subscription(s: Subscription) -> bytes:
-    body = {"server": s.server, "process": s.process,
-            "sums": {_task_key(t): v for t, v in sorted(s.sums.items())},
-            "running": [_task_key(t) for t in sorted(s.running)]}
+    body: dict[str, Any] = {"server": s.server, "process": s.process,
+                            "sums": {_task_key(t): v for t, v in sorted(s.sums.items())},
+                            "running": [_task_key(t) for t in sorted(s.running)]}
+    if s.instance is not None:
+        body["instance"], body["claimed_at"] = s.instance, s.claimed_at
     return bytes([VERSION]) + json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -117,7 +130,22 @@ def decode_subscription(data: bytes) -> Subscription:
     body = json.loads(_check_version(data, "subscription"))
     return Subscription(server=body["server"], process=body["process"],
                         sums={_task_of(k): int(v) for k, v in body["sums"].items()},
-                        running=[_task_of(k) for k in body["running"]])
+                        running=[_task_of(k) for k in body["running"]],
+                        instance=body.get("instance"), claimed_at=body.get("claimed_at"))
+
+
+def copies_of(subs: Mapping[str, Subscription]) -> dict[str, Subscription]:
+    """Members refused as copies (invariant 7): member -> the subscription of the member whose
+    instance keeps the worker id (the one that claimed it first; on a tie the smaller instance)."""
+    first: dict[str, Subscription] = {}
+    for s in subs.values():
+        if s.instance is None:
+            continue
+        kept = first.get(s.process)
+        if kept is None or (s.claimed_at or 0, s.instance) < (kept.claimed_at or 0, kept.instance or ""):
+            first[s.process] = s
+    return {m: first[s.process] for m, s in subs.items()
+            if s.instance is not None and first[s.process].instance != s.instance}
 
 
 @dataclass
@@ -125,32 +153,40 @@ class Assignment:
     """What the leader tells a member.
 
     Layout: ``[version u8 = 1][UTF-8 JSON {"active": [...], "standby": [...], "warmup": [...],
-    "probing": bool, "fleet": {"host:port": {"active": [...], "standby": [...]}}}]``, tasks as
-    ``"<sub>_<partition>"``. ``fleet``: every member's application server with its tasks, so any
-    worker can answer who holds a key's task."""
+    "probing": bool, "fleet": {"host:port": {"active": [...], "standby": [...]}},
+    "claimed_by": {"instance": str, "claimed_at": int}}]``, tasks as ``"<sub>_<partition>"``.
+    ``fleet``: every member's application server with its tasks, so any worker can answer who
+    holds a key's task. ``claimed_by`` (optional): this member is refused, its worker id being
+    claimed by that live instance first (invariant 7); it gets no task."""
 
     active: list[TaskId] = field(default_factory=list)
     standby: list[TaskId] = field(default_factory=list)
     warmup: list[TaskId] = field(default_factory=list)
     probing: bool = False
     fleet: dict[str, dict[str, list[TaskId]]] = field(default_factory=dict)
+    claimed_by: tuple[str, int | None] | None = None
 
 
 def encode_assignment(a: Assignment) -> bytes:
-    body = {"active": [_task_key(t) for t in a.active], "standby": [_task_key(t) for t in a.standby],
-            "warmup": [_task_key(t) for t in a.warmup], "probing": a.probing,
-            "fleet": {srv: {k: [_task_key(t) for t in v] for k, v in roles.items()}
-                      for srv, roles in sorted(a.fleet.items())}}
+    body: dict[str, Any] = {
+        "active": [_task_key(t) for t in a.active], "standby": [_task_key(t) for t in a.standby],
+        "warmup": [_task_key(t) for t in a.warmup], "probing": a.probing,
+        "fleet": {srv: {k: [_task_key(t) for t in v] for k, v in roles.items()}
+                  for srv, roles in sorted(a.fleet.items())}}
+    if a.claimed_by is not None:
+        body["claimed_by"] = {"instance": a.claimed_by[0], "claimed_at": a.claimed_by[1]}
     return bytes([VERSION]) + json.dumps(body, separators=(",", ":")).encode()
 
 
 def decode_assignment(data: bytes) -> Assignment:
     body = json.loads(_check_version(data, "assignment"))
+    claimed = body.get("claimed_by")
     return Assignment(active=[_task_of(k) for k in body["active"]],
                       standby=[_task_of(k) for k in body["standby"]],
                       warmup=[_task_of(k) for k in body["warmup"]], probing=bool(body["probing"]),
                       fleet={srv: {k: [_task_of(x) for x in v] for k, v in roles.items()}
-                             for srv, roles in body["fleet"].items()})
+                             for srv, roles in body["fleet"].items()},
+                      claimed_by=None if claimed is None else (claimed["instance"], claimed.get("claimed_at")))
 
 
 def lags_of(subs: Mapping[str, Subscription]) -> dict[str, dict[TaskId, int]]:
@@ -227,7 +263,15 @@ class FleetRules:
 
 def assign_fleet(rules: FleetRules, subs: Mapping[str, Subscription],
                  owned: Mapping[str, Iterable[TopicPart]]) -> dict[str, Assignment]:
-    """The leader's whole computation (pure): member id -> its assignment (invariants 2-4)."""
+    """The leader's whole computation (pure): member id -> its assignment (invariants 2-4, 7)."""
+    refused = copies_of(subs)
+    if refused:
+        kept = assign_fleet(rules, {m: s for m, s in subs.items() if m not in refused},
+                            {m: tps for m, tps in owned.items() if m not in refused})
+        others = next(iter(kept.values())).fleet if kept else {}
+        for m, first in refused.items():
+            kept[m] = Assignment(fleet=others, claimed_by=(first.instance or "", first.claimed_at))
+        return kept
     placement: Placement = place(sorted(rules.partitions_of_task), lags_of(subs), stateful=rules.stateful,
                                  num_standbys=rules.num_standbys,
                                  acceptable_recovery_lag=rules.acceptable_recovery_lag,
@@ -374,6 +418,52 @@ class _Callbacks(AsyncConsumerRebalanceListener):
         parts = sorted((tp.topic, tp.partition) for tp in lost)
         if parts:
             await self.m.hand_over(lambda: self.m.listener.on_lost(parts))
+
+
+def live_claims(bootstrap_servers: str, group: str, process: str, client_options: Mapping[str, Any] | None = None,
+                timeout_s: float = 10.0) -> list[tuple[str, str, int | None]]:
+    """The ``(member_id, instance, claimed_at)`` of every member of ``group`` that reports the worker id
+    ``process`` (invariant 7), as the group's coordinator describes them (kafka-python's admin
+    client; the members' subscriptions are ours). A group that does not exist yet or has no
+    member gives none."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.protocol.admin import DescribeGroupsRequest
+
+    class Admin(KafkaAdminClient):
+        # kafka-python 3.0.12 always asks for the group's authorized operations and fails to read
+        # some brokers' answer (Tansu's: "15 is not a valid ACLOperation"); they are not needed
+        def _describe_groups_request(self, group_ids: list[str]) -> Any:
+            return DescribeGroupsRequest(groups=list(group_ids), include_authorized_operations=False)
+
+        def _process_acl_operations(self, obj: Any) -> Any:
+            return obj
+
+    options = {k: v for k, v in (client_options or {}).items()
+               if k not in ("group_instance_id", "session_timeout_ms", "heartbeat_interval_ms",
+                            "max_poll_interval_ms")}
+    admin = Admin(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000),
+                             **options)
+    try:
+        described = admin.describe_groups([group])
+    finally:
+        admin.close()
+    out = []
+    for member in (described.get(group) or {}).get("members") or []:
+        metadata = member.get("member_metadata")
+        user_data = getattr(metadata, "user_data", None) if metadata is not None else None
+        if isinstance(metadata, dict):
+            user_data = metadata.get("user_data")
+        if not user_data:
+            continue
+        if isinstance(user_data, str):   # (kafka-python hands the bytes over as text, one char each)
+            user_data = user_data.encode("latin-1")
+        try:
+            sub = decode_subscription(bytes(user_data))
+        except (ValueError, KeyError):   # another protocol's member, or another version's
+            continue
+        if sub.process == process and sub.instance is not None:
+            out.append((member.get("member_id") or "", sub.instance, sub.claimed_at))
+    return out
 
 
 class MembershipError(Exception):

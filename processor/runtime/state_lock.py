@@ -67,7 +67,9 @@ class StateDirLock:
     def acquire(self) -> StateDirLock:
         if self._key is not None:
             return self
-        self.path.mkdir(parents=True, exist_ok=True)
+        from processor.runtime.worker_identity import prepare_directory, unusable
+
+        prepare_directory(self.path)   # (owner-only; read-only or full: one line, exit 4)
         key = (os.getpid(), os.path.realpath(self.lock_file))
         with _held_guard:
             entry = _held.get(key)
@@ -75,7 +77,10 @@ class StateDirLock:
                 entry[1] += 1
                 self._key = key
                 return self
-            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                raise unusable(self.path, exc, f"opening {LOCK_FILE}") from None
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -83,8 +88,11 @@ class StateDirLock:
                     raise StateDirLocked(
                         f"state directory {self.path} is locked by another worker ({_holder(fd)}); "
                         f"give each worker its own --state-dir") from None
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+                except OSError as exc:
+                    raise unusable(self.path, exc, f"writing {LOCK_FILE}") from None
             except BaseException:
                 os.close(fd)
                 raise

@@ -36,7 +36,6 @@ import os
 import signal
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,12 +50,13 @@ from processor.kafka import clients as kafka
 from processor.kafka import internal_topics, startup_checks
 from processor.kafka.client_config import ClientConfig
 from processor.kafka.partitioning import determine_partitioners
+from processor.runtime import worker_identity
 from processor.runtime.changelog import RestoreInterrupted
 from processor.runtime.collector import KafkaCollector, ProduceFailed
 from processor.runtime.commit_unit import Committer
 from processor.runtime.dispatch import MessageDispatch
 from processor.runtime.fetch_gaps import FetchGaps
-from processor.runtime.fleet import WorkerFleet
+from processor.runtime.fleet import WorkerFleet, refuse_a_copy
 from processor.runtime.http_endpoint import WorkerHTTPEndpoint, check_advertised
 from processor.runtime.http_security import HTTPSecurity, default_bind_host
 from processor.runtime.interactive_queries import KeyQueryMetadata, StoreQueries, StoreView
@@ -302,11 +302,7 @@ class Worker:
     def _worker_id(self) -> str:
         """A stable id of this state directory (the transactional id's suffix: a restarted
         worker fences its own zombie)."""
-        path = self.state_dir / "worker.id"
-        if not path.exists():
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(uuid.uuid4().hex + "\n")
-        return path.read_text().strip()
+        return worker_identity.worker_id(self.state_dir)
 
     def _drained(self) -> bool:
         """Every assigned partition is at its end, and so is every internal partition this worker
@@ -461,6 +457,8 @@ class Worker:
                     max_seconds: float | None) -> None:
         self._fatal = None
         self.check_topics()
+        # a copied state directory is refused before its transactional id could fence the original
+        refuse_a_copy(self, int(self._consumer_config.get("session.timeout.ms", 10_000)) / 1000)
         txn_id = None
         if self.processing_guarantee == "exactly_once":
             txn_id = f"{self.application_id}-{self._worker_id()}"

@@ -30,7 +30,7 @@ from typing import TypedDict
 import rocksdict
 from sortedcontainers import SortedList
 
-from processor.errors import ConfigError, StateError
+from processor.errors import ConfigError, StateDirUnusable, StateError
 from processor.state.store import merge_sorted, prefix_upper_bound
 
 # 2: operator bookkeeping (stream times, high-water marks, outbox counter) moved from ``__task``
@@ -85,6 +85,20 @@ def _options() -> rocksdict.Options:
     table.set_cache_index_and_filter_blocks(True)
     opts.set_block_based_table_factory(table)
     return opts
+
+
+# RocksDB's texts of a directory no retry mends (its IOError carries strerror)
+_UNUSABLE_DIRECTORY = ("No space left on device", "Read-only file system", "Permission denied",
+                       "Disk quota exceeded")
+
+
+def state_error(what: str, exc: BaseException) -> StateError:
+    """``what`` failed with RocksDB's ``exc``: a full, read-only or unwritable directory is
+    ``StateDirUnusable`` (exit 4, one line), anything else ``StateError``."""
+    text = str(exc)
+    if any(marker in text for marker in _UNUSABLE_DIRECTORY):
+        return StateDirUnusable(f"{what}: the state directory cannot be used: {text}")
+    return StateError(f"{what}: {text}")
 
 
 class RocksDBStore:
@@ -207,7 +221,7 @@ class RocksDBDatabase:
             cfs = {name: self._opts for name in [*existing, *column_families] if name != "default"}
             self._db = rocksdict.Rdict(str(self.path), self._opts, column_families=cfs)
         except Exception as exc:
-            raise StateError(f"cannot open state database {self.path}: {exc}") from exc
+            raise state_error(f"cannot open state database {self.path}", exc) from exc
         self._cfs: dict[str, rocksdict.Rdict] = {}   # column family handles
         self.stores: dict[str, RocksDBStore] = {}
         self.journal: list | None = None   # given to every store opened (see RocksDBStore)
@@ -231,7 +245,11 @@ class RocksDBDatabase:
             try:
                 cf = self._db.get_column_family(name)
             except Exception:
-                cf = self._db.create_column_family(name, self._opts)
+                try:
+                    cf = self._db.create_column_family(name, self._opts)
+                except Exception as exc:
+                    raise state_error(f"cannot create column family {name} in state database {self.path}",
+                                      exc) from exc
             self._cfs[name] = cf
         return cf
 
@@ -277,7 +295,7 @@ class RocksDBDatabase:
             try:
                 self._db.write(wb)
             except Exception as exc:
-                raise StateError(f"cannot write state database {self.path}: {exc}") from exc
+                raise state_error(f"cannot write state database {self.path}", exc) from exc
         for s in self.stores.values():
             s.clear_pending()
 

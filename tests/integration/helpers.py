@@ -132,7 +132,9 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -
     conf["group.id"] = group
     c = Consumer(conf)
     try:
-        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        # (a group's coordinator may move or still be loading: NOT_COORDINATOR is retried)
+        tps = kafka.retry_transient(lambda: c.committed([TopicPartition(topic, p) for p in range(partitions)],
+                                                        timeout=10), f"reading the offsets of group {group}")
         return {tp.partition: tp.offset for tp in tps}
     finally:
         c.close()

@@ -1,0 +1,129 @@
+"""A worker's identity: the id its state directory keeps, and the live process that claims it.
+
+Invariants:
+
+1. **One id per state directory, kept whole.** ``<state-dir>/<application-id>/worker.id`` holds
+   one line, the id: 1-64 characters of ``[A-Za-z0-9._-]``, starting with a letter or digit
+   (the transactional id's and the static member's suffix, so a restarted worker fences its own
+   zombie). A new one is a random UUID written atomically (a temporary file, fsync, rename,
+   fsync of the directory), readable by its owner only; a crash never leaves half an id. A file
+   that breaks the rule (empty, binary, too long) stops the worker with one line naming it
+   (``StateDirUnusable``, exit 4), never a traceback or an id like ``app1-``.
+2. **Owner-only state.** The application's state directory is created (and kept) with mode
+   0700: its databases, checkpoints and lock are readable by their owner only.
+3. **One live process per id.** Each process has an ``instance`` (``pid@host#token``) and the
+   time it claimed the id; a worker reports both in its subscription
+   (``processor/runtime/membership.py``). A state directory copied with its ``worker.id`` gives
+   two live processes one id: at start-up a worker that finds its id claimed by a live member of
+   its group, another instance, stops with one line naming both (before it initialises
+   transactions, which would fence the other); two started at once are told apart by the
+   group's leader, which keeps the instance that claimed the id first and refuses the other
+   (``CopiedStateDir``, exit 4). Members of one process (workers in threads) share the instance.
+4. **An unusable directory is one line.** A state directory that is read-only, full or not
+   ours to write raises ``StateDirUnusable`` (exit 4) naming the path and the cause.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import time
+import uuid
+from pathlib import Path
+
+from processor.errors import StateDirUnusable
+
+ID_FILE = "worker.id"
+ID_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+DIRECTORY_MODE = 0o700
+FILE_MODE = 0o600
+# errors of a state directory that no retry mends: not writable, full, over quota, read-only
+UNUSABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+_instance: tuple[int, str, int] | None = None
+
+
+def process_instance() -> tuple[str, int]:
+    """This process's ``(instance, claimed_at_ms)``: ``pid@host#token``, and when it was first
+    asked for (per process: a forked child gets its own)."""
+    global _instance
+    pid = os.getpid()
+    if _instance is None or _instance[0] != pid:
+        _instance = (pid, f"{pid}@{socket.gethostname()}#{uuid.uuid4().hex[:8]}", int(time.time() * 1000))
+    return _instance[1], _instance[2]
+
+
+def unusable(path: Path, exc: OSError, doing: str) -> StateDirUnusable:
+    """The one-line error of a state directory ``path`` that failed ``doing`` with ``exc``."""
+    return StateDirUnusable(f"state directory {path} cannot be used: {doing} failed: "
+                            f"{exc.strerror or exc} (errno {exc.errno}); give the worker a writable --state-dir "
+                            f"with free space")
+
+
+def prepare_directory(path: Path) -> None:
+    """Create ``path`` (and its parents) and keep it owner-only (invariant 2); an OS error is
+    ``StateDirUnusable``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
+        if path.stat().st_mode & 0o077:
+            path.chmod(DIRECTORY_MODE)
+    except OSError as exc:
+        raise unusable(path, exc, "creating it") from None
+
+
+def worker_id(state_dir: Path) -> str:
+    """The id kept in ``state_dir`` (created on first use; invariant 1)."""
+    path = state_dir / ID_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return _create(state_dir, path)
+    except OSError as exc:
+        raise unusable(state_dir, exc, f"reading {ID_FILE}") from None
+    try:
+        text = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        text = None
+    if text is None or not ID_RULE.fullmatch(text):
+        shown = repr(raw[:40]) + ("..." if len(raw) > 40 else "")
+        raise StateDirUnusable(f"{path} does not hold a worker id ({shown}): an id is 1-64 characters of "
+                               f"A-Z a-z 0-9 . _ -, starting with a letter or digit; delete the file for a new "
+                               f"one (a restarted worker then no longer fences its own zombie by id)")
+    return text
+
+
+def _create(state_dir: Path, path: Path) -> str:
+    prepare_directory(state_dir)
+    new = uuid.uuid4().hex
+    tmp = state_dir / f".{ID_FILE}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        try:
+            os.write(fd, (new + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dir_fd = os.open(state_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise unusable(state_dir, exc, f"writing {ID_FILE}") from None
+    return new
+
+
+def copied_state_dir_message(worker_id: str, state_dir: Path | str, other: str, other_since: int | None) -> str:
+    """The one line of a worker refused because ``other`` (an instance) claims its id."""
+    since = "" if other_since is None else \
+        f" since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(other_since / 1000))} UTC"
+    return (f"worker id {worker_id} (state directory {state_dir}) is claimed by another live worker, "
+            f"{other}{since}: the state directory was copied with its {ID_FILE}; give this worker a state "
+            f"directory of its own (or delete {ID_FILE} in the copy)")

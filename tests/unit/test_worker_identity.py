@@ -1,0 +1,89 @@
+"""A worker's identity (processor/runtime/worker_identity.py) and the leader's refusal of a copied
+state directory (membership invariant 7), on real files and the pure assignor."""
+
+import os
+import stat
+
+import pytest
+
+from processor.errors import StateDirUnusable
+from processor.runtime.membership import (
+    Assignment,
+    FleetRules,
+    Subscription,
+    assign_fleet,
+    copies_of,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
+)
+from processor.runtime.state_lock import StateDirLock
+from processor.runtime.worker_identity import ID_RULE, process_instance, worker_id
+
+
+def test_a_new_worker_id_is_written_whole_and_readable_by_its_owner_only(tmp_path):
+    state = tmp_path / "s" / "app"
+    first = worker_id(state)
+    assert ID_RULE.fullmatch(first) and worker_id(state) == first
+    assert stat.S_IMODE((state / "worker.id").stat().st_mode) == 0o600
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert [p.name for p in state.iterdir()] == ["worker.id"]   # no temporary file left behind
+
+
+def test_a_state_directory_open_to_others_is_closed_when_locked(tmp_path):
+    state = tmp_path / "app"
+    state.mkdir(mode=0o755)
+    os.chmod(state, 0o755)
+    lock = StateDirLock(state).acquire()
+    try:
+        assert stat.S_IMODE(state.stat().st_mode) == 0o700
+        assert stat.S_IMODE((state / ".lock").stat().st_mode) == 0o600
+    finally:
+        lock.release()
+
+
+@pytest.mark.parametrize("content", [b"", b"\n", b"\xff\xfe\x00binary", b"x" * 65, b"-leading-dash",
+                                     b"has space", b"a/../b"])
+def test_a_broken_worker_id_is_one_line_naming_the_file(tmp_path, content):
+    state = tmp_path / "app"
+    state.mkdir()
+    (state / "worker.id").write_bytes(content)
+    with pytest.raises(StateDirUnusable) as exc:
+        worker_id(state)
+    text = str(exc.value)
+    assert str(state / "worker.id") in text and "delete the file" in text and "\n" not in text
+    assert exc.value.exit_code == 4
+
+
+def test_subscriptions_and_assignments_carry_the_instance_and_the_refusal():
+    s = Subscription(server="h:1", process="w1", sums={(0, 1): 5}, running=[(0, 1)], instance="1@h#ab",
+                     claimed_at=123)
+    assert decode_subscription(encode_subscription(s)) == s
+    old = Subscription(server=None, process="w1")   # an older build's: no instance
+    assert b"instance" not in encode_subscription(old) and decode_subscription(encode_subscription(old)) == old
+    a = Assignment(active=[], claimed_by=("1@h#ab", 123))
+    assert decode_assignment(encode_assignment(a)) == a
+    assert b"claimed_by" not in encode_assignment(Assignment())
+
+
+def test_the_leader_refuses_every_copy_but_the_first_claim_and_places_the_others():
+    rules = FleetRules(partitions_of_task={(0, p): [("in", p)] for p in range(4)}, stateful=set())
+    subs = {
+        "m-original": Subscription(server="a:1", process="w1", instance="10@a#1", claimed_at=100),
+        "m-copy": Subscription(server="b:1", process="w1", instance="20@b#2", claimed_at=200),
+        "m-thread": Subscription(server="a:1", process="w1", instance="10@a#1", claimed_at=100),
+        "m-other": Subscription(server="c:1", process="w2", instance="30@c#3", claimed_at=50),
+        "m-old-build": Subscription(server="d:1", process="w3"),
+    }
+    assert set(copies_of(subs)) == {"m-copy"}
+    out = assign_fleet(rules, subs, {})
+    assert out["m-copy"].claimed_by == ("10@a#1", 100) and out["m-copy"].active == []
+    assert sorted(t for m, a in out.items() for t in a.active) == [(0, p) for p in range(4)]
+    assert all(a.claimed_by is None for m, a in out.items() if m != "m-copy")
+    assert "b:1" not in out["m-original"].fleet
+
+
+def test_the_process_instance_is_one_per_process():
+    a, since = process_instance()
+    assert process_instance() == (a, since) and a.startswith(f"{os.getpid()}@")
