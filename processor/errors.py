@@ -38,9 +38,12 @@ from typing import Self
 
 
 class ProcessorError(Exception):
-    """Base class of every error this package raises on purpose."""
+    """Base class of every error this package raises on purpose. ``undone_record``: set by a
+    task when an error that is not a record's (``is_operational``) met an input record whose
+    every write it undid: ``(topic, partition, offset)``; what came before it may be committed."""
 
     exit_code = 1
+    undone_record: tuple[str, int, int] | None = None
 
 
 class ConfigError(ProcessorError):

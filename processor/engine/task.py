@@ -322,7 +322,14 @@ class Task:
                          outbox_len, topic, partition, offset, record_timestamp, key, value, headers)
         except RecordError as exc:
             raise exc.with_provenance(topic, partition, offset) from exc.__cause__
-        except ProcessorError:
+        except ProcessorError as exc:
+            if self._atomic:
+                # not the record's doing (a registry outage): it leaves nothing behind, so what the
+                # task did before it may still be committed (the host does, then stops)
+                if advanced:
+                    ctx.stream_time = before
+                self._undo_record(outbox_len)
+                exc.undone_record = (topic, partition, offset)
             raise
         except Exception as exc:
             raise ProcessingError(f"{type(exc).__name__}: {exc}", topic=topic, partition=partition,

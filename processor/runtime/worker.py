@@ -44,7 +44,7 @@ from confluent_kafka import TopicPartition
 from processor.config import StreamsConfig
 from processor.engine.routing import Routing
 from processor.engine.task import dlq_topic_for
-from processor.errors import ConfigError, KafkaIOError
+from processor.errors import ConfigError, KafkaIOError, ProcessorError
 from processor.graph import AggregateAttrs, UserProcessorAttrs
 from processor.kafka import clients as kafka
 from processor.kafka import internal_topics, startup_checks
@@ -617,6 +617,15 @@ class Worker:
                     raise
                 self.committer.transaction_failed(exc)
                 n = 0
+            except ProcessorError as exc:
+                if exc.undone_record is None:
+                    raise
+                # an error not of the record's making (a registry outage past its bound) met a record
+                # that left nothing behind: what came before it is committed, so a restart neither
+                # redoes it (outputs, dead letters) nor skips the record, then the worker stops
+                log.info("stopping: committing what was processed before %s[%d]@%d first", *exc.undone_record)
+                self.commit()
+                raise
             if n:
                 self.records_processed += n
                 self.last_record_at = time.monotonic()

@@ -228,3 +228,44 @@ def test_an_outage_while_registering_an_output_schema_is_no_output_error(apache_
     assert dead_letters(bootstrap, app) == []
     report(f"registry 401 while registering the output schema: 3 records in, 3 out, 0 dead-lettered; "
            f"the stop took {took:.1f} s")
+
+
+def test_an_outage_stop_commits_what_came_before_the_record_so_nothing_is_dead_lettered_twice(
+        apache_kafka_bootstrap, registry, unique, tmp_path, report):
+    """A worker that has processed (and dead-lettered) records since its last commit, then meets an
+    outage: before it stops it commits up to the record in hand (which left nothing behind), so a
+    restart neither dead-letters nor outputs anything twice. A long commit interval makes sure no
+    ordinary commit falls in between."""
+    bootstrap, url = apache_kafka_bootstrap, registry.url
+    inp, out, app = f"rc-in-{unique}", f"rc-out-{unique}", f"rc-app-{unique}"
+    kafka.create_topics(bootstrap, {inp: 1, out: 1})
+    env = {"APP_INPUT": inp, "APP_OUTPUT": out}
+    spec = "tests.integration.test_registry_outage:avro_orders"
+    log = tmp_path / "worker.log"
+    produce_avro(bootstrap, url, inp, ORDER_V1, [("o1", order(1, 150)), ("o2", UNKNOWN_ID)])
+    # o3 written with v2 now (registered while the registry answers), produced later
+    o3 = AvroSerializer(client_for({"url": url}), json.dumps(ORDER_V2))(
+        order(3, 300, note="gift"), SerializationContext(inp, MessageField.VALUE))
+    p = start_worker_process(bootstrap, spec, app, tmp_path / "s", log, env, commit_interval_ms=600_000,
+                             extra_args=cli_args(url))
+    try:
+        wait_for(lambda: len(dead_letters(bootstrap, app)) == 1, 90, "o2 dead-lettered", procs=[(p, log)])
+        registry.fail_with(401)
+        produce_avro(bootstrap, url, inp, ORDER_V2, [("o3", o3)])   # a schema id the worker has not seen
+        rc = p.wait(90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    text = open(log).read()
+    assert rc == 8 and "Traceback" not in text, text[-3000:]
+    assert "committing what was processed before" in text, text[-3000:]
+    assert committed_offsets(bootstrap, app, inp, 1)[0] == 2   # o1 and o2, not o3
+
+    registry.fail_with(None)
+    run_until(spec, bootstrap, app, tmp_path / "s", url, env, log,
+              lambda: committed_offsets(bootstrap, app, inp, 1)[0] == 3, "offset 3 committed")
+    assert outputs(bootstrap, url, out) == [("o1", order(1, 150)), ("o3", order(3, 300))]
+    assert [m.key() for m in dead_letters(bootstrap, app)] == [b"o2"]
+    report("an outage after a dead letter, no commit between: 3 records in, 2 out, 1 dead-lettered (once); "
+           "the stop committed offset 2")
