@@ -445,7 +445,7 @@ def order_totals(order_messages) -> dict:
 
 def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_path, env: dict,
                          guarantee: str = "at_least_once", commit_interval_ms: int = 300,
-                         consumer_config: list[str] = (), extra_args: list[str] = ()):
+                         consumer_config: list[str] = (), extra_args: list[str] = (), log_level: str = "INFO"):
     """``python -m processor.cli run SPEC`` as a child process (stderr to ``log_path``, appended);
     ``consumer_config``: extra ``key=value`` consumer settings."""
     import os
@@ -456,7 +456,7 @@ def start_worker_process(bootstrap: str, spec: str, app: str, state_dir, log_pat
     e = dict(os.environ, **env)
     e["PYTHONPATH"] = root + os.pathsep + e.get("PYTHONPATH", "")
     return subprocess.Popen(
-        [sys.executable, "-m", "processor.cli", "--log-level", "INFO", "run", spec,
+        [sys.executable, "-m", "processor.cli", "--log-level", log_level, "run", spec,
          "--bootstrap-servers", bootstrap, "--application-id", app, "--state-dir", str(state_dir),
          "--commit-interval-ms", str(commit_interval_ms), "--processing-guarantee", guarantee,
          "--consumer-config", "session.timeout.ms=6000", "--consumer-config", "heartbeat.interval.ms=500",
