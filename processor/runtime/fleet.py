@@ -24,8 +24,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,7 +42,7 @@ from processor.runtime.membership import (
     live_claims,
 )
 from processor.runtime.standby import StandbyTasks
-from processor.runtime.worker_identity import copied_state_dir_message, process_instance
+from processor.runtime.worker_identity import copied_state_dir_message, is_gone, on_this_host, process_instance
 from processor.state.rocksdb import RocksDBDatabase
 from processor.state.task_owner import claim_task_dir, owner_of
 
@@ -58,6 +56,9 @@ TaskKey = tuple[int, int]
 PROBING_INTERVAL_S = 10.0
 # a standby pass's share of the main loop: this long between two polls of the data consumer
 STANDBY_STEP_S = 0.05
+# how long a worker waits at start-up to see whether a member of another host claiming its worker id
+# is live (at most a session timeout; kept below the health probe's default timeout)
+COPY_CHECK_WAIT_S = 20.0
 
 
 def fleet_rules(worker: Worker) -> FleetRules:
@@ -111,11 +112,14 @@ def local_offset_sums(state_dir: Path, worker: Worker, keys: set[TaskKey]) -> di
 def refuse_a_copy(worker: Worker, session_timeout_s: float) -> None:
     """At start-up, before anything fences anything (membership invariant 7): stop with one line
     (``CopiedStateDir``) when a live member of the group, another process, claims this worker's
-    id. A member whose process is gone (this host, its pid not running, or this very pid: a
-    restarted container) is a dead member the group has not expired yet; one on another host is
-    live if it is still there after a session timeout. A group that cannot be described (no
-    such group, a broker that sends no member metadata: Tansu) passes: the leader's check at
-    the join remains."""
+    id. A member whose process is gone (this host, its pid not running the process that
+    reported, or this very pid: a restarted container) is a dead member the group has not
+    expired yet. One on another host is live if it is still there after a session timeout (at
+    most ``COPY_CHECK_WAIT_S``); a static member (``--static-membership``) does not wait: a
+    static member that stopped stays in the group for its session timeout, and Kafka itself
+    fences one of two members with one ``group.instance.id``. A group that cannot be described
+    (no such group yet, a broker that sends no member metadata: Tansu, settings kafka-python
+    cannot take) passes, with one line: the leader's check at the join remains."""
     worker_id = worker._worker_id()
     me, _ = process_instance()
     options, _ = kafka_python_settings(worker._consumer_config)
@@ -125,40 +129,27 @@ def refuse_a_copy(worker: Worker, session_timeout_s: float) -> None:
         try:
             claims = live_claims(bootstrap, worker.application_id, worker_id, options)
         except Exception as exc:   # (the leader's check at the join remains)
-            log.debug("could not describe group %s to look for a copy of this worker: %s", worker.application_id, exc)
+            log.info("could not describe group %s to look for a live copy of this worker (%s: %s); the "
+                     "group's leader checks at the join", worker.application_id, type(exc).__name__, exc)
             return []
-        return [c for c in claims if c[1] != me and not _gone(c[1])]
+        return [c for c in claims if c[1] != me and not is_gone(c[1])]
     found = others()
-    if found and any(not _on_this_host(c[1]) for c in found):
+    elsewhere = [c for c in found if not on_this_host(c[1])]
+    if elsewhere and worker.static_membership:
+        log.warning("worker id %s is claimed by a member on another host (%s): a static member that stopped "
+                    "there, or a copy of this state directory", worker_id, ", ".join(c[1] for c in elsewhere))
+        found = [c for c in found if on_this_host(c[1])]
+    elif elsewhere:
+        wait = min(session_timeout_s, COPY_CHECK_WAIT_S)
         log.warning("worker id %s is claimed by a member on another host (%s): checking that it is live "
-                    "(%.0f s, a session timeout)", worker_id, ", ".join(c[1] for c in found), session_timeout_s)
-        time.sleep(session_timeout_s)
+                    "(%.0f s)", worker_id, ", ".join(c[1] for c in elsewhere), wait)
+        worker.metrics_state.loop_beat = time.monotonic()
+        time.sleep(wait)
         members = {c[0] for c in found}
         found = [c for c in others() if c[0] in members]
     if found:
         _, other, since = found[0]
         raise CopiedStateDir(copied_state_dir_message(worker_id, worker.state_dir, other, since))
-
-
-def _on_this_host(instance: str) -> bool:
-    return instance.partition("@")[2].rpartition("#")[0] == socket.gethostname()
-
-
-def _gone(instance: str) -> bool:
-    """Whether ``instance`` (``pid@host#token``) is a process of this host that no longer runs
-    (or is this very pid: an earlier incarnation of a restarted container)."""
-    if not _on_this_host(instance):
-        return False
-    pid = int(instance.partition("@")[0])
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:   # another user's process: running
-        return False
-    return False
 
 
 class WorkerFleet(FleetListener):

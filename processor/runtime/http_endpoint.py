@@ -78,6 +78,7 @@ is read as one object (the worker replaces it whole).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import logging
 import math
@@ -105,6 +106,7 @@ from processor.runtime.http_security import LOOPBACK, NO_SECURITY, HTTPSecurity
 from processor.runtime.interactive_queries import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
+    SCAN_TIMEOUT_S,
     Cursor,
     KeyNotHosted,
     QueryBusy,
@@ -128,6 +130,7 @@ ROUTES = "/metrics /healthz /readyz /stores/<store>/<key> /metadata/<store>/<key
 BACKLOG = 128                 # connections the kernel queues before the server accepts them
 CONNECTION_TIMEOUT_S = 30.0   # a connection's socket timeout: an idle or slow client's thread ends
 HANDSHAKE_TIMEOUT_S = 10.0    # a TLS handshake's
+MAX_CONNECTIONS = 256         # connections served at once (a thread each); more are closed at once
 MAX_TARGET = 8192             # characters of a request target (414 past it)
 LOGGED_TARGET_CHARS = 200     # characters of a request target a log line shows
 OPEN_ROUTES = ("healthz", "readyz")
@@ -204,7 +207,8 @@ def encode_json(obj) -> bytes:
         return (json.dumps(obj, default=repr) + "\n").encode()
 
 
-def ask_peer(server: str, path: str, security: HTTPSecurity = NO_SECURITY) -> tuple[int, dict]:
+def ask_peer(server: str, path: str, security: HTTPSecurity = NO_SECURITY,
+             timeout_s: float = FORWARD_TIMEOUT_S) -> tuple[int, dict]:
     """``(status, JSON body)`` of ``GET path`` on worker ``server`` (``host:port``), asked as a
     forwarded request with this worker's credentials (``http_security.py`` invariant 3);
     ``PeerUnanswered`` when it cannot be reached, times out or answers something that is not a
@@ -213,7 +217,7 @@ def ask_peer(server: str, path: str, security: HTTPSecurity = NO_SECURITY) -> tu
                                  headers={FORWARDED: "1", **security.peer_headers()})
     try:
         try:
-            with urllib.request.urlopen(req, timeout=FORWARD_TIMEOUT_S, context=security.client_context) as r:
+            with urllib.request.urlopen(req, timeout=timeout_s, context=security.client_context) as r:
                 status, raw = r.status, r.read()
         except urllib.error.HTTPError as e:
             status, raw = e.code, e.read()
@@ -281,21 +285,51 @@ def check_advertised(server: str | None, endpoint: WorkerHTTPEndpoint | None) ->
     return t
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 class _Server(ThreadingHTTPServer):
+    """One thread per connection, at most ``MAX_CONNECTIONS`` at once: a connection past them is
+    closed at once (its client retries), so idle or slow clients cannot pile up threads."""
+
     request_queue_size = BACKLOG
     daemon_threads = True
     tls_context: ssl.SSLContext | None = None
+    connections = threading.BoundedSemaphore(1)   # (replaced per server in server_activate)
+
+    def server_activate(self):
+        self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().server_activate()
+
+    def process_request(self, request, client_address):
+        if not self.connections.acquire(blocking=False):
+            log.debug("HTTP connection from %s refused: %d connections open", client_address[0], MAX_CONNECTIONS)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connections.release()
+            raise
 
     def process_request_thread(self, request, client_address):
-        if self.tls_context is not None:   # the handshake on this connection's thread
-            try:
-                request.settimeout(HANDSHAKE_TIMEOUT_S)
-                request = self.tls_context.wrap_socket(request, server_side=True)
-            except OSError as exc:   # (ssl.SSLError too) a client that is not TLS, a certificate refused
-                log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
-                self.shutdown_request(request)
-                return
-        super().process_request_thread(request, client_address)
+        try:
+            if self.tls_context is not None:   # the handshake on this connection's thread
+                try:
+                    request.settimeout(HANDSHAKE_TIMEOUT_S)
+                    request = self.tls_context.wrap_socket(request, server_side=True)
+                except OSError as exc:   # (ssl.SSLError too) a client that is not TLS, a certificate refused
+                    log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+                    self.shutdown_request(request)
+                    return
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
 
     def handle_error(self, request, client_address):
         exc = sys.exc_info()[1]
@@ -331,6 +365,10 @@ class WorkerHTTPEndpoint:
         warning = sec.exposure_warning(self.host, self.port)
         if warning:
             log.warning("%s", warning)
+        loopback = ipaddress.ip_address(self.host).is_loopback if _is_ip(self.host) else self.host == "localhost"
+        if loopback:
+            log.info("the HTTP endpoint answers this machine only (%s): probes and scrapes from elsewhere (a "
+                     "kubelet, Prometheus) need --http-host 0.0.0.0 or --application-server", self.host)
         return self
 
     def stop(self) -> None:
@@ -639,7 +677,8 @@ class ScanAnswer:
 def _scan_of(server: str, path: str, security: HTTPSecurity) -> ScanAnswer | str:
     """A server's own page of a prefix scan, or why there is none."""
     try:
-        status, body = ask_peer(server, path, security)
+        # (a peer answers a scan in slices between its batches, for up to its own SCAN_TIMEOUT_S)
+        status, body = ask_peer(server, path, security, timeout_s=SCAN_TIMEOUT_S + FORWARD_TIMEOUT_S)
     except PeerUnanswered as exc:
         return str(exc)
     entries, cursors, parts = body.get("entries"), body.get("cursors"), body.get("partitions")

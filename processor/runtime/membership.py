@@ -420,6 +420,13 @@ class _Callbacks(AsyncConsumerRebalanceListener):
             await self.m.hand_over(lambda: self.m.listener.on_lost(parts))
 
 
+class _Quiet(logging.Filter):
+    """Drops kafka-python's admin client line that prints its configuration (secrets included)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "with configuration" not in str(record.msg)
+
+
 def live_claims(bootstrap_servers: str, group: str, process: str, client_options: Mapping[str, Any] | None = None,
                 timeout_s: float = 10.0) -> list[tuple[str, str, int | None]]:
     """The ``(member_id, instance, claimed_at)`` of every member of ``group`` that reports the worker id
@@ -440,13 +447,20 @@ def live_claims(bootstrap_servers: str, group: str, process: str, client_options
 
     options = {k: v for k, v in (client_options or {}).items()
                if k not in ("group_instance_id", "session_timeout_ms", "heartbeat_interval_ms",
-                            "max_poll_interval_ms")}
-    admin = Admin(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout_s * 1000),
-                             **options)
+                            "max_poll_interval_ms", "request_timeout_ms")}
+    budget_ms = int(timeout_s * 1000)
+    quiet = _Quiet()
+    admin_log = logging.getLogger("kafka.admin.client")
+    admin_log.addFilter(quiet)   # it logs its configuration, passwords included, at DEBUG
     try:
-        described = admin.describe_groups([group])
+        admin = Admin(bootstrap_servers=bootstrap_servers, request_timeout_ms=budget_ms,
+                      bootstrap_timeout_ms=budget_ms, **options)
+        try:
+            described = admin.describe_groups([group])
+        finally:
+            admin.close()
     finally:
-        admin.close()
+        admin_log.removeFilter(quiet)
     out = []
     for member in (described.get(group) or {}).get("members") or []:
         metadata = member.get("member_metadata")

@@ -624,7 +624,12 @@ class Worker:
                 # that left nothing behind: what came before it is committed, so a restart neither
                 # redoes it (outputs, dead letters) nor skips the record, then the worker stops
                 log.info("stopping: committing what was processed before %s[%d]@%d first", *exc.undone_record)
-                self.commit()
+                try:
+                    self.commit()
+                except Exception as commit_exc:   # (under exactly once, the wait may have outlived the
+                    # transaction: it is aborted, and a restart processes its records again)
+                    log.warning("could not commit before stopping (%s: %s): what was processed since the last "
+                                "commit is processed again after a restart", type(commit_exc).__name__, commit_exc)
                 raise
             if n:
                 self.records_processed += n

@@ -9,9 +9,10 @@ Invariants:
    fsync of the directory), readable by its owner only; a crash never leaves half an id. A file
    that breaks the rule (empty, binary, too long) stops the worker with one line naming it
    (``StateDirUnusable``, exit 4), never a traceback or an id like ``app1-``.
-2. **Owner-only state.** The application's state directory is created (and kept) with mode
-   0700: its databases, checkpoints and lock are readable by their owner only.
-3. **One live process per id.** Each process has an ``instance`` (``pid@host#token``) and the
+2. **Owner-only state.** The application's state directory is created with mode 0700 (an
+   existing one keeps its owner's choice): its databases, checkpoints and lock are readable by
+   their owner only.
+3. **One live process per id.** Each process has an ``instance`` (``pid.started@host#token``) and the
    time it claimed the id; a worker reports both in its subscription
    (``processor/runtime/membership.py``). A state directory copied with its ``worker.id`` gives
    two live processes one id: at start-up a worker that finds its id claimed by a live member of
@@ -45,14 +46,44 @@ UNUSABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.E
 _instance: tuple[int, str, int] | None = None
 
 
+def _started(pid: int) -> str | None:
+    """When process ``pid`` of this host started (clock ticks since boot, /proc/<pid>/stat's 22nd
+    field), or None: no such process (or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]   # (the fields after the command name, which may hold spaces)
+
+
 def process_instance() -> tuple[str, int]:
-    """This process's ``(instance, claimed_at_ms)``: ``pid@host#token``, and when it was first
-    asked for (per process: a forked child gets its own)."""
+    """This process's ``(instance, claimed_at_ms)``: ``pid.started@host#token`` (``started``: the
+    process's start time, so a reused pid is another process), and when it was first asked for
+    (per process: a forked child gets its own)."""
     global _instance
     pid = os.getpid()
     if _instance is None or _instance[0] != pid:
-        _instance = (pid, f"{pid}@{socket.gethostname()}#{uuid.uuid4().hex[:8]}", int(time.time() * 1000))
+        _instance = (pid, f"{pid}.{_started(pid) or 0}@{socket.gethostname()}#{uuid.uuid4().hex[:8]}",
+                     int(time.time() * 1000))
     return _instance[1], _instance[2]
+
+
+def on_this_host(instance: str) -> bool:
+    """Whether ``instance`` (another member's report) names a process of this host."""
+    return instance.partition("@")[2].rpartition("#")[0] == socket.gethostname()
+
+
+def is_gone(instance: str) -> bool:
+    """Whether ``instance`` is a process of this host that no longer runs: its pid runs no process
+    started when it did (exited, or the pid reused), or is this very process's pid (an earlier
+    incarnation of a restarted container). Another host's, or a report this cannot read: False."""
+    if not on_this_host(instance):
+        return False
+    pid_text, _, started = instance.partition("@")[0].partition(".")
+    if not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    return pid == os.getpid() or _started(pid) != started
 
 
 def unusable(path: Path, exc: OSError, doing: str) -> StateDirUnusable:
@@ -63,12 +94,11 @@ def unusable(path: Path, exc: OSError, doing: str) -> StateDirUnusable:
 
 
 def prepare_directory(path: Path) -> None:
-    """Create ``path`` (and its parents) and keep it owner-only (invariant 2); an OS error is
+    """Create ``path`` (and its parents), owner-only (invariant 2); an existing directory keeps
+    the mode its owner gave it (a sidecar of the same group may read it). An OS error is
     ``StateDirUnusable``."""
     try:
         path.mkdir(parents=True, exist_ok=True, mode=DIRECTORY_MODE)
-        if path.stat().st_mode & 0o077:
-            path.chmod(DIRECTORY_MODE)
     except OSError as exc:
         raise unusable(path, exc, "creating it") from None
 

@@ -71,7 +71,7 @@ def test_a_copied_state_directory_is_refused_in_one_line_and_the_original_runs_o
         line = assert_exit(copy, 4, "is claimed by another live worker", "the state directory was copied",
                            str(tmp_path / "b"))
         worker_id = (tmp_path / "a" / app / "worker.id").read_text().strip()
-        assert worker_id in line and f"{original.pid}@" in line
+        assert worker_id in line and f"{original.pid}." in line
         # the original was never fenced: it processes what comes next
         produce(bootstrap, inp, [(b"c", good(400)), (b"d", good(5))])
         wait_until_group_drained(bootstrap, app, {inp: 2}, timeout_s=90,

@@ -239,3 +239,30 @@ def test_the_endpoint_binds_loopback_unless_asked(token_file):
     assert "answer anyone" in HTTPSecurity().exposure_warning("0.0.0.0", 8080)
     assert "clear text" in HTTPSecurity(auth_token_file=token_file).exposure_warning("0.0.0.0", 8080)
     assert HTTPSecurity().exposure_warning("127.0.0.1", 8080) is None
+
+
+def test_connections_past_the_cap_are_closed_at_once_and_served_again_once_one_ends(monkeypatch):
+    import processor.runtime.http_endpoint as http_endpoint
+
+    monkeypatch.setattr(http_endpoint, "MAX_CONNECTIONS", 3)
+    ep = serve()
+    idle = [socket.create_connection(("127.0.0.1", ep.port), timeout=10) for _ in range(3)]
+    try:
+        time.sleep(0.2)   # (accepted, each holding a thread, sending nothing)
+        with socket.create_connection(("127.0.0.1", ep.port), timeout=10) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(100) == b""   # closed without an answer: no thread for it
+        idle.pop().close()
+        deadline = time.monotonic() + 5
+        while True:   # the closed one's thread ends, and a probe is served again
+            try:
+                status, _, body = request(ep.port, "GET", "/healthz")
+                break
+            except (ConnectionError, http.client.RemoteDisconnected):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert status == 200 and body["status"] == "ok"
+    finally:
+        for s in idle:
+            s.close()
+        ep.stop()

@@ -2,6 +2,7 @@
 state directory (membership invariant 7), on real files and the pure assignor."""
 
 import os
+import socket
 import stat
 
 import pytest
@@ -19,7 +20,7 @@ from processor.runtime.membership import (
     encode_subscription,
 )
 from processor.runtime.state_lock import StateDirLock
-from processor.runtime.worker_identity import ID_RULE, process_instance, worker_id
+from processor.runtime.worker_identity import ID_RULE, is_gone, on_this_host, process_instance, worker_id
 
 
 def test_a_new_worker_id_is_written_whole_and_readable_by_its_owner_only(tmp_path):
@@ -31,14 +32,20 @@ def test_a_new_worker_id_is_written_whole_and_readable_by_its_owner_only(tmp_pat
     assert [p.name for p in state.iterdir()] == ["worker.id"]   # no temporary file left behind
 
 
-def test_a_state_directory_open_to_others_is_closed_when_locked(tmp_path):
-    state = tmp_path / "app"
-    state.mkdir(mode=0o755)
-    os.chmod(state, 0o755)
-    lock = StateDirLock(state).acquire()
+def test_a_new_state_directory_is_owner_only_and_an_existing_one_keeps_its_mode(tmp_path):
+    new = tmp_path / "new" / "app"
+    lock = StateDirLock(new).acquire()
     try:
-        assert stat.S_IMODE(state.stat().st_mode) == 0o700
-        assert stat.S_IMODE((state / ".lock").stat().st_mode) == 0o600
+        assert stat.S_IMODE(new.stat().st_mode) == 0o700
+        assert stat.S_IMODE((new / ".lock").stat().st_mode) == 0o600
+    finally:
+        lock.release()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o750)   # its owner's choice (a sidecar of the group reads it)
+    lock = StateDirLock(shared).acquire()
+    try:
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o750
     finally:
         lock.release()
 
@@ -86,4 +93,25 @@ def test_the_leader_refuses_every_copy_but_the_first_claim_and_places_the_others
 
 def test_the_process_instance_is_one_per_process():
     a, since = process_instance()
-    assert process_instance() == (a, since) and a.startswith(f"{os.getpid()}@")
+    assert process_instance() == (a, since) and a.startswith(f"{os.getpid()}.")
+    assert on_this_host(a) and is_gone(a)   # (this very pid: an earlier incarnation's report)
+
+
+def test_a_report_of_a_process_is_gone_when_its_pid_runs_another_process_or_none():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        from processor.runtime.worker_identity import _started
+        started = _started(child.pid)
+        host = socket.gethostname()
+        assert started is not None
+        assert not is_gone(f"{child.pid}.{started}@{host}#ab")            # running: a live claim
+        assert is_gone(f"{child.pid}.{int(started) - 1}@{host}#ab")       # the pid reused since
+        assert not is_gone(f"{child.pid}.{started}@another-host#ab")      # another host: not known here
+        assert not is_gone("garbage") and not on_this_host("garbage")
+    finally:
+        child.kill()
+        child.wait()
+    assert is_gone(f"{child.pid}.{started}@{host}#ab")                    # exited
