@@ -101,7 +101,7 @@ def run_into_the_outage(spec, bootstrap, app, state_dir, url, env) -> tuple[str,
     warned = [line for line in lines if "cannot be used (" in line]
     assert len(warned) == 1, p.stderr[-3000:]   # one warning for the kind, not one per retry
     waited = float(re.search(r"could not be used for ([0-9.]+) s", lines[-1]).group(1))
-    assert BOUND_MS / 1000 <= waited < BOUND_MS / 1000 + 1.5, lines[-1]
+    assert BOUND_MS / 1000 <= waited < BOUND_MS / 1000 + 5.0, lines[-1]   # (one back-off step past it at most)
     return lines[-1], elapsed
 
 

@@ -120,3 +120,24 @@ def test_secret_values_never_reach_a_described_line():
     registry["url"] = "https://key:S3CRET-u@registry:8081"
     line = describe_registry(registry)
     assert "S3CRET" not in line and "https://*****@registry:8081" in line
+
+
+def test_the_copy_check_s_admin_client_logs_no_secret(caplog):
+    """kafka-python's admin client logs its configuration at DEBUG: the start-up copy check
+    (``membership.live_claims``) keeps that line out (a closed port: the client gives up)."""
+    import socket
+
+    import pytest
+
+    from processor.runtime.membership import kafka_python_settings, live_claims
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options, _ = kafka_python_settings({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                                        "sasl.username": "S3CRET-user", "sasl.password": "S3CRET-pass",
+                                        "request.timeout.ms": "20000"})
+    with caplog.at_level(logging.DEBUG), pytest.raises(Exception) as exc:
+        live_claims(f"127.0.0.1:{port}", "g", "w1", options, timeout_s=1.0)
+    assert not isinstance(exc.value, TypeError)   # (request.timeout.ms is the copy check's own)
+    assert caplog.records and not any("S3CRET" in r.getMessage() for r in caplog.records)
