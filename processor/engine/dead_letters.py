@@ -3,7 +3,8 @@
 Invariant: a record the on-error policy rejects is, under ``skip``, counted and logged, and under
 ``dlq`` sent once to the dead-letter topic as it was read (key, value, timestamp, its own headers
 first) followed by KIP-1034's headers (``DLQ_HEADERS``, built by ``dead_letter_headers``). A
-dead-letter record is never larger than the producer's ``message.max.bytes``: near the limit the
+dead-letter record is never larger than the producer's ``message.max.bytes`` (nor than the
+dead-letter topic's own ``max.message.bytes``, when the host knows it): near the limit the
 long texts (message, stack trace) are cut to 512 bytes, and a record that still does not fit (an
 input at or above the limit, which a broker with a larger ``max.message.bytes`` accepted) goes as
 a *stub* (``stub_of``): its key and value cut to what fits, its own headers kept only if they
@@ -91,8 +92,11 @@ def stub_of(key: bytes | None, value: bytes | None, headers: list, dlq_headers: 
 class DeadLetters:
     """One task's rejected records under its on-error policy, and their counts."""
 
-    def __init__(self, on_error: str, dlq_topic: str | None, collector: RecordCollector, task_id: str):
+    def __init__(self, on_error: str, dlq_topic: str | None, collector: RecordCollector, task_id: str,
+                 topic_limit: int | None = None):
         self.on_error = on_error
+        # the dead-letter topic's own limit, when below the producer's (startup_checks.dead_letter_record_limit)
+        self.topic_limit = topic_limit
         self.dlq_topic = dlq_topic
         self.collector = collector
         self.task_id = task_id
@@ -110,6 +114,8 @@ class DeadLetters:
             log.warning("skipped poison record (on_error=skip): %s", exc,
                         extra={"task": self.task_id, **record_fields(exc)})
             return
+        if self.topic_limit is not None:
+            max_record_bytes = min(max_record_bytes, self.topic_limit)
         own = list(headers or ())
         kip_headers = dead_letter_headers(exc)
         dlq_headers = own + kip_headers

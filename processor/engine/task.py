@@ -111,7 +111,7 @@ class Task:
                  routing: Routing | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  journal: bool | None = None, origin: str | None = None, stage_internal: bool = False,
                  coalesce_fk_records: bool = False, topic_exists: Callable[[str], bool] | None = None,
-                 global_stores: dict | None = None):
+                 global_stores: dict | None = None, dead_letter_max_bytes: int | None = None):
         if on_error not in ERROR_POLICIES:
             raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {on_error!r}")
         if on_error == "dlq" and not dlq_topic:
@@ -124,7 +124,7 @@ class Task:
         self.collector = collector
         self.on_error = on_error
         self.dlq_topic = dlq_topic
-        self._dead_letters = DeadLetters(on_error, dlq_topic, collector, self.id)
+        self._dead_letters = DeadLetters(on_error, dlq_topic, collector, self.id, dead_letter_max_bytes)
         self.context = ProcessorContext(self.id, stores, collector, wall_clock, partition)
         self.routing = self.context.routing = routing or Routing()
         if topic_exists is not None:   # the host's view of which user topics exist (to(extractor))

@@ -90,3 +90,24 @@ def check_dead_letter_topic_writable(cluster: Any, on_error: str, topic: str, ti
         raise ConfigError(f"the dead-letter topic {topic!r} on {cluster} refuses this application's writes "
                           f"(its ACLs grant {', '.join(sorted(op.name for op in operations))}, not WRITE); grant "
                           f"WRITE on it (--on-error dlq), or choose --on-error skip|fail")
+
+
+# a v2 record batch's header: what a batch of one record adds to it (the broker checks the batch
+# against the topic's ``max.message.bytes``)
+RECORD_BATCH_OVERHEAD = 61
+
+
+def dead_letter_record_limit(cluster: Any, topic: str, producer_limit: int) -> int:
+    """The largest dead-letter record this host sends whole: the producer's ``message.max.bytes``,
+    or less when the dead-letter ``topic``'s own ``max.message.bytes`` is smaller (created by the
+    user so, or the broker's default under a producer allowed more): past it, a stub
+    (``processor/engine/dead_letters.py``) rather than a delivery the broker refuses. A broker
+    that reports no such setting: the producer's."""
+    from processor.kafka import internal_topics
+
+    value = internal_topics.describe(cluster, [topic]).get(topic, {}).get("max.message.bytes")
+    try:
+        topic_limit = int(value) - RECORD_BATCH_OVERHEAD if value is not None else producer_limit
+    except ValueError:
+        topic_limit = producer_limit
+    return min(producer_limit, topic_limit)

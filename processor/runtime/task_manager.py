@@ -97,6 +97,7 @@ class TaskManager:
         self.on_error = on_error
         self.dlq_topic = dlq_topic
         self.producer_config = producer_config
+        self.dead_letter_max_bytes: int | None = None   # (open)
         self.stage_internal = stage_internal
         self.coalesce_fk_records = coalesce_fk_records
         self.max_task_idle_ms = max_task_idle_ms
@@ -138,8 +139,10 @@ class TaskManager:
 
     def open(self, topology: Topology, *, routing: Routing, parts: dict[str, int],
              table_sinks: dict[int, list[str]], consumer: Consumer, collector: KafkaCollector,
-             global_tables: GlobalTables | None) -> None:
-        """The worker runs: the topology as partitioned at start-up, and the clients tasks use."""
+             global_tables: GlobalTables | None, dead_letter_max_bytes: int | None = None) -> None:
+        """The worker runs: the topology as partitioned at start-up, and the clients tasks use;
+        ``dead_letter_max_bytes``: the dead-letter topic's own limit (None: the producer's)."""
+        self.dead_letter_max_bytes = dead_letter_max_bytes
         self.topology = topology
         self.routing = routing
         self.parts = parts
@@ -254,7 +257,8 @@ class TaskManager:
                         origin=self.application_id if self.table_sinks.get(sub) else None,
                         stage_internal=self.stage_internal,
                         coalesce_fk_records=self.coalesce_fk_records, topic_exists=self._topic_exists,
-                        global_stores=self.global_tables.stores if self.global_tables is not None else None)
+                        global_stores=self.global_tables.stores if self.global_tables is not None else None,
+                        dead_letter_max_bytes=self.dead_letter_max_bytes)
             self.writers[(sub, partition)] = ChangelogWriter(task, t.changelogs, self.collector.send_changelog,
                                                              self.collector.send_changelog_records)
             self.tasks[(sub, partition)] = task

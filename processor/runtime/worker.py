@@ -43,7 +43,7 @@ from confluent_kafka import TopicPartition
 
 from processor.config import StreamsConfig
 from processor.engine.routing import Routing
-from processor.engine.task import dlq_topic_for
+from processor.engine.task import dlq_topic_for, max_record_bytes_of
 from processor.errors import ConfigError, KafkaIOError, ProcessorError
 from processor.graph import AggregateAttrs, UserProcessorAttrs
 from processor.kafka import clients as kafka
@@ -183,6 +183,7 @@ class Worker:
         self._health_timeout_s = health_timeout_s
         self.http_endpoint: WorkerHTTPEndpoint | None = None
         self._fatal: BaseException | None = None
+        self._dead_letter_max_bytes: int | None = None   # the dead-letter topic's own limit (check_topics)
         self._wall_punctuation = any(
             (isinstance(n.attrs, AggregateAttrs) and n.attrs.emit.mode == "every" and n.attrs.emit.clock == "wall")
             or isinstance(n.attrs, UserProcessorAttrs) for n in topology.nodes)
@@ -287,6 +288,8 @@ class Worker:
         internal_topics.warn_deleting_sources(self.bootstrap_servers, sorted(topo.reused_source_topics()))
         startup_checks.ensure_dead_letter_topic(self.bootstrap_servers, self.on_error, self.dlq_topic, parts,
                                                 self.replication_factor)
+        self._dead_letter_max_bytes = None if self.on_error != "dlq" else startup_checks.dead_letter_record_limit(
+            self.bootstrap_servers, self.dlq_topic, max_record_bytes_of(self._producer_config))
         if created:
             parts = {**parts, **{t: wanted[t][0] for t in created}}
         # which partitioner placed each source a join depends on (docs/semantics.md "Partitioning")
@@ -489,7 +492,8 @@ class Worker:
         self.consumer = kafka.new_consumer(cconf, "the consumer group")
         self.fetch_gaps.consumer = self.consumer
         self.task_manager.open(self.topology, routing=self.routing, parts=self._parts, table_sinks=self._table_sinks,
-                               consumer=self.consumer, collector=self.collector, global_tables=self.global_tables)
+                               consumer=self.consumer, collector=self.collector, global_tables=self.global_tables,
+                               dead_letter_max_bytes=self._dead_letter_max_bytes)
         previous = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):

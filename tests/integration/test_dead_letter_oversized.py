@@ -77,3 +77,26 @@ def test_an_input_too_large_to_dead_letter_whole_goes_as_a_stub_and_processing_g
         assert headers[TRUNCATED_HEADER] == f"key=1/1;value={kept}/{len(original)};headers=0/0".encode()
     assert dict(dlq[0].headers())["__streams.errors.exception"] == b"json.decoder.JSONDecodeError"
     assert b"message.max.bytes" in dict(dlq[1].headers())["__streams.errors.message"]
+
+
+def test_a_dead_letter_topic_with_a_smaller_limit_than_the_producer_gets_stubs_within_its_own(
+        apache_kafka_bootstrap, unique, tmp_path, monkeypatch):
+    """A dead-letter topic created (by its user) with ``max.message.bytes`` below the producer's
+    ``message.max.bytes``: a poison record that fits the producer but not the topic goes as a stub
+    within the topic's limit, rather than a delivery the broker refuses on every restart."""
+    bootstrap = apache_kafka_bootstrap
+    inp, out, app = f"orders-{unique}", f"big-{unique}", f"app-{unique}"
+    monkeypatch.setenv("APP_INPUT", inp)
+    monkeypatch.setenv("APP_OUTPUT", out)
+    kafka.create_topics(bootstrap, {inp: 1, out: 1})
+    kafka.create_topics(bootstrap, {f"{app}-dlq": 1}, config={"max.message.bytes": "200000"})
+    poison = b"{" + b"x" * 500_000
+    produce_large(bootstrap, inp, [(b"a", good(150)), (b"p", poison), (b"b", good(300))])
+    w = run(bootstrap, app, tmp_path, "at_least_once")
+    assert w.metrics()["task"]["dead_lettered_cut"] == 1
+    outs = [(m.key(), m.value()) for m in kafka.read_topic(bootstrap, out)]
+    assert outs == [(b"a", good(150)), (b"b", good(300))]
+    [stub] = kafka.read_topic(bootstrap, f"{app}-dlq")
+    kept = len(stub.value())
+    assert wire_size(stub.key(), stub.value(), stub.headers()) <= 200_000 - 61 and 190_000 < kept < len(poison)
+    assert dict(stub.headers())[TRUNCATED_HEADER] == f"key=1/1;value={kept}/{len(poison)};headers=0/0".encode()
