@@ -103,11 +103,28 @@ def dead_letter_record_limit(cluster: Any, topic: str, producer_limit: int) -> i
     user so, or the broker's default under a producer allowed more): past it, a stub
     (``processor/engine/dead_letters.py``) rather than a delivery the broker refuses. A broker
     that reports no such setting: the producer's."""
+    import logging
+    import time
+
+    from processor.errors import KafkaIOError
     from processor.kafka import internal_topics
 
-    value = internal_topics.describe(cluster, [topic]).get(topic, {}).get("max.message.bytes")
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            described = internal_topics.describe(cluster, [topic])
+            break
+        except KafkaIOError as exc:   # (a node that does not know the new topic yet: again)
+            if time.monotonic() >= deadline:
+                logging.getLogger("processor.topics").warning(
+                    "the dead-letter topic %s's max.message.bytes could not be read (%s): dead-letter records "
+                    "are kept within the producer's message.max.bytes (%d)", topic, exc, producer_limit)
+                return producer_limit
+            time.sleep(0.5)
+    value = described.get(topic, {}).get("max.message.bytes")
     try:
         topic_limit = int(value) - RECORD_BATCH_OVERHEAD if value is not None else producer_limit
     except ValueError:
         topic_limit = producer_limit
     return min(producer_limit, topic_limit)
+

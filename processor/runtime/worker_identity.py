@@ -48,12 +48,16 @@ _instance: tuple[int, str, int] | None = None
 
 def _started(pid: int) -> str | None:
     """When process ``pid`` of this host started (clock ticks since boot, /proc/<pid>/stat's 22nd
-    field), or None: no such process (or no /proc)."""
+    field), or None: no such process, one that has exited (a zombie its parent has not reaped
+    yet), or no /proc."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rpartition(")")[2].split()[19]   # (the fields after the command name, which may hold spaces)
+    fields = stat.rpartition(")")[2].split()   # (the fields after the command name, which may hold spaces)
+    if fields[0] in ("Z", "X"):   # exited: a zombie, or dead
+        return None
+    return fields[19]
 
 
 def process_instance() -> tuple[str, int]:

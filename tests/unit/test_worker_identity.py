@@ -4,6 +4,7 @@ state directory (membership invariant 7), on real files and the pure assignor.""
 import os
 import socket
 import stat
+import time
 
 import pytest
 
@@ -111,7 +112,13 @@ def test_a_report_of_a_process_is_gone_when_its_pid_runs_another_process_or_none
         assert is_gone(f"{child.pid}.{int(started) - 1}@{host}#ab")       # the pid reused since
         assert not is_gone(f"{child.pid}.{started}@another-host#ab")      # another host: not known here
         assert not is_gone("garbage") and not on_this_host("garbage")
+        child.kill()   # exited, not yet reaped: a zombie is gone too
+        deadline = time.monotonic() + 10
+        while not is_gone(f"{child.pid}.{started}@{host}#ab"):
+            assert time.monotonic() < deadline, "a killed, unreaped child still counts as live"
+            time.sleep(0.01)
+        assert os.path.exists(f"/proc/{child.pid}")   # (still there, as a zombie)
     finally:
         child.kill()
         child.wait()
-    assert is_gone(f"{child.pid}.{started}@{host}#ab")                    # exited
+    assert is_gone(f"{child.pid}.{started}@{host}#ab")                    # exited and reaped
