@@ -9,10 +9,14 @@ and the application (exit code 2). Internal topics are created and checked by
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from processor.errors import ConfigError
+from processor.errors import ConfigError, KafkaIOError
+
+log = logging.getLogger("processor.topics")
 
 
 def require_topics(cluster: Any, partitions: Mapping[str, int], topics: Iterable[str], application_id: str,
@@ -84,7 +88,22 @@ def check_dead_letter_topic_writable(cluster: Any, on_error: str, topic: str, ti
                                   f"authorized to describe it; grant it WRITE and DESCRIBE there (--on-error dlq), "
                                   f"or choose --on-error skip|fail") from None
             raise
-    description = kafka.retry_transient(describe, f"describing the dead-letter topic {topic!r}", timeout_s=timeout_s)
+    # a node that does not know the new topic yet answers UNKNOWN_TOPIC_OR_PART (seen on a loaded
+    # three-node cluster): asked again; a check that cannot run is one line, and the host starts
+    # (a refused write still stops it before its input is committed)
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            description = kafka.retry_transient(describe, f"describing the dead-letter topic {topic!r}",
+                                                timeout_s=timeout_s)
+            break
+        except KafkaIOError as exc:
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "the dead-letter topic %s's permissions could not be read (%s): a write it refuses will stop "
+                    "the worker when it happens", topic, exc)
+                return
+            time.sleep(0.5)
     operations = description.authorized_operations
     if operations and AclOperation.WRITE not in operations and AclOperation.ALL not in operations:
         raise ConfigError(f"the dead-letter topic {topic!r} on {cluster} refuses this application's writes "
@@ -103,10 +122,6 @@ def dead_letter_record_limit(cluster: Any, topic: str, producer_limit: int) -> i
     user so, or the broker's default under a producer allowed more): past it, a stub
     (``processor/engine/dead_letters.py``) rather than a delivery the broker refuses. A broker
     that reports no such setting: the producer's."""
-    import logging
-    import time
-
-    from processor.errors import KafkaIOError
     from processor.kafka import internal_topics
 
     deadline = time.monotonic() + 30.0
@@ -116,7 +131,7 @@ def dead_letter_record_limit(cluster: Any, topic: str, producer_limit: int) -> i
             break
         except KafkaIOError as exc:   # (a node that does not know the new topic yet: again)
             if time.monotonic() >= deadline:
-                logging.getLogger("processor.topics").warning(
+                log.warning(
                     "the dead-letter topic %s's max.message.bytes could not be read (%s): dead-letter records "
                     "are kept within the producer's message.max.bytes (%d)", topic, exc, producer_limit)
                 return producer_limit

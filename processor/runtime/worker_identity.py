@@ -5,8 +5,9 @@ Invariants:
 1. **One id per state directory, kept whole.** ``<state-dir>/<application-id>/worker.id`` holds
    one line, the id: 1-64 characters of ``[A-Za-z0-9._-]``, starting with a letter or digit
    (the transactional id's and the static member's suffix, so a restarted worker fences its own
-   zombie). A new one is a random UUID written atomically (a temporary file, fsync, rename,
-   fsync of the directory), readable by its owner only; a crash never leaves half an id. A file
+   zombie). A new one is a random UUID written atomically (a temporary file, fsync, a link that
+   never replaces, fsync of the directory), readable by its owner only; a crash never leaves half
+   an id, and workers creating it at once (threads of one process) all get the same one. A file
    that breaks the rule (empty, binary, too long) stops the worker with one line naming it
    (``StateDirUnusable``, exit 4), never a traceback or an id like ``app1-``.
 2. **Owner-only state.** The application's state directory is created with mode 0700 (an
@@ -129,28 +130,35 @@ def worker_id(state_dir: Path) -> str:
 
 
 def _create(state_dir: Path, path: Path) -> str:
+    """A new id, written whole: a temporary file of this writer's own, fsynced, then linked to
+    ``worker.id`` (a link never replaces: of writers racing, threads of one process or
+    processes, the first wins and the others read its id), the directory fsynced."""
     prepare_directory(state_dir)
     new = uuid.uuid4().hex
-    tmp = state_dir / f".{ID_FILE}.{os.getpid()}.tmp"
+    tmp = state_dir / f".{ID_FILE}.{new}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         try:
             os.write(fd, (new + "\n").encode())
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:   # another writer's id won
+            return worker_id(state_dir)
         dir_fd = os.open(state_dir, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
     except OSError as exc:
+        raise unusable(state_dir, exc, f"writing {ID_FILE}") from None
+    finally:
         try:
             tmp.unlink()
         except OSError:
             pass
-        raise unusable(state_dir, exc, f"writing {ID_FILE}") from None
     return new
 
 

@@ -122,3 +122,32 @@ def test_a_report_of_a_process_is_gone_when_its_pid_runs_another_process_or_none
         child.kill()
         child.wait()
     assert is_gone(f"{child.pid}.{started}@{host}#ab")                    # exited and reaped
+
+
+def _create_at_once(state, n: int) -> tuple[list[str], list[Exception]]:
+    import threading
+
+    got: list[str] = []
+    errors: list[Exception] = []
+    barrier = threading.Barrier(n)
+
+    def create():
+        barrier.wait()
+        try:
+            got.append(worker_id(state))
+        except Exception as exc:
+            errors.append(exc)
+    threads = [threading.Thread(target=create) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got, errors
+
+
+def test_workers_creating_the_id_at_once_all_get_the_same_one(tmp_path):
+    for attempt in range(20):   # (threads of one process, as workers in threads start)
+        state = tmp_path / f"s{attempt}" / "app"
+        got, errors = _create_at_once(state, 4)
+        assert errors == [] and len(set(got)) == 1 and len(got) == 4
+        assert [p.name for p in state.iterdir()] == ["worker.id"]
