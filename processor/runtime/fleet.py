@@ -59,6 +59,8 @@ STANDBY_STEP_S = 0.05
 # how long a worker waits at start-up to see whether a member of another host claiming its worker id
 # is live (at most a session timeout; kept below the health probe's default timeout)
 COPY_CHECK_WAIT_S = 20.0
+# how long past a session timeout a member the leader refuses as a copy waits before it stops
+REFUSAL_GRACE_S = 5.0
 
 
 def fleet_rules(worker: Worker) -> FleetRules:
@@ -172,7 +174,10 @@ class WorkerFleet(FleetListener):
         instance, claimed_at = process_instance()
         self._report = Subscription(server=worker.config.application_server, process=worker._worker_id(),
                                     instance=instance, claimed_at=claimed_at)
-        self.claimed_by: tuple[str, int | None] | None = None   # refused as a copy (membership invariant 7)
+        # refused as a copy by the leader (membership invariant 7): by whom, and since when
+        self.claimed_by: tuple[str, int | None] | None = None
+        self._refused_since: float | None = None
+        self._session_timeout_s = int(worker._consumer_config.get("session.timeout.ms", 10_000)) / 1000
         self.refresh_report()
         options, unsupported = kafka_python_settings(worker._consumer_config)
         if unsupported:
@@ -218,13 +223,32 @@ class WorkerFleet(FleetListener):
         here that stays here as a standby becomes one."""
         ran = self.membership.serve()
         if self.claimed_by is not None:
-            raise CopiedStateDir(copied_state_dir_message(self._report.process, self.worker.state_dir,
-                                                          *self.claimed_by))
+            self._check_refusal()
         if ran or time.monotonic() - self._reported_at >= 1.0:
             self.refresh_report()
         if self._standby_due or ran:
             self._standby_due = False
             self._apply_standbys()
+
+    def _check_refusal(self) -> None:
+        """The leader refused this member: another member reports its worker id. That member may
+        be a dead process the group has not expired yet (killed and restarted within a session
+        timeout: its subscription is still the group's), so this member stops only once the
+        refusal has lasted past a session timeout (the group expires a dead member by then, and
+        the rebalance that follows places this one), and never for a process of this host that
+        is gone. Meanwhile it runs nothing: the leader gave it no task."""
+        assert self.claimed_by is not None
+        other, since = self.claimed_by
+        now = time.monotonic()
+        if self._refused_since is None:
+            self._refused_since = now
+            log.warning("the group's leader refused this member: worker id %s is also reported by %s; waiting for "
+                        "the group to expire it if it is a dead member (%.0f s, a session timeout)",
+                        self._report.process, other, self._session_timeout_s)
+        if is_gone(other):
+            return
+        if now - self._refused_since > self._session_timeout_s + REFUSAL_GRACE_S:
+            raise CopiedStateDir(copied_state_dir_message(self._report.process, self.worker.state_dir, other, since))
 
     def step(self) -> None:
         """Between batches: a step of the standby pass; a probing rebalance when due."""
@@ -283,8 +307,10 @@ class WorkerFleet(FleetListener):
 
     # -- the group's callbacks (FleetListener) -------------------------------------------------------
     def on_assignment(self, assignment: Assignment, generation: int) -> None:
-        if assignment.claimed_by is not None:
-            self.claimed_by = assignment.claimed_by   # (raised on the main loop, by serve)
+        # (judged on the main loop, by serve)
+        self.claimed_by = assignment.claimed_by
+        if assignment.claimed_by is None:
+            self._refused_since = None
         self.assignment = assignment
         self.generation = generation
         self.rebalances += 1

@@ -39,9 +39,10 @@ Invariants:
 
 7. **One live process per worker id.** Members reporting one ``process`` (worker id) but
    different ``instance``s are live processes sharing a copied state directory: the leader keeps
-   the instance that claimed the id first and gives every other one nothing but ``claimed_by``,
-   which stops it (``CopiedStateDir``, ``processor/runtime/worker_identity.py``); the others are
-   placed as if it were not there.
+   the instance that claimed the id first and gives every other one nothing but ``claimed_by``;
+   the refused member stops (``CopiedStateDir``) once the refusal outlasts a session timeout
+   (``WorkerFleet``: the claimant may be a dead member the group has not expired yet); the
+   others are placed as if it were not there.
 
 ``FleetAssignor`` is the assignor (protocol ``processor-fleet``, cooperative, KIP-429): the
 leader decodes every member's subscription, computes the lags, places the tasks
