@@ -348,6 +348,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
         if fixtures & {"spark", "spark_cluster"} or item.nodeid.split("[")[0] in SPARK_BY_COMMAND:
             item.add_marker(pytest.mark.spark)
+        if item.nodeid.startswith("tests/reference/"):
+            item.add_marker(pytest.mark.reference)
         if _listed(item, SLOW):
             item.add_marker(pytest.mark.slow)
         if _listed(item, ALONE):

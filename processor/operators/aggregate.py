@@ -200,7 +200,8 @@ class StreamAggregate(_Aggregate):
         return self._call(self.aggregator, key, value, agg)
 
     # Kafka Streams' KStreamAggregate/KStreamReduce skip a null value; its windowed aggregations
-    # (time, session, sliding) skip only a null key and hand a null value to the aggregator
+    # of time and session windows skip only a null key and hand a null value to the aggregator;
+    # KStreamSlidingWindowAggregate skips a null value too
     skips_null_values = True
 
     def _begin(self, key, value, timestamp):

@@ -4,18 +4,20 @@ the variant that reads a key's windows newest first, as it does over RocksDB).
 Invariant: a key's windows are ``[start, start + diff]`` (both ends inclusive), one for each
 distinct set of its records that fit in ``diff``: the window ending at each record's time (its
 left window) and the window starting just after it (its right window) when that one holds a
-record; each window's aggregate folds exactly the records inside it, and its stored timestamp
-is the largest record time inside it (which the algorithm reads to decide which windows to
-create). Records with ``ts < diff`` share the window ``[0, diff]``. With ``observed`` the
-largest record time seen and ``close = observed - grace``: a record with ``ts + 1 + diff <=
-close`` is dropped (``late_records_dropped``), an update of a window ending before ``close``
-too (``expired_updates_dropped``); a window is closed once its end is before ``close``
-(emitted then under ``Emit.on_window_close``) and purged once its end is before ``close -
-diff - 1``: a record still accepted (``ts >= close - diff``) reads the window ending at the
-record before it (``prev``) to make ``prev``'s right window ``[prev + 1, prev + 1 + diff]``,
-open while ``prev >= close - diff - 1`` (found in review: purged one millisecond earlier, a
-record at 85 after 84 and 100, diff 10, grace 5, made no ``[85, 95]``). Result keys ``Windowed(key, start, start +
-diff)``; a result carries its window's timestamp.
+record; each window's aggregate folds exactly the records inside it, and its stored timestamp is
+the largest record time inside it (which the algorithm reads to decide which windows to create).
+Records with ``ts < diff`` share the window ``[0, diff]``. With ``observed`` the largest record
+time seen and ``close = observed - grace``: a record with ``ts + 1 + diff <= close`` is dropped
+(``late_records_dropped``), an update of a window ending before ``close`` too
+(``expired_updates_dropped``); a window is closed once its end is before ``close`` (emitted then
+under ``Emit.on_window_close``), read only while its start is after the store's clock (the
+largest window start written) - ``2 x diff + grace`` (Kafka Streams' window store retention by
+its own clock), and purged once its end is before ``close - diff - 1``: a record still accepted
+(``ts >= close - diff``) reads the window ending at the record before it (``prev``) to make
+``prev``'s right window ``[prev + 1, prev + 1 + diff]``, open while ``prev >= close - diff - 1``
+(found in review: purged one millisecond earlier, a record at 85 after 84 and 100, diff 10,
+grace 5, made no ``[85, 95]``). Result keys ``Windowed(key, start, start + diff)``; a result
+carries its window's timestamp.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from processor.state import sliding_key, timestamped
 
 class SlidingWindowedStreamAggregate(StreamAggregate):
     kind = "sliding-aggregate"
-    skips_null_values = False   # (as Kafka Streams' windowed aggregations)
+    # Kafka Streams' KStreamSlidingWindowAggregate skips a null key or value (its time and session
+    # windows a null key only); found by the differential suite (tests/reference/)
+    skips_null_values = True
 
     def __init__(self, name, store_name, key_serde, value_serde, emit, initializer, aggregator, windows):
         super().__init__(name, store_name, key_serde, value_serde, emit, initializer, aggregator)
@@ -45,13 +49,20 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
         self._to_purge: list[tuple[int, bytes]] = []
         self._indexed: set[bytes] = set()
         self._closed_before = None            # windows ending before this are closed
+        # Kafka Streams' window store: retention 2 x diff + grace by its own clock, the largest
+        # window start put into it (any key); a fetch sees only starts after clock - retention
+        # (at least 1 here: Kafka Streams refuses a time difference of 0 at its first record)
+        self.retention = max(2 * self.diff + self.grace, 1)
+        self._store_time = -1
 
     def init(self, context):
         super().init(context)
         self._closed_before = self.observed_time - self.grace if self.observed_time >= 0 else None
         close = self._closed_before
         for k, _ in self.store.items():
-            end = sliding_key.decode(k)[1] + self.diff
+            start = sliding_key.decode(k)[1]
+            self._store_time = max(self._store_time, start)
+            end = start + self.diff
             self._to_purge.append((end, k))
             if close is None or end >= close:
                 self._to_close.append((end, k))
@@ -66,7 +77,10 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
     # -- the store ---------------------------------------------------------------------------
     def _windows(self, kb: bytes, lo: int, hi: int):
         """``(start, agg, timestamp)`` of ``kb``'s windows with ``lo <= start <= hi``, newest first
-        (each aggregate deserialized only when the caller gets that far)."""
+        (each aggregate deserialized only when the caller gets that far), and within the store's
+        retention (found by the differential suite: a window starting at or before the store's
+        clock - retention is no longer read, though not purged yet)."""
+        lo = max(lo, self._store_time - self.retention + 1)
         n = len(kb) + sliding_key.START_SIZE
         entries = [(wk, raw) for wk, raw in self.store.range(sliding_key.encode(kb, lo), sliding_key.encode(kb, hi + 1))
                    if len(wk) == n]
@@ -83,6 +97,8 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
 
     def _write(self, kb, start, agg, ts) -> None:
         wk = sliding_key.encode(kb, start)
+        if start > self._store_time:
+            self._store_time = start
         try:
             vb = None if agg is None else self.value_serde.serialize(agg)
         except Exception as exc:

@@ -7,7 +7,9 @@ joins whatever the other side's window store still holds, and its own store may 
 * A left record ``(k, v, t)`` matches right records of key ``k`` with timestamps in
   ``[t - before, t + after]``; a right record matches left records in ``[t - after, t + before]``.
   Records with a null key, a null value or a negative timestamp are dropped and counted
-  (``skipped_null_key``, ``skipped_null_value``, ``skipped_invalid_timestamp``).
+  (``skipped_null_key``, ``skipped_null_value``, ``skipped_invalid_timestamp``), except that a
+  tracked side (below) forwards a record with a null key and a value at once as unmatched
+  (KIP-962, Kafka Streams 3.7+). Every record with a valid timestamp advances stream time.
 * Window stores (``<join>-this-store``: left records, ``<join>-other-store``: right records) have
   Kafka's retention ``R = before + after + grace``, by each store's OWN observed time (the
   largest timestamp put into it: a ``_bookkeeping`` entry ``stream_join_observed\x00<store>``).
@@ -27,13 +29,13 @@ joins whatever the other side's window store still holds, and its own store may 
   time"), else it goes into the shared outer store; a later match from the other side removes
   it. When a record at ``t == stream time`` arrives, every stored record whose window closed
   (left: ``t + after + grace < stream time``, right: ``t + before + grace``) is forwarded with
-  its own timestamp and deleted (``unmatched_emitted``), in outer-store order ``(timestamp,
-  side, sequence)``, BEFORE the arriving record is joined. A record emitted unmatched at once
-  can still be matched later by a record within its window and grace (Kafka's spurious left/outer
-  result for out-of-order input). Unlike Kafka, a closed record is not held back behind an
-  earlier-timestamped one that is still open (asymmetric windows), Kafka's wall-clock throttle of
-  these scans (``emit.interval.ms.kstreams.outer.join.spurious.results.fix``) does not apply, and
-  records of one timestamp and side close in arrival order (Kafka: by key bytes). Unmatched
+  its own timestamp and deleted (``unmatched_emitted``), in Kafka Streams' outer-store order
+  ``(timestamp, right before left, key bytes, arrival)``, BEFORE the arriving record is joined.
+  A record emitted unmatched at once can still be matched later by a record within its window
+  and grace (Kafka's spurious left/outer result for out-of-order input). Unlike Kafka, a closed
+  record is not held back behind an earlier-timestamped one that is still open (asymmetric
+  windows), Kafka's wall-clock throttle of these scans
+  (``emit.interval.ms.kstreams.outer.join.spurious.results.fix``) does not apply. Unmatched
   records are not flushed at shutdown: they are state, and their windows close on stream time.
 * Purging: entries outside their store's live range can never be seen again; they are deleted
   by a full scan of the join's window stores whenever stream time has advanced by half the
@@ -97,14 +99,10 @@ class _StreamJoin(Processor):
 
     # -- admission and stream time ---------------------------------------------------------------
     def _admit(self, key, value, ts):
-        """The join's stream time after a record to join (advanced by it); None when it is dropped."""
+        """The join's stream time after a record to join (advanced by it); None when it is dropped.
+        Stream time advances before the null checks, as Kafka Streams' ``KStreamKStreamJoin``
+        advances its shared time tracker for every record it is handed."""
         self.counts["records_in"] += 1
-        if key is None:
-            self.counts["skipped_null_key"] += 1
-            return None
-        if value is None:
-            self.counts["skipped_null_value"] += 1
-            return None
         if ts < 0:
             self.counts["skipped_invalid_timestamp"] += 1
             return None
@@ -113,7 +111,21 @@ class _StreamJoin(Processor):
         if ts > stream_time:
             stream_time = ts
             self._task.put(self._time_key, _TIME.pack(ts))
+        if key is None:
+            if value is not None and self._forwards_null_key():
+                return None
+            self.counts["skipped_null_key"] += 1
+            return None
+        if value is None:
+            self.counts["skipped_null_value"] += 1
+            return None
         return stream_time
+
+    def _forwards_null_key(self) -> bool:
+        """Whether a record with a null key and a value is joined with nothing at once (KIP-962:
+        Kafka Streams' outer side of a left or outer join forwards it); it is forwarded by
+        ``process``."""
+        return False
 
     # -- window stores -----------------------------------------------------------------------------
     def _observed(self, store) -> int:
@@ -205,9 +217,15 @@ class StreamJoinSide(_StreamJoin):
         self.other = context.get_store(other)
         self.outer: Any = None if outer is None else context.get_store(outer)
 
+    def _forwards_null_key(self) -> bool:
+        return self.tracks_this
+
     def process(self, key, value, timestamp):
         stream_time = self._admit(key, value, timestamp)
         if stream_time is None:
+            if key is None and value is not None and timestamp >= 0 and self.tracks_this:   # KIP-962
+                self.counts["unmatched_emitted"] += 1
+                self.forward(None, self._join(value, None) if self.left else self._join(None, value), timestamp)
             return
         if timestamp == stream_time and self.outer is not None:
             self._emit_closed(stream_time)
@@ -246,6 +264,10 @@ class StreamJoinSide(_StreamJoin):
             ts, side, _, kb = jwk.decode_outer(ok)
             if ts + close[side] < stream_time:
                 closed.append((ok, ts, side, kb, raw[TS:]))
+        # Kafka Streams' order: its outer store's key is (timestamp, side: right 0 before left 1,
+        # key bytes), each holding a list in arrival order; this store keeps (timestamp, side,
+        # sequence, key), so the batch is sorted
+        closed.sort(key=lambda c: (c[1], c[2] == jwk.LEFT, c[3], c[0]))
         for ok, ts, side, kb, vb in closed:
             self.outer.delete(ok)
             key = self.key_serde.deserialize(kb)

@@ -171,8 +171,10 @@ class TableSelfJoin(Processor):
 class StreamTableJoin(Processor):
     """``stream.join(table)`` / ``left_join``: each stream record looks up the table's current
     row for its key. Inner: no row, no output (``no_match``); left: ``joiner(v, None)``. The
-    output carries the stream record's timestamp (as in Kafka Streams). Records with a null key
-    cannot be looked up and are dropped (``skipped_null_key``). Table updates trigger nothing."""
+    output carries the stream record's timestamp (as in Kafka Streams). A record with a null
+    value is dropped (``skipped_null_value``); one with a null key cannot be looked up: a left
+    join forwards ``joiner(v, None)`` (KIP-962), an inner join drops it (``skipped_null_key``).
+    Table updates trigger nothing."""
 
     kind = "stream-table-join"
 
@@ -186,16 +188,23 @@ class StreamTableJoin(Processor):
         self.key_serde = key_serde
         self.no_match = 0
         self.skipped_null_key = 0
+        self.skipped_null_value = 0
 
     def init(self, context):
         super().init(context)
         self.table = table_getter(self.table_node, context)
 
     def process(self, key, value, timestamp):
-        if key is None:
-            self.skipped_null_key += 1
+        if value is None:            # Kafka Streams' KStreamKTableJoinProcessor.maybeDropRecord
+            self.skipped_null_value += 1
             return
-        row = self.table.get(key, self.serialize(self.key_serde, key, "key"))
+        if key is None:
+            if self.how != "left":
+                self.skipped_null_key += 1
+                return
+            row = None               # KIP-962: a left join forwards it, joined with nothing
+        else:
+            row = self.table.get(key, self.serialize(self.key_serde, key, "key"))
         if row is None and self.how == "inner":
             self.no_match += 1
             return
@@ -206,7 +215,8 @@ class StreamTableJoin(Processor):
         self.forward(key, out, timestamp)
 
     def metrics(self):
-        return {"no_match": self.no_match, "skipped_null_key": self.skipped_null_key}
+        return {"no_match": self.no_match, "skipped_null_key": self.skipped_null_key,
+                "skipped_null_value": self.skipped_null_value}
 
 
 class SelfJoinValueGetter:

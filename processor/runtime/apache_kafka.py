@@ -114,14 +114,25 @@ def check_java() -> None:
 def kafka_classpath(version: str = DEFAULT_VERSION) -> Path:
     """The folder of Apache Kafka ``version``'s runtime jars, fetched from Maven Central once."""
     check_version(version)
-    home = cache_dir() / f"apache-kafka-{version}"
+    return maven_classpath(POM, f"apache-kafka-{version}", {"kafka.version": version}, "kafka_2.13-*.jar",
+                           f"Apache Kafka {version}")
+
+
+def maven_classpath(pom: Path, name: str, properties: dict[str, str], expect: str, what: str,
+                    otherwise: str = "or set KAFKA_BOOTSTRAP_SERVERS to a running broker") -> Path:
+    """The folder ``cache_dir()/name/libs`` of the jars ``pom`` depends on, fetched from Maven
+    Central once by ``mvn dependency:copy-dependencies`` (``-Dkey=value`` for each of
+    ``properties``); complete only if a jar matches the glob ``expect``. Under a file lock, into
+    a temporary folder renamed into place. ``what`` names it in errors, ``otherwise`` ends their
+    advice."""
+    home = cache_dir() / name
     libs = home / "libs"
     if (libs / ".complete").exists():
         return libs
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise ConfigError("Apache Kafka is assembled from Maven Central with Maven: install it "
-                          "(Debian: apt-get install maven), or set KAFKA_BOOTSTRAP_SERVERS to a running broker")
+        raise ConfigError(f"{what} is assembled from Maven Central with Maven: install it "
+                          "(Debian: apt-get install maven), " + otherwise)
     home.mkdir(parents=True, exist_ok=True)
     with open(home / ".fetch.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -129,16 +140,16 @@ def kafka_classpath(version: str = DEFAULT_VERSION) -> Path:
             return libs
         staging = Path(tempfile.mkdtemp(prefix="libs-", dir=home))
         try:
-            cmd = [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
-                   f"-Dkafka.version={version}", f"-DoutputDirectory={staging}"]
+            cmd = [mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
+                   *(f"-D{k}={v}" for k, v in properties.items()), f"-DoutputDirectory={staging}"]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            if done.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
+            if done.returncode != 0 or not any(staging.glob(expect)):
                 said = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln]
                 first = said[0].replace("[ERROR]", "").strip()[:300] if said else f"exit code {done.returncode}"
-                raise ConfigError(f"Maven could not fetch Apache Kafka {version} from Maven Central ({first}): "
+                raise ConfigError(f"Maven could not fetch {what} from Maven Central ({first}): "
                                   "check that Maven Central is reachable (proxy settings in ~/.m2/settings.xml), "
-                                  "or set KAFKA_BOOTSTRAP_SERVERS to a running broker")
-            (staging / ".complete").write_text(version + "\n")
+                                  + otherwise)
+            (staging / ".complete").write_text(f"{what}\n")
             if libs.exists():
                 shutil.rmtree(libs)
             staging.rename(libs)

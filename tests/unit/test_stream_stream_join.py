@@ -166,8 +166,8 @@ def test_outer_join_emits_unmatched_records_of_both_sides():
         assert out(d) == [("c", ["c1", None], 20)]
         d.pipe_input("left", "x", "x1", timestamp=60)
         d.pipe_input("right", "y", "y1", timestamp=60)
-        d.pipe_input("left", "z", "z1", timestamp=100)     # (timestamp, side, sequence) order
-        assert out(d) == [("d", ["d1", None], 50), ("x", ["x1", None], 60), ("y", [None, "y1"], 60)]
+        d.pipe_input("left", "z", "z1", timestamp=100)     # Kafka Streams' order: timestamp, right before left, key
+        assert out(d) == [("d", ["d1", None], 50), ("y", [None, "y1"], 60), ("x", ["x1", None], 60)]
         assert d.get_store(f"{BASE}-outer-store").items() == [((100, "left", 5, "z"), "z1")]
         assert d.metrics()[OTHER]["unmatched_emitted"] + d.metrics()[THIS]["unmatched_emitted"] == 5
 
@@ -197,12 +197,18 @@ def reference(records, how, w):
     close = {"left": w.after_ms + w.grace_ms, "right": w.before_ms + w.grace_ms}
     tracked = {"inner": (), "left": ("left",), "outer": ("left", "right")}[how]
     for topic, k, v, t in records:
-        if k is None or v is None or t < 0:
+        if t < 0:
             continue
-        stream_time = max(stream_time, t)
+        stream_time = max(stream_time, t)     # every record advances it, as Kafka Streams' time tracker
+        if k is None and v is not None and topic in tracked:   # KIP-962: unmatched at once
+            out_.append((k, [v, None] if topic == "left" else [None, v], t))
+            continue
+        if k is None or v is None:
+            continue
         if t == stream_time:
+            # Kafka Streams' outer store order: timestamp, right before left, key, arrival
             closed = sorted((p for p in pending if p[0] + close[p[1]] < stream_time),
-                            key=lambda p: (p[0], p[1] != "left", p[2]))
+                            key=lambda p: (p[0], p[1] == "left", p[3], p[2]))
             for p in closed:
                 pending.remove(p)
                 out_.append((p[3], [p[4], None] if p[1] == "left" else [None, p[4]], p[0]))

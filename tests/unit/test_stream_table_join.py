@@ -31,12 +31,14 @@ def test_inner_and_left_exact_sequences_table_updates_trigger_nothing():
             d.pipe_input("users", "u1", None, timestamp=80)
             d.pipe_input("clicks", "u1", "c3", timestamp=90)
             d.pipe_input("clicks", None, "c4", timestamp=91)   # no key: cannot be looked up
+            d.pipe_input("clicks", "u1", None, timestamp=92)   # no value: nothing to join
             want = [("u1", ["c1", "ann"], 2), ("u1", ["c2", "bob"], 70)]
-            if how == "left":
-                want = [("u1", ["c0", None], 1)] + want + [("u1", ["c3", None], 90)]
+            if how == "left":   # KIP-962: a left join forwards a record without a key, joined with nothing
+                want = [("u1", ["c0", None], 1)] + want + [("u1", ["c3", None], 90), (None, ["c4", None], 91)]
             assert out(d) == want
             m = d.metrics()["KSTREAM-JOIN-0000000002"]
-            assert m == {"no_match": 2 if how == "inner" else 0, "skipped_null_key": 1}
+            assert m == {"no_match": 2 if how == "inner" else 0, "skipped_null_key": 1 if how == "inner" else 0,
+                         "skipped_null_value": 1}
 
 
 def test_join_with_a_filtered_table_sees_the_filtered_rows():

@@ -1,0 +1,248 @@
+// The Java twins of tests/reference/twins.py: the same topology under the same name, built with
+// Kafka Streams' DSL. Values are strings of small integers unless a twin says otherwise; a
+// joiner writes "left+right" with "null" for a missing side; a windowed result's key is
+// "key@start-end". Keep each twin line for line beside its Python one.
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Properties;
+import org.apache.kafka.common.serialization.Serde;
+import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.common.utils.Bytes;
+import org.apache.kafka.streams.KeyValue;
+import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.Topology;
+import org.apache.kafka.streams.kstream.Branched;
+import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.GlobalKTable;
+import org.apache.kafka.streams.kstream.Grouped;
+import org.apache.kafka.streams.kstream.JoinWindows;
+import org.apache.kafka.streams.kstream.KStream;
+import org.apache.kafka.streams.kstream.KTable;
+import org.apache.kafka.streams.kstream.Materialized;
+import org.apache.kafka.streams.kstream.Named;
+import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.SessionWindows;
+import org.apache.kafka.streams.kstream.SlidingWindows;
+import org.apache.kafka.streams.kstream.StreamJoined;
+import org.apache.kafka.streams.kstream.TimeWindows;
+import org.apache.kafka.streams.kstream.ValueJoiner;
+import org.apache.kafka.streams.kstream.Windowed;
+import org.apache.kafka.streams.state.KeyValueStore;
+import com.fasterxml.jackson.databind.JsonNode;
+
+final class Twins {
+    private Twins() { }
+
+    static final Serde<String> S = Serdes.String();
+    static final Serde<Long> L = Serdes.Long();
+    static final Consumed<String, String> SS = Consumed.with(S, S);
+    static final Produced<String, String> OUT_S = Produced.with(S, S);
+    static final Produced<String, Long> OUT_L = Produced.with(S, L);
+
+    @SuppressWarnings("unchecked")
+    static Serde<Object> serde(final String name) {
+        switch (name) {
+            case "string": return (Serde<Object>) (Serde<?>) Serdes.String();
+            case "long": return (Serde<Object>) (Serde<?>) Serdes.Long();
+            case "integer": return (Serde<Object>) (Serde<?>) Serdes.Integer();
+            case "double": return (Serde<Object>) (Serde<?>) Serdes.Double();
+            default: throw new IllegalArgumentException("no serde named " + name);
+        }
+    }
+
+    static int num(final String v) {
+        return Integer.parseInt(v);
+    }
+
+    static String str(final Object o) {
+        return o == null ? "null" : o.toString();
+    }
+
+    static final ValueJoiner<String, String, String> JOIN = (l, r) -> str(l) + "+" + str(r);
+
+    static String windowedKey(final Windowed<String> wk) {
+        return wk.key() + "@" + wk.window().start() + "-" + wk.window().end();
+    }
+
+    static String letter(final String v) {
+        return String.valueOf("abcdef".charAt(num(v) % 6));
+    }
+
+    static Topology build(final String name, final JsonNode params, final Properties props) {
+        final StreamsBuilder b = new StreamsBuilder();
+        final String how = params.has("how") ? params.get("how").asText() : "inner";
+        switch (name) {
+            case "stream_stateless": {
+                final KStream<String, String> in = b.stream("in", SS);
+                in.filter((k, v) -> v != null && num(v) % 3 != 0).mapValues(v -> v + "x").to("out-filtered", OUT_S);
+                in.flatMapValues(v -> {
+                    final List<String> r = new ArrayList<>();
+                    if (v != null) {
+                        for (int i = 0; i < num(v) % 3; i++) {
+                            r.add(v + i);
+                        }
+                    }
+                    return r;
+                }).to("out-flat", OUT_S);
+                in.filterNot((k, v) -> v == null).map((k, v) -> KeyValue.pair(v, k)).to("out-swapped", OUT_S);
+                break;
+            }
+            case "stream_split_merge": {
+                final KStream<String, String> in = b.stream("in", SS).filter((k, v) -> v != null);
+                final var branches = in.split(Named.as("s-"))
+                    .branch((k, v) -> num(v) % 2 == 0, Branched.as("even"))
+                    .branch((k, v) -> num(v) % 3 == 0, Branched.as("three"))
+                    .defaultBranch(Branched.as("rest"));
+                branches.get("s-even").mapValues(v -> v + "e")
+                    .merge(branches.get("s-three").mapValues(v -> v + "t"))
+                    .to("out-merged", OUT_S);
+                branches.get("s-rest").to("out-rest", OUT_S);
+                break;
+            }
+            case "table_filter": {
+                b.table("in", SS, Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("source"))
+                    .filter((k, v) -> num(v) % 2 == 0)
+                    .toStream().to("out", OUT_S);
+                break;
+            }
+            case "table_map_values": {
+                b.table("in", SS).mapValues(v -> String.valueOf(num(v) % 4)).toStream().to("out", OUT_S);
+                break;
+            }
+            case "stream_count": {
+                b.stream("in", SS).groupByKey().count(Materialized.as("counts")).toStream().to("out", OUT_L);
+                break;
+            }
+            case "stream_select_key_count": {
+                b.stream("in", SS).selectKey((k, v) -> v).groupByKey(Grouped.with(S, S))
+                    .count(Materialized.as("counts")).toStream().to("out", OUT_L);
+                break;
+            }
+            case "stream_reduce_max": {
+                b.stream("in", SS).groupByKey()
+                    .reduce((a, v) -> String.valueOf(Math.max(num(a), num(v))), Materialized.as("maxima"))
+                    .toStream().to("out", OUT_S);
+                break;
+            }
+            case "stream_aggregate_sum": {
+                b.stream("in", SS).groupByKey()
+                    .aggregate(() -> "0", (k, v, agg) -> String.valueOf(num(agg) + num(v)),
+                        Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("sums").withValueSerde(S))
+                    .toStream().to("out", OUT_S);
+                break;
+            }
+            case "table_group_by_count": {
+                b.table("in", SS).groupBy((k, v) -> KeyValue.pair(v, k), Grouped.with(S, S))
+                    .count(Materialized.as("counts")).toStream().to("out", OUT_L);
+                break;
+            }
+            case "table_group_by_aggregate": {
+                b.table("in", SS).groupBy((k, v) -> KeyValue.pair(String.valueOf(num(v) % 3), v), Grouped.with(S, S))
+                    .aggregate(() -> "0",
+                        (k, v, agg) -> String.valueOf(num(agg) + num(v)),
+                        (k, v, agg) -> String.valueOf(num(agg) - num(v)),
+                        Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("sums").withValueSerde(S))
+                    .toStream().to("out", OUT_S);
+                break;
+            }
+            case "table_group_by_reduce": {
+                b.table("in", SS).groupBy((k, v) -> KeyValue.pair(String.valueOf(num(v) % 3), v), Grouped.with(S, S))
+                    .reduce((agg, v) -> String.valueOf(num(agg) + num(v)), (agg, v) -> String.valueOf(num(agg) - num(v)),
+                        Materialized.as("sums"))
+                    .toStream().to("out", OUT_S);
+                break;
+            }
+            case "stream_to_table": {
+                b.stream("in", SS).mapValues(v -> v == null ? null : String.valueOf(num(v) % 2))
+                    .toTable(Materialized.as("latest")).toStream().to("out", OUT_S);
+                break;
+            }
+            case "stream_table_join": {
+                final KStream<String, String> left = b.stream("left", SS);
+                final KTable<String, String> right = b.table("right", SS);
+                (how.equals("left") ? left.leftJoin(right, JOIN) : left.join(right, JOIN)).to("out", OUT_S);
+                break;
+            }
+            case "table_table_join": {
+                final KTable<String, String> left = b.table("left", SS);
+                final KTable<String, String> right = b.table("right", SS);
+                final KTable<String, String> joined;
+                switch (how) {
+                    case "left": joined = left.leftJoin(right, JOIN); break;
+                    case "outer": joined = left.outerJoin(right, JOIN); break;
+                    default: joined = left.join(right, JOIN);
+                }
+                joined.toStream().to("out", OUT_S);
+                break;
+            }
+            case "stream_stream_join": {
+                final KStream<String, String> left = b.stream("left", SS);
+                final KStream<String, String> right = b.stream("right", SS);
+                final JoinWindows w = JoinWindows.ofTimeDifferenceAndGrace(Duration.ofMillis(10), Duration.ofMillis(5));
+                final StreamJoined<String, String, String> sj = StreamJoined.with(S, S, S);
+                final KStream<String, String> joined;
+                switch (how) {
+                    case "left": joined = left.leftJoin(right, JOIN, w, sj); break;
+                    case "outer": joined = left.outerJoin(right, JOIN, w, sj); break;
+                    default: joined = left.join(right, JOIN, w, sj);
+                }
+                joined.to("out", OUT_S);
+                break;
+            }
+            case "fk_join": {
+                final KTable<String, String> left = b.table("left", SS);
+                final KTable<String, String> right = b.table("right", SS);
+                final KTable<String, String> joined = how.equals("left")
+                    ? left.leftJoin(right, Twins::letter, JOIN)
+                    : left.join(right, Twins::letter, JOIN);
+                joined.toStream().to("out", OUT_S);
+                break;
+            }
+            case "global_join": {
+                final KStream<String, String> left = b.stream("left", SS);
+                final GlobalKTable<String, String> right = b.globalTable("right", SS);
+                // no mapped key for a null value or a multiple of 4
+                final var mapper = (org.apache.kafka.streams.kstream.KeyValueMapper<String, String, String>)
+                    (k, v) -> v == null || num(v) % 4 == 0 ? null : letter(v);
+                (how.equals("left") ? left.leftJoin(right, mapper, JOIN) : left.join(right, mapper, JOIN))
+                    .to("out", OUT_S);
+                break;
+            }
+            case "tumbling_count": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMillis(10), Duration.ofMillis(5)))
+                    .count().toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
+                break;
+            }
+            case "hopping_count": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMillis(10), Duration.ofMillis(5))
+                        .advanceBy(Duration.ofMillis(5)))
+                    .count().toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
+                break;
+            }
+            case "session_count": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(SessionWindows.ofInactivityGapAndGrace(Duration.ofMillis(5), Duration.ofMillis(3)))
+                    .count().toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
+                break;
+            }
+            case "sliding_count": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(SlidingWindows.ofTimeDifferenceAndGrace(Duration.ofMillis(params.path("diff").asLong(10)),
+                        Duration.ofMillis(params.path("grace").asLong(5))))
+                    .count().toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
+                break;
+            }
+            default:
+                throw new IllegalArgumentException("no Java twin named " + name);
+        }
+        if (params.has("optimize") && params.get("optimize").asBoolean()) {
+            props.put(StreamsConfig.TOPOLOGY_OPTIMIZATION_CONFIG, StreamsConfig.OPTIMIZE);
+        }
+        return b.build(props);
+    }
+}

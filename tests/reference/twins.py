@@ -1,0 +1,288 @@
+"""The Python twins of ``java/Twins.java``: the same topology under the same name.
+
+Values are strings of small integers unless a twin says otherwise; a joiner writes
+``"left+right"`` with ``"null"`` for a missing side; a windowed result's key is
+``"key@start-end"``. Each twin declares its input topics (and which of them a global table
+reads), its output topics with their serde names, and the key-value stores to compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from processor import StreamsBuilder
+from processor.dsl.windows import JoinWindows, SessionWindows, SlidingWindows, TimeWindows
+from processor.serde import Serdes
+from processor.topology import Topology
+from tests.reference import divergences
+
+S = Serdes.string()
+L = Serdes.long()
+SERDES = {"string": S, "long": L, "integer": Serdes.integer(), "double": Serdes.double()}
+
+
+def num(v: str) -> int:
+    return int(v)
+
+
+def text(o: Any) -> str:
+    return "null" if o is None else str(o)
+
+
+def join(left: Any, right: Any) -> str:
+    return f"{text(left)}+{text(right)}"
+
+
+def windowed_key(wk: Any, v: Any) -> tuple[str, Any]:
+    return f"{wk.key}@{wk.start}-{wk.end}", v
+
+
+def letter(v: str) -> str:
+    return "abcdef"[num(v) % 6]
+
+
+@dataclass
+class Twin:
+    """A topology's Python side and what the suite needs to drive both sides."""
+
+    name: str
+    build: Callable[[dict[str, Any]], Topology]
+    inputs: list[str]
+    outputs: dict[str, str]                       # topic -> value serde name (keys: strings)
+    stores: list[tuple[str, str, str]] = field(default_factory=list)   # (store, key serde, value serde)
+    params: list[dict[str, Any]] = field(default_factory=lambda: [{}])
+    kinds: dict[str, str] = field(default_factory=dict)                # input topic -> "stream"/"table"/"global"
+    rules: list[str] = field(default_factory=list)   # divergences.py's rules for every output
+    row_time: Callable | None = None                  # ``row_time``'s stamp: (record, steps) -> ts
+    unmatched: Callable | None = None                 # ``unmatched_timing``: is this value unmatched?
+    matched_later: Callable | None = None             # ``unmatched_timing``: (unmatched, joined) -> same record?
+
+
+TWINS: dict[str, Twin] = {}
+
+
+def twin(name: str, inputs: list[str], outputs: dict[str, str], **kw: Any) -> Callable:
+    def register(fn: Callable[[dict[str, Any]], Topology]) -> Callable:
+        TWINS[name] = Twin(name, fn, inputs, outputs, **kw)
+        return fn
+    return register
+
+
+@twin("stream_stateless", ["in"], {"out-filtered": "string", "out-flat": "string", "out-swapped": "string"})
+def _stream_stateless(p: dict) -> Topology:
+    b = StreamsBuilder()
+    src = b.stream("in", key_serde=S, value_serde=S)
+    src.filter(lambda k, v: v is not None and num(v) % 3 != 0).map_values(lambda v: v + "x").to(
+        "out-filtered", S, S)
+    src.flat_map_values(lambda v: [] if v is None else [f"{v}{i}" for i in range(num(v) % 3)]).to("out-flat", S, S)
+    src.filter_not(lambda k, v: v is None).map(lambda k, v: (v, k)).to("out-swapped", S, S)
+    return b.build()
+
+
+@twin("stream_split_merge", ["in"], {"out-merged": "string", "out-rest": "string"})
+def _stream_split_merge(p: dict) -> Topology:
+    b = StreamsBuilder()
+    src = b.stream("in", key_serde=S, value_serde=S).filter(lambda k, v: v is not None)
+    branches = (src.split("s-")
+                .branch(lambda k, v: num(v) % 2 == 0, name="even")
+                .branch(lambda k, v: num(v) % 3 == 0, name="three")
+                .default_branch(name="rest"))
+    branches["s-even"].map_values(lambda v: v + "e").merge(
+        branches["s-three"].map_values(lambda v: v + "t")).to("out-merged", S, S)
+    branches["s-rest"].to("out-rest", S, S)
+    return b.build()
+
+
+@twin("table_filter", ["in"], {"out": "string"}, stores=[("source", "string", "string")],
+      rules=["changes"])
+def _table_filter(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.table("in", key_serde=S, value_serde=S, store_name="source").filter(
+        lambda k, v: num(v) % 2 == 0).to_stream().to("out", S, S)
+    return b.build()
+
+
+@twin("table_map_values", ["in"], {"out": "string"},
+      rules=["changes"])
+def _table_map_values(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.table("in", key_serde=S, value_serde=S).map_values(lambda v: str(num(v) % 4)).to_stream().to("out", S, S)
+    return b.build()
+
+
+@twin("stream_count", ["in"], {"out": "long"}, stores=[("counts", "string", "long")])
+def _stream_count(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().count(name="counts", value_serde=L).to_stream().to(
+        "out", S, L)
+    return b.build()
+
+
+@twin("stream_select_key_count", ["in"], {"out": "long"}, stores=[("counts", "string", "long")])
+def _stream_select_key_count(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).select_key(lambda k, v: v).group_by_key(S, S).count(
+        name="counts", value_serde=L).to_stream().to("out", S, L)
+    return b.build()
+
+
+@twin("stream_reduce_max", ["in"], {"out": "string"}, stores=[("maxima", "string", "string")],
+      rules=["changes_ts"])
+def _stream_reduce_max(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().reduce(
+        lambda a, v: str(max(num(a), num(v))), name="maxima").to_stream().to("out", S, S)
+    return b.build()
+
+
+@twin("stream_aggregate_sum", ["in"], {"out": "string"}, stores=[("sums", "string", "string")],
+      rules=["changes_ts"])
+def _stream_aggregate_sum(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().aggregate(
+        lambda: "0", lambda k, v, agg: str(num(agg) + num(v)), name="sums", value_serde=S).to_stream().to("out", S, S)
+    return b.build()
+
+
+@twin("table_group_by_count", ["in"], {"out": "long"}, stores=[("counts", "string", "long")],
+      rules=["changes_ts"])
+def _table_group_by_count(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.table("in", key_serde=S, value_serde=S).group_by(lambda k, v: (v, k), S, S).count(
+        name="counts", value_serde=L).to_stream().to("out", S, L)
+    return b.build()
+
+
+@twin("table_group_by_aggregate", ["in"], {"out": "string"}, stores=[("sums", "string", "string")],
+      rules=["changes_ts"])
+def _table_group_by_aggregate(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.table("in", key_serde=S, value_serde=S).group_by(lambda k, v: (str(num(v) % 3), v), S, S).aggregate(
+        lambda: "0", lambda k, v, agg: str(num(agg) + num(v)), lambda k, v, agg: str(num(agg) - num(v)),
+        name="sums", value_serde=S).to_stream().to("out", S, S)
+    return b.build()
+
+
+@twin("table_group_by_reduce", ["in"], {"out": "string"}, stores=[("sums", "string", "string")],
+      rules=["changes_ts"])
+def _table_group_by_reduce(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.table("in", key_serde=S, value_serde=S).group_by(lambda k, v: (str(num(v) % 3), v), S, S).reduce(
+        lambda agg, v: str(num(agg) + num(v)), lambda agg, v: str(num(agg) - num(v)),
+        name="sums").to_stream().to("out", S, S)
+    return b.build()
+
+
+@twin("stream_to_table", ["in"], {"out": "string"}, stores=[("latest", "string", "string")],
+      rules=["changes"])
+def _stream_to_table(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).map_values(lambda v: None if v is None else str(num(v) % 2)).to_table(
+        name="latest", key_serde=S, value_serde=S).to_stream().to("out", S, S)
+    return b.build()
+
+
+@twin("stream_table_join", ["left", "right"], {"out": "string"}, params=[{"how": "inner"}, {"how": "left"}],
+      kinds={"left": "stream", "right": "table"})
+def _stream_table_join(p: dict) -> Topology:
+    b = StreamsBuilder()
+    left = b.stream("left", key_serde=S, value_serde=S)
+    right = b.table("right", key_serde=S, value_serde=S)
+    (left.left_join if p["how"] == "left" else left.join)(right, join).to("out", S, S)
+    return b.build()
+
+
+def _pk_join_time(rec: tuple, steps: list[tuple]) -> int:
+    """A primary-key join result's timestamp: the max of the triggering record's and the other
+    side's row (as KIP-557 keeps it)."""
+    topic, _k, _v, ts = steps[rec[3]]
+    other = "right" if topic == "left" else "left"
+    row = divergences.rows_by_step(steps[:rec[3] + 1], {other})[-1][other].get(rec[0])
+    return ts if row is None else max(ts, row[1])
+
+
+@twin("table_table_join", ["left", "right"], {"out": "string"},
+      params=[{"how": "inner"}, {"how": "left"}, {"how": "outer"}], kinds={"left": "table", "right": "table"},
+      rules=["row_time"], row_time=_pk_join_time)
+def _table_table_join(p: dict) -> Topology:
+    b = StreamsBuilder()
+    left = b.table("left", key_serde=S, value_serde=S)
+    right = b.table("right", key_serde=S, value_serde=S)
+    how = {"inner": left.join, "left": left.left_join, "outer": left.outer_join}[p["how"]]
+    how(right, join).to_stream().to("out", S, S)
+    return b.build()
+
+
+def _unmatched(v: bytes | None) -> bool:
+    return v is not None and (v.startswith(b"null+") or v.endswith(b"+null"))
+
+
+def _matched_later(u: tuple, j: tuple) -> bool:
+    """Whether joined record ``j`` holds the side of unmatched record ``u`` (same key)."""
+    return u[0] == j[0] and (u[1].startswith(b"null+") and j[1].endswith(u[1][4:])
+                             or u[1].endswith(b"+null") and j[1].startswith(u[1][:-4]))
+
+
+@twin("stream_stream_join", ["left", "right"], {"out": "string"},
+      params=[{"how": "inner"}, {"how": "left"}, {"how": "outer"}], kinds={"left": "stream", "right": "stream"},
+      rules=["unmatched_timing"], unmatched=_unmatched, matched_later=_matched_later)
+def _stream_stream_join(p: dict) -> Topology:
+    b = StreamsBuilder()
+    left = b.stream("left", key_serde=S, value_serde=S)
+    right = b.stream("right", key_serde=S, value_serde=S)
+    how = {"inner": left.join, "left": left.left_join, "outer": left.outer_join}[p["how"]]
+    how(right, join, JoinWindows.of(10).grace(5)).to("out", S, S)
+    return b.build()
+
+
+def _fk_join_time(rec: tuple, steps: list[tuple]) -> int:
+    """A foreign-key join result's timestamp: a left record's and its right row's max (as KIP-557
+    keeps the row), a right record's own."""
+    topic, _k, v, ts = steps[rec[3]]
+    if topic == "right" or v is None:
+        return ts
+    row = divergences.rows_by_step(steps[:rec[3] + 1], {"right"})[-1]["right"].get(letter(v.decode()).encode())
+    return ts if row is None else max(ts, row[1])
+
+
+@twin("fk_join", ["left", "right"], {"out": "string"}, params=[{"how": "inner"}, {"how": "left"}],
+      kinds={"left": "table", "right": "table"}, rules=["row_time"], row_time=_fk_join_time)
+def _fk_join(p: dict) -> Topology:
+    b = StreamsBuilder()
+    left = b.table("left", key_serde=S, value_serde=S)
+    right = b.table("right", key_serde=S, value_serde=S)
+    left.join_on_foreign_key(right, letter, join, how=p["how"]).to_stream().to("out", S, S)
+    return b.build()
+
+
+@twin("global_join", ["left", "right"], {"out": "string"}, params=[{"how": "inner"}, {"how": "left"}],
+      kinds={"left": "stream", "right": "global"})
+def _global_join(p: dict) -> Topology:
+    b = StreamsBuilder()
+    left = b.stream("left", key_serde=S, value_serde=S)
+    right = b.global_table("right", key_serde=S, value_serde=S)
+
+    def mapper(k: Any, v: Any) -> str | None:   # no mapped key for a null value or a multiple of 4
+        return None if v is None or num(v) % 4 == 0 else letter(v)
+    (left.left_join if p["how"] == "left" else left.join)(right, join, key_selector=mapper).to("out", S, S)
+    return b.build()
+
+
+def _windowed(name: str, windows: Any, rules: list[str] | None = None, params: list[dict] | None = None) -> Callable:
+    @twin(name, ["in"], {"out": "long"}, rules=rules or [], params=params or [{}])
+    def build(p: dict) -> Topology:
+        b = StreamsBuilder()
+        w = windows(p) if callable(windows) else windows
+        b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(w).count(
+            value_serde=L).to_stream().map(windowed_key).to("out", S, L)
+        return b.build()
+    return build
+
+
+_windowed("tumbling_count", TimeWindows.of(10).grace(5))
+_windowed("hopping_count", TimeWindows.of(10).advance_by(5).grace(5))
+_windowed("session_count", SessionWindows.with_inactivity_gap(5).grace(3), ["session_rewrite", "changes"])
+_windowed("sliding_count", lambda p: SlidingWindows.of_time_difference_and_grace(p["diff"], p["grace"]), ["changes"],
+          [{"diff": 10, "grace": 5}, {"diff": 3, "grace": 0}, {"diff": 2, "grace": 20}])
