@@ -349,16 +349,19 @@ class KGroupedStream:
 
     def _build_sessions(self, kind: str, initializer: Initializer | None, aggregator: Callable[..., Any],
                         merger: Callable[..., Any], emit: Emit | None, name: str | None, value_serde: Serde,
-                        windows: SessionWindows) -> KTable:
+                        windows: SessionWindows, retention_ms: int | None = None) -> KTable:
         from processor.operators.session_aggregate import SessionWindowedStreamAggregate
         from processor.serde.windowed import SessionWindowedSerde
 
         ks = self.key_serde
+        if retention_ms is not None and retention_ms < windows.gap_ms + windows.grace_ms:
+            raise ValueError(f"a session store's retention ({retention_ms} ms) must be at least the inactivity gap "
+                             f"plus the grace period ({windows.gap_ms} + {windows.grace_ms} ms), as in Kafka Streams")
         session_keys = SessionWindowedSerde(ks)   # the store's key layout is the result's
         return self._build_windowed(
             kind, emit, name, value_serde, windows,
             lambda node, store, em: SessionWindowedStreamAggregate(node, store, ks, value_serde, em, initializer,
-                                                                   aggregator, merger, windows),
+                                                                   aggregator, merger, windows, retention_ms),
             session_keys, session_keys, "session-aggregate")
 
 
@@ -459,22 +462,25 @@ class SessionWindowedKStream:
         self.windows = windows
 
     def count(self, emit: Emit | None = None, name: str | None = None,
-              value_serde: Serde | None = None) -> KTable:
+              value_serde: Serde | None = None, retention_ms: int | None = None) -> KTable:
         """Records per key and window (Kafka Streams: ``SessionWindowedKStream#count``).
 
         Args:
             emit: The emission policy (default ``Emit.on_change()``).
             name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
             value_serde: The counts' serde (default JSON).
+            retention_ms: How long the session store keeps a session by its own clock (Kafka
+                Streams: ``Materialized.withRetention``; default and least: gap + grace). A
+                closed session still within it is read, and merged by a record within the gap.
 
         Returns:
             The table of counts, keyed by ``Windowed(key, start, end)``.
         """
         return self._grouped._build_sessions("count", _count_init, _count_add, _merge_counts, emit, name,
-                                             value_serde or Serdes.json(), self.windows)
+                                             value_serde or Serdes.json(), self.windows, retention_ms)
 
     def reduce(self, reducer: Reducer, emit: Emit | None = None, name: str | None = None,
-               value_serde: Serde | None = None) -> KTable:
+               value_serde: Serde | None = None, retention_ms: int | None = None) -> KTable:
         """Each session's values reduced to one (Kafka Streams: ``SessionWindowedKStream#reduce``).
 
         Args:
@@ -483,15 +489,19 @@ class SessionWindowedKStream:
             emit: The emission policy (default ``Emit.on_change()``).
             name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
             value_serde: The aggregates' serde (default: the values').
+            retention_ms: How long the session store keeps a session by its own clock (Kafka
+                Streams: ``Materialized.withRetention``; default and least: gap + grace). A
+                closed session still within it is read, and merged by a record within the gap.
 
         Returns:
             The table of aggregates, keyed by ``Windowed(key, start, end)``.
         """
         return self._grouped._build_sessions("reduce", None, reducer, reducer, emit, name,
-                                             value_serde or self._grouped.value_serde, self.windows)
+                                             value_serde or self._grouped.value_serde, self.windows, retention_ms)
 
     def aggregate(self, initializer: Initializer, aggregator: Aggregator, merger: Merger,
-                  emit: Emit | None = None, name: str | None = None, value_serde: Serde | None = None) -> KTable:
+                  emit: Emit | None = None, name: str | None = None, value_serde: Serde | None = None,
+                  retention_ms: int | None = None) -> KTable:
         """Each session's values aggregated (Kafka Streams: ``SessionWindowedKStream#aggregate``).
 
         Args:
@@ -501,12 +511,15 @@ class SessionWindowedKStream:
             emit: The emission policy (default ``Emit.on_change()``).
             name: The store's name (default ``KTABLE-AGGREGATE-STATE-STORE-<index>``).
             value_serde: The aggregates' serde (default JSON).
+            retention_ms: How long the session store keeps a session by its own clock (Kafka
+                Streams: ``Materialized.withRetention``; default and least: gap + grace). A
+                closed session still within it is read, and merged by a record within the gap.
 
         Returns:
             The table of aggregates, keyed by ``Windowed(key, start, end)``.
         """
         return self._grouped._build_sessions("aggregate", initializer, aggregator, merger, emit, name,
-                                             value_serde or Serdes.json(), self.windows)
+                                             value_serde or Serdes.json(), self.windows, retention_ms)
 
 
 class SlidingWindowedKStream(_WindowedKStream):

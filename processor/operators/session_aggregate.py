@@ -33,11 +33,19 @@ class SessionWindowedStreamAggregate(StreamAggregate):
     kind = "session-aggregate"
     skips_null_values = False   # (as Kafka Streams' windowed aggregations)
 
-    def __init__(self, name, store_name, key_serde, value_serde, emit, initializer, aggregator, merger, windows):
+    def __init__(self, name, store_name, key_serde, value_serde, emit, initializer, aggregator, merger, windows,
+                 retention_ms=None):
         super().__init__(name, store_name, key_serde, value_serde, emit, initializer, aggregator)
         self.merger = merger
         self.gap = windows.gap_ms
         self.grace = windows.grace_ms
+        # the store's retention (Kafka Streams: Materialized.withRetention; default gap + grace)
+        self.retention = self.gap + self.grace if retention_ms is None else retention_ms
+        if self.retention < self.gap + self.grace:
+            raise ValueError(f"a session store's retention ({self.retention} ms) must be at least the inactivity "
+                             f"gap plus the grace period ({self.gap} + {self.grace} ms), as in Kafka Streams")
+        # the sessions closed but still within retention, by end (kept readable and mergeable)
+        self._retained: list[tuple[int, bytes]] = []
         self.punctuates_stream = True   # sessions close on stream time
         self.late_records_dropped = 0
         self.sessions_merged = 0
@@ -47,8 +55,12 @@ class SessionWindowedStreamAggregate(StreamAggregate):
 
     def init(self, context):
         super().init(context)
-        self._by_end = [(session_key.decode(k)[2], k) for k, _ in self.store.items()]
+        close_time = self.observed_time - self.grace - self.gap
+        ends = [(session_key.decode(k)[2], k) for k, _ in self.store.items()]
+        self._by_end = [e for e in ends if e[0] >= close_time]
+        self._retained = [e for e in ends if e[0] < close_time]
         heapq.heapify(self._by_end)
+        heapq.heapify(self._retained)
 
     def _key_of(self, sk):
         kb, start, end = session_key.decode(sk)
@@ -74,7 +86,7 @@ class SessionWindowedStreamAggregate(StreamAggregate):
         # clock - grace - gap is no longer found, though only one ending before close_time is
         # closed (found in review, twice: by the clock with this record, gap 10 and grace 0
         # parted records at 0 and 10)
-        lo = session_key.end_bound(kb, max(timestamp - self.gap, before - self.grace - self.gap + 1, 0))
+        lo = session_key.end_bound(kb, max(timestamp - self.gap, before - self.retention + 1, 0))
         for sk, raw in self.store.range(lo, prefix_upper_bound(kb)):
             if len(sk) != len(kb) + session_key.TIMES_SIZE:
                 continue   # a longer key sharing this key's bytes as a prefix
@@ -111,7 +123,10 @@ class SessionWindowedStreamAggregate(StreamAggregate):
 
     def _close_sessions(self, close_time: int) -> None:
         """Close (emit under on_window_close, then purge) the sessions ending before
-        ``close_time``, in the order they closed: by end, then key and start."""
+        ``close_time``, in the order they closed: by end, then key and start. With a retention
+        beyond gap + grace, a closed session stays in the store (readable, and merged by a record
+        within the gap) until it ends before stream time - retention + 1."""
+        self._purge_retained(close_time + self.grace + self.gap - self.retention + 1)
         heap = self._by_end
         if not heap or heap[0][0] >= close_time:
             return
@@ -122,14 +137,28 @@ class SessionWindowedStreamAggregate(StreamAggregate):
             raw = self.store.get(sk)
             if raw is not None:   # (not merged into another since)
                 closing[sk] = (end, sk, raw)
-        for _, sk, raw in sorted(closing.values()):
+        retained = self.retention > self.gap + self.grace
+        for end, sk, raw in sorted(closing.values()):
             if final:
                 self.emitter.window_closed(sk, raw[TS:], timestamped.timestamp_of(raw))
             else:
                 self.emitter.emit_pending(sk)
+            if retained:   # its last-emitted entry stays too: a record merging it tombstones it
+                heapq.heappush(self._retained, (end, sk))
+            else:
+                self.store.delete(sk)
+                self.emitter.forget(sk)
+        self.sessions_closed += len(closing)
+        if retained:
+            self._purge_retained(close_time + self.grace + self.gap - self.retention + 1)
+
+    def _purge_retained(self, live_from: int) -> None:
+        """Delete the closed sessions ending before ``live_from`` (stream time - retention + 1)."""
+        heap = self._retained
+        while heap and heap[0][0] < live_from:
+            _, sk = heapq.heappop(heap)
             self.store.delete(sk)
             self.emitter.forget(sk)
-        self.sessions_closed += len(closing)
 
     def metrics(self):
         return {**super().metrics(), "late_records_dropped": self.late_records_dropped,

@@ -30,7 +30,8 @@ class PythonAnswer:
 
 
 def case_of(twin: Twin, params: dict[str, Any], steps: list[tuple], case_id: str) -> Case:
-    return Case(case_id, twin.name, params, steps, list(twin.outputs), list(twin.stores))
+    java = params if twin.java_params is None else twin.java_params(params)
+    return Case(case_id, twin.name, java, steps, list(twin.outputs), list(twin.stores))
 
 
 def python_side(twin: Twin, params: dict[str, Any], steps: list[tuple]) -> PythonAnswer:
@@ -91,12 +92,13 @@ def compare(twin: Twin, ours: PythonAnswer, theirs: Answer, steps: list[tuple]) 
         problems.append(f"error here: {ours.error}; error in Kafka Streams: {theirs.error}")
         return problems
     for topic, vs in twin.outputs.items():
-        expected = divergences.apply([r for r in twin.rules if r in divergences.RULES],
+        rules = twin.topic_rules.get(topic, twin.rules)
+        expected = divergences.apply([r for r in rules if r in divergences.RULES],
                                      theirs.outputs.get(topic, []), input_timestamps(steps))
-        if "row_time" in twin.rules:
+        if "row_time" in rules:
             assert twin.row_time is not None, f"twin {twin.name} names row_time without a row_time stamp"
             expected = divergences.row_time(expected, steps, twin.row_time)
-        if "unmatched_timing" in twin.rules:
+        if "unmatched_timing" in rules:
             expected = divergences.unmatched_timing(expected, ours.outputs[topic], twin.unmatched,
                                                      twin.matched_later, steps)
         d = first_difference(ours.outputs[topic], expected, vs)

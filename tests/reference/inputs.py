@@ -34,3 +34,24 @@ def generate(topics: list[str], seed: int, n: int, null_keys: bool = True) -> li
         steps.append((topic, None if key is None else _S.serialize(key),
                        None if value is None else _S.serialize(value), ts))
     return steps
+
+
+def encoded(steps: list[tuple], serdes: dict[str, tuple[str, str]]) -> list[tuple]:
+    """``steps`` with the records of the topics in ``serdes`` (``{topic: (key serde, value serde)}``,
+    names of ``"string"``, ``"integer"``, ``"long"``) written with those serdes: a key letter as
+    its index in ``KEYS``, a value as its number."""
+    if not serdes:
+        return steps
+    def convert(b: bytes | None, name: str, key: bool) -> bytes | None:
+        if b is None or name == "string":
+            return b
+        text = b.decode()
+        n = KEYS.index(text) if key else int(text)
+        return {"integer": Serdes.integer(), "long": Serdes.long()}[name].serialize(n)
+    out = []
+    for s in steps:
+        if s[0] in serdes:
+            ks, vs = serdes[s[0]]
+            s = (s[0], convert(s[1], ks, True), convert(s[2], vs, False), s[3])
+        out.append(s)
+    return out

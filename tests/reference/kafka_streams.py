@@ -104,6 +104,10 @@ class Case:
     read: list[str]
     stores: list[tuple[str, str, str]]
 
+    def with_params(self, params: dict[str, Any]) -> Case:
+        """This case with the Java twin run with ``params``."""
+        return Case(self.id, self.topology, params, self.steps, self.read, self.stores)
+
     def to_json(self) -> dict[str, Any]:
         def b64(b: bytes | None) -> str | None:
             return None if b is None else base64.b64encode(b).decode()

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from processor.serde import Serdes
 from tests.reference.compare import case_of, compare, python_side, render
-from tests.reference.inputs import KEYS, generate
+from tests.reference.inputs import KEYS, encoded, generate
 from tests.reference.kafka_streams import Reference
 from tests.reference.twins import TWINS, Twin
 
@@ -76,7 +76,7 @@ def show_steps(steps: list[tuple]) -> str:
 @pytest.mark.parametrize(("name", "params"), CASES, ids=IDS)
 def test_random_inputs(reference, name, params):
     twin = TWINS[name]
-    inputs = {seed: generate(twin.inputs, seed, RECORDS) for seed in SEEDS}
+    inputs = {seed: encoded(generate(twin.inputs, seed, RECORDS), twin.input_serdes) for seed in SEEDS}
     answers = reference.run([case_of(twin, params, steps, str(seed)) for seed, steps in inputs.items()])
     compared: dict[str, int] = dict.fromkeys(twin.outputs, 0)
     for seed, steps in inputs.items():
@@ -115,7 +115,23 @@ def test_small_inputs(reference, name, params):
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
     @given(_steps(twin))
     def agree(steps):
+        steps = encoded(steps, twin.input_serdes)
         problems = differences(reference, twin, params, steps)
         assert not problems, f"{name} {params}:\n{show_steps(steps)}\n" + "\n".join(problems)
 
     agree()
+
+
+def test_d7_kafka_streams_self_join_rewrite_drops_a_pair_its_plain_join_keeps(reference):
+    """D7: Kafka Streams 4.4's rewritten self-join (``KStreamKStreamSelfJoin``) joins a record
+    with itself only if ``ts > stream time - retention + 1``; its plain join, and this project's
+    join with and without the rewrite, join it while ``ts >= stream time - retention + 1``."""
+    twin = TWINS["stream_self_join"]
+    steps = [("in", b"e", b"3", 1213), ("in", b"a", b"4", 1189)]   # retention 10 + 10 + 5: 1213 - 25 + 1
+    kafka = {opt: reference.run([case_of(twin, {"optimize": opt}, steps, "x").with_params({"optimize": opt})])["x"]
+             for opt in (True, False)}
+    ours = {opt: python_side(twin, {"optimize": opt}, steps).outputs["out"] for opt in (True, False)}
+    both = [(b"e", b"3+3", 1213, 0), (b"a", b"4+4", 1189, 1)]
+    assert kafka[False].outputs["out"] == both
+    assert kafka[True].outputs["out"] == both[:1]
+    assert ours[True] == ours[False] == both

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from processor import StreamsBuilder
+from processor import Processor, Record, Stores, StreamsBuilder
 from processor.dsl.windows import JoinWindows, SessionWindows, SlidingWindows, TimeWindows
 from processor.serde import Serdes
 from processor.topology import Topology
@@ -55,9 +55,12 @@ class Twin:
     params: list[dict[str, Any]] = field(default_factory=lambda: [{}])
     kinds: dict[str, str] = field(default_factory=dict)                # input topic -> "stream"/"table"/"global"
     rules: list[str] = field(default_factory=list)   # divergences.py's rules for every output
+    topic_rules: dict[str, list[str]] = field(default_factory=dict)   # ... or for the outputs named
     row_time: Callable | None = None                  # ``row_time``'s stamp: (record, steps) -> ts
     unmatched: Callable | None = None                 # ``unmatched_timing``: is this value unmatched?
     matched_later: Callable | None = None             # ``unmatched_timing``: (unmatched, joined) -> same record?
+    input_serdes: dict[str, tuple[str, str]] = field(default_factory=dict)   # topic -> (key, value) serde
+    java_params: Callable[[dict], dict] | None = None   # the parameters the Java twin runs with, if others
 
 
 TWINS: dict[str, Twin] = {}
@@ -286,3 +289,135 @@ _windowed("hopping_count", TimeWindows.of(10).advance_by(5).grace(5))
 _windowed("session_count", SessionWindows.with_inactivity_gap(5).grace(3), ["session_rewrite", "changes"])
 _windowed("sliding_count", lambda p: SlidingWindows.of_time_difference_and_grace(p["diff"], p["grace"]), ["changes"],
           [{"diff": 10, "grace": 5}, {"diff": 3, "grace": 0}, {"diff": 2, "grace": 20}])
+
+
+@twin("stream_group_by_reduce", ["in"], {"out": "string"}, stores=[("sums", "string", "string")],
+      rules=["changes_ts"])
+def _stream_group_by_reduce(p: dict) -> Topology:
+    b = StreamsBuilder()
+    grouped = b.stream("in", key_serde=S, value_serde=S).group_by(
+        lambda k, v: "n" if v is None else str(num(v) % 3), S, S)
+    grouped.reduce(lambda a, v: str(num(a) + num(v)), name="sums").to_stream().to("out", S, S)
+    return b.build()
+
+
+@twin("stream_repartition_count", ["in"], {"out": "long"}, stores=[("counts", "string", "long")])
+def _stream_repartition_count(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).repartition(S, S, name="rep").group_by_key().count(
+        name="counts", value_serde=L).to_stream().to("out", S, L)
+    return b.build()
+
+
+@twin("tumbling_aggregate", ["in"], {"out": "string"}, rules=["changes"])
+def _tumbling_aggregate(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(TimeWindows.of(10).grace(5)).aggregate(
+        lambda: "", lambda k, v, agg: agg + ("n" if v is None else v), value_serde=S).to_stream().map(
+        windowed_key).to("out", S, S)
+    return b.build()
+
+
+@twin("session_aggregate", ["in"], {"out": "string"}, rules=["session_rewrite", "changes"])
+def _session_aggregate(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(
+        SessionWindows.with_inactivity_gap(5).grace(3)).aggregate(
+        lambda: "", lambda k, v, agg: agg + ("n" if v is None else v), lambda k, a, o: f"{a}|{o}",
+        value_serde=S).to_stream().map(windowed_key).to("out", S, S)
+    return b.build()
+
+
+@twin("sliding_reduce", ["in"], {"out": "string"}, rules=["changes"])
+def _sliding_reduce(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(
+        SlidingWindows.of_time_difference_and_grace(10, 5)).reduce(
+        lambda a, v: str(max(num(a), num(v)))).to_stream().map(windowed_key).to("out", S, S)
+    return b.build()
+
+
+@twin("table_join_derived", ["left", "right"], {"out": "string"}, kinds={"left": "table", "right": "table"},
+      rules=["row_time"], row_time=_pk_join_time)
+def _table_join_derived(p: dict) -> Topology:
+    b = StreamsBuilder()
+    left = b.table("left", key_serde=S, value_serde=S).filter(lambda k, v: num(v) % 3 != 0)
+    right = b.table("right", key_serde=S, value_serde=S).map_values(lambda v: str(num(v) * 2))
+    left.join(right, join).to_stream().to("out", S, S)
+    return b.build()
+
+
+@twin("stream_self_join", ["in"], {"out": "string"}, params=[{"optimize": True}, {"optimize": False}],
+      java_params=lambda p: {"optimize": False})   # D7: the rewrite keeps Kafka Streams' unoptimized results
+def _stream_self_join(p: dict) -> Topology:
+    b = StreamsBuilder()
+    src = b.stream("in", key_serde=S, value_serde=S)
+    src.join(src, join, JoinWindows.of(10).grace(5)).to("out", S, S)
+    return b.build(optimize=p["optimize"])
+
+
+@twin("number_serdes", ["in"], {"out-scaled": "double", "out-sum": "long"},
+      input_serdes={"in": ("integer", "long")}, topic_rules={"out-sum": ["changes_ts"]})
+def _number_serdes(p: dict) -> Topology:
+    b = StreamsBuilder()
+    src = b.stream("in", key_serde=Serdes.integer(), value_serde=L)
+    src.filter(lambda k, v: v is not None).map_values(lambda v: v * 1.5).to(
+        "out-scaled", Serdes.integer(), Serdes.double())
+    src.group_by_key(Serdes.integer(), L).reduce(lambda a, v: a + v, value_serde=L).to_stream().to(
+        "out-sum", Serdes.integer(), L)
+    return b.build()
+
+
+@twin("extractor_count", ["in"], {"out": "long"})
+def _extractor_count(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S,
+             timestamp_extractor=lambda k, v, ts: ts if v is None else ts + 3 * int(v)).group_by_key().windowed_by(
+        TimeWindows.of(10).grace(5)).count(value_serde=L).to_stream().map(windowed_key).to("out", S, L)
+    return b.build()
+
+
+@twin("topic_extractor", ["in"], {"out-even": "string", "out-odd": "string"})
+def _topic_extractor(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).filter(lambda k, v: v is not None).to(
+        lambda k, v: "out-even" if num(v) % 2 == 0 else "out-odd", S, S)
+    return b.build()
+
+
+class _SumsAndTotals(Processor):
+    """papi_store_punctuate: a running sum per key in a store, forwarded as "key=sum" with each
+    record, and every 10 ms of stream time the total of all sums as ("total", total)."""
+
+    def init(self, context: Any) -> None:
+        self.context = context
+        self.sums = context.get_state_store("sums")
+        context.schedule(10, "stream", self.total)
+
+    def total(self, t: int) -> None:
+        self.context.forward(Record("total", str(sum(v for _k, v in self.sums.all())), t))
+
+    def process(self, record: Record) -> None:
+        if record.key is None or record.value is None:
+            return
+        total = (self.sums.get(record.key) or 0) + num(record.value)
+        self.sums.put(record.key, total)
+        self.context.forward(record._replace(value=f"{record.key}={total}"))
+
+
+@twin("papi_store_punctuate", ["in"], {"out": "string"}, stores=[("sums", "string", "long")])
+def _papi_store_punctuate(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.add_state_store(Stores.key_value("sums", S, L))
+    b.stream("in", key_serde=S, value_serde=S).process(_SumsAndTotals, stores=["sums"]).to("out", S, S)
+    return b.build()
+
+
+@twin("session_count_retention", ["in"], {"out": "long"}, rules=["session_rewrite", "changes"],
+      params=[{"retention": 8}, {"retention": 20}, {"retention": 60}])
+def _session_count_retention(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(
+        SessionWindows.with_inactivity_gap(5).grace(3)).count(
+        value_serde=L, retention_ms=p["retention"]).to_stream().map(windowed_key).to("out", S, L)
+    return b.build()

@@ -24,13 +24,21 @@ import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Named;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.Repartitioned;
 import org.apache.kafka.streams.kstream.SessionWindows;
 import org.apache.kafka.streams.kstream.SlidingWindows;
 import org.apache.kafka.streams.kstream.StreamJoined;
 import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.kstream.ValueJoiner;
 import org.apache.kafka.streams.kstream.Windowed;
+import org.apache.kafka.streams.processor.PunctuationType;
+import org.apache.kafka.streams.processor.api.Processor;
+import org.apache.kafka.streams.processor.api.ProcessorContext;
+import org.apache.kafka.streams.processor.api.Record;
+import org.apache.kafka.streams.state.KeyValueIterator;
 import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.SessionStore;
+import org.apache.kafka.streams.state.Stores;
 import com.fasterxml.jackson.databind.JsonNode;
 
 final class Twins {
@@ -237,6 +245,85 @@ final class Twins {
                     .count().toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
                 break;
             }
+            case "stream_group_by_reduce": {
+                b.stream("in", SS).groupBy((k, v) -> v == null ? "n" : String.valueOf(num(v) % 3), Grouped.with(S, S))
+                    .reduce((a, v) -> String.valueOf(num(a) + num(v)), Materialized.as("sums"))
+                    .toStream().to("out", OUT_S);
+                break;
+            }
+            case "stream_repartition_count": {
+                b.stream("in", SS).repartition(Repartitioned.with(S, S).withName("rep")).groupByKey()
+                    .count(Materialized.as("counts")).toStream().to("out", OUT_L);
+                break;
+            }
+            case "tumbling_aggregate": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMillis(10), Duration.ofMillis(5)))
+                    .aggregate(() -> "", (k, v, agg) -> agg + (v == null ? "n" : v), Materialized.with(S, S))
+                    .toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_S);
+                break;
+            }
+            case "session_aggregate": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(SessionWindows.ofInactivityGapAndGrace(Duration.ofMillis(5), Duration.ofMillis(3)))
+                    .aggregate(() -> "", (k, v, agg) -> agg + (v == null ? "n" : v), (k, a, o) -> a + "|" + o,
+                        Materialized.with(S, S))
+                    .toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_S);
+                break;
+            }
+            case "sliding_reduce": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(SlidingWindows.ofTimeDifferenceAndGrace(Duration.ofMillis(10), Duration.ofMillis(5)))
+                    .reduce((a, v) -> String.valueOf(Math.max(num(a), num(v))))
+                    .toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_S);
+                break;
+            }
+            case "table_join_derived": {
+                final KTable<String, String> left = b.table("left", SS).filter((k, v) -> num(v) % 3 != 0);
+                final KTable<String, String> right = b.table("right", SS).mapValues(v -> String.valueOf(num(v) * 2));
+                left.join(right, JOIN).toStream().to("out", OUT_S);
+                break;
+            }
+            case "stream_self_join": {
+                final KStream<String, String> in = b.stream("in", SS);
+                in.join(in, JOIN, JoinWindows.ofTimeDifferenceAndGrace(Duration.ofMillis(10), Duration.ofMillis(5)),
+                    StreamJoined.with(S, S, S)).to("out", OUT_S);
+                break;
+            }
+            case "number_serdes": {
+                final KStream<Integer, Long> in = b.stream("in", Consumed.with(Serdes.Integer(), Serdes.Long()));
+                in.filter((k, v) -> v != null).mapValues(v -> v * 1.5)
+                    .to("out-scaled", Produced.with(Serdes.Integer(), Serdes.Double()));
+                in.groupByKey(Grouped.with(Serdes.Integer(), Serdes.Long())).reduce(Long::sum)
+                    .toStream().to("out-sum", Produced.with(Serdes.Integer(), Serdes.Long()));
+                break;
+            }
+            case "extractor_count": {
+                b.stream("in", Consumed.with(S, S).withTimestampExtractor((rec, partitionTime) ->
+                        rec.value() == null ? rec.timestamp() : rec.timestamp() + 3 * Long.parseLong((String) rec.value())))
+                    .groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMillis(10), Duration.ofMillis(5)))
+                    .count().toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
+                break;
+            }
+            case "topic_extractor": {
+                b.stream("in", SS).filter((k, v) -> v != null)
+                    .to((k, v, ctx) -> num(v) % 2 == 0 ? "out-even" : "out-odd", OUT_S);
+                break;
+            }
+            case "papi_store_punctuate": {
+                b.addStateStore(Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore("sums"), S, L));
+                b.stream("in", SS).process(SumsAndTotals::new, "sums").to("out", OUT_S);
+                break;
+            }
+            case "session_count_retention": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(SessionWindows.ofInactivityGapAndGrace(Duration.ofMillis(5), Duration.ofMillis(3)))
+                    .count(Materialized.<String, Long, SessionStore<Bytes, byte[]>>as("sessions")
+                        .withRetention(Duration.ofMillis(params.get("retention").asLong())))
+                    .toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
+                break;
+            }
             default:
                 throw new IllegalArgumentException("no Java twin named " + name);
         }
@@ -244,5 +331,38 @@ final class Twins {
             props.put(StreamsConfig.TOPOLOGY_OPTIMIZATION_CONFIG, StreamsConfig.OPTIMIZE);
         }
         return b.build(props);
+    }
+
+    /** papi_store_punctuate: a running sum per key in a store, forwarded as "key=sum" with each
+     * record, and every 10 ms of stream time the total of all sums as ("total", total). */
+    static final class SumsAndTotals implements Processor<String, String, String, String> {
+        private ProcessorContext<String, String> context;
+        private KeyValueStore<String, Long> sums;
+
+        @Override
+        public void init(final ProcessorContext<String, String> context) {
+            this.context = context;
+            this.sums = context.getStateStore("sums");
+            context.schedule(Duration.ofMillis(10), PunctuationType.STREAM_TIME, t -> {
+                long total = 0;
+                try (KeyValueIterator<String, Long> it = sums.all()) {
+                    while (it.hasNext()) {
+                        total += it.next().value;
+                    }
+                }
+                context.forward(new Record<>("total", String.valueOf(total), t));
+            });
+        }
+
+        @Override
+        public void process(final Record<String, String> record) {
+            if (record.key() == null || record.value() == null) {
+                return;
+            }
+            final Long old = sums.get(record.key());
+            final long sum = (old == null ? 0 : old) + num(record.value());
+            sums.put(record.key(), sum);
+            context.forward(record.withValue(record.key() + "=" + sum));
+        }
     }
 }
