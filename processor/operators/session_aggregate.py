@@ -2,21 +2,24 @@
 
 Invariant: the store (key layout ``processor/state/session_key.py``) holds, per key, sessions
 that never overlap within the inactivity gap: a record at ``ts`` merges every session of its key
-that ends at or after ``ts - gap`` and after ``before - grace - gap`` (``before``: stream time
-without this record) and starts at or before ``ts + gap`` (a session ending exactly there is no
-longer merged, as Kafka Streams' session store retains ``gap + grace`` by its own clock, though
-it is closed only once it ends before ``close_time``; Kafka Streams also drops such a session
-from its store, this store keeps it until it closes; their aggregates folded
-into ``initializer()`` with ``merger(key, agg, session_agg)``, in the store's order: by end),
-together with itself, into one session ``[min start, max end]``; the merged sessions are removed
-(a tombstone for each whose result was emitted, at once, under every policy but
-``on_window_close``), then ``aggregator(key, value,
+that ends at or after ``ts - gap`` and after ``before - retention`` (``before``: stream time
+without this record; ``retention``: the store's, Kafka Streams' ``Materialized.withRetention``,
+default and least ``gap + grace``) and starts at or before ``ts + gap`` (with the default, a
+session ending exactly at ``before - grace - gap`` is no longer merged, as Kafka Streams'
+session store retains ``gap + grace`` by its own clock, though it is closed only once it ends
+before ``close_time``; Kafka Streams also drops such a session from its store, this store keeps
+it until it closes); their aggregates are folded into ``initializer()`` with ``merger(key, agg,
+session_agg)``, in the store's order (by end), together with itself, into one session ``[min
+start, max end]``; the merged sessions are removed (a tombstone for each whose result was
+emitted, at once, under every policy but ``on_window_close``), then ``aggregator(key, value,
 agg)`` gives the new session's aggregate. Stream time (as ``operators/aggregate.py``) closes a
 session once ``end < stream time - grace - gap``: a record whose merged session would already be
 closed is dropped (``late_records_dropped``); closed sessions are emitted under
-``Emit.on_window_close`` and purged from both columns. Result keys are ``Windowed(key, start,
-end)`` with ``end`` the session's last record time (inclusive); a session's result (and the
-tombstone of a session merged away) carries its end as timestamp, as in Kafka Streams.
+``Emit.on_window_close`` and purged from both columns, at once with the default retention, else
+once they end before ``stream time - retention + 1`` (until then a record within the gap still
+merges them). Result keys are ``Windowed(key, start, end)`` with ``end`` the session's last
+record time (inclusive); a session's result (and the tombstone of a session merged away) carries
+its end as timestamp, as in Kafka Streams.
 """
 
 from __future__ import annotations

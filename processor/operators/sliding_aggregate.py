@@ -11,22 +11,25 @@ time seen and ``close = observed - grace``: a record with ``ts + 1 + diff <= clo
 (``late_records_dropped``), an update of a window ending before ``close`` too
 (``expired_updates_dropped``); a window is closed once its end is before ``close`` (emitted then
 under ``Emit.on_window_close``), read only while its start is after the store's clock (the
-largest window start written) - ``2 x diff + grace`` (Kafka Streams' window store retention by
-its own clock), and purged once its end is before ``close - diff - 1``: a record still accepted
-(``ts >= close - diff``) reads the window ending at the record before it (``prev``) to make
-``prev``'s right window ``[prev + 1, prev + 1 + diff]``, open while ``prev >= close - diff - 1``
-(found in review: purged one millisecond earlier, a record at 85 after 84 and 100, diff 10,
-grace 5, made no ``[85, 95]``). Result keys ``Windowed(key, start, start + diff)``; a result
-carries its window's timestamp.
+largest window start written, kept in the task's bookkeeping) - ``2 x diff + grace`` (Kafka
+Streams' window store retention by its own clock), and purged once its end is before ``close -
+diff - 1``: a record still accepted (``ts >= close - diff``) reads the window ending at the
+record before it (``prev``) to make ``prev``'s right window ``[prev + 1, prev + 1 + diff]``,
+open while ``prev >= close - diff - 1`` (found in review: purged one millisecond earlier, a
+record at 85 after 84 and 100, diff 10, grace 5, made no ``[85, 95]``). Result keys
+``Windowed(key, start, start + diff)``; a result carries its window's timestamp.
 """
 
 from __future__ import annotations
 
 import heapq
+import struct
 
 from processor.operators.aggregate import TS, StreamAggregate
 from processor.records import Windowed
 from processor.state import sliding_key, timestamped
+
+_TIME = struct.Struct(">q")
 
 
 class SlidingWindowedStreamAggregate(StreamAggregate):
@@ -54,14 +57,17 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
         # (at least 1 here: Kafka Streams refuses a time difference of 0 at its first record)
         self.retention = max(2 * self.diff + self.grace, 1)
         self._store_time = -1
+        self._store_time_key = b"sliding_store_time\x00" + name.encode("utf-8")   # kept with the state
 
     def init(self, context):
         super().init(context)
         self._closed_before = self.observed_time - self.grace if self.observed_time >= 0 else None
         close = self._closed_before
+        raw = self._task_store.get(self._store_time_key)
+        self._store_time = -1 if raw is None else _TIME.unpack(raw)[0]
         for k, _ in self.store.items():
             start = sliding_key.decode(k)[1]
-            self._store_time = max(self._store_time, start)
+            self._store_time = max(self._store_time, start)   # (state written before the clock was kept)
             end = start + self.diff
             self._to_purge.append((end, k))
             if close is None or end >= close:
@@ -99,6 +105,7 @@ class SlidingWindowedStreamAggregate(StreamAggregate):
         wk = sliding_key.encode(kb, start)
         if start > self._store_time:
             self._store_time = start
+            self._task_store.put(self._store_time_key, _TIME.pack(start))
         try:
             vb = None if agg is None else self.value_serde.serialize(agg)
         except Exception as exc:

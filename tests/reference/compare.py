@@ -8,6 +8,7 @@ to Kafka Streams' output.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +85,8 @@ def input_timestamps(steps: list[tuple]) -> list[int]:
     return out
 
 
-def compare(twin: Twin, ours: PythonAnswer, theirs: Answer, steps: list[tuple]) -> list[str]:
+def compare(twin: Twin, ours: PythonAnswer, theirs: Answer, steps: list[tuple],
+            params: dict[str, Any] | None = None) -> list[str]:
     """Every difference between the two answers after the twin's documented divergences, one
     text each (empty: they agree)."""
     problems = []
@@ -97,10 +99,11 @@ def compare(twin: Twin, ours: PythonAnswer, theirs: Answer, steps: list[tuple]) 
                                      theirs.outputs.get(topic, []), input_timestamps(steps))
         if "row_time" in rules:
             assert twin.row_time is not None, f"twin {twin.name} names row_time without a row_time stamp"
-            expected = divergences.row_time(expected, steps, twin.row_time)
+            expected = divergences.row_time(expected, steps, functools.partial(twin.row_time, params=params or {}))
         if "unmatched_timing" in rules:
-            expected = divergences.unmatched_timing(expected, ours.outputs[topic], twin.unmatched,
-                                                     twin.matched_later, steps)
+            assert twin.unmatched is not None and twin.join_window is not None
+            expected = divergences.unmatched_timing(expected, ours.outputs[topic], steps, twin.unmatched,
+                                                     twin.join_window)
         d = first_difference(ours.outputs[topic], expected, vs)
         if d:
             problems.append(f"topic {topic}: {d}")

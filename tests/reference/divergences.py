@@ -88,9 +88,11 @@ RULES: dict[str, Callable[[list[Record], list[int]], list[Record]]] = {
 }
 
 
-def rows_by_step(steps: list[tuple], tables: set[str]) -> list[dict[str, dict[bytes, tuple[bytes, int]]]]:
-    """Per step, the rows of the table topics ``tables`` AFTER it, as this project keeps them:
-    ``{topic: {key: (value, timestamp)}}``; a no-op update keeps the row's timestamp (KIP-557)."""
+def rows_by_step(steps: list[tuple], tables: set[str], kip557: bool = True
+                 ) -> list[dict[str, dict[bytes, tuple[bytes, int]]]]:
+    """Per step, the rows of the table topics ``tables`` AFTER it: ``{topic: {key: (value,
+    timestamp)}}``. ``kip557``: as this project keeps them (a no-op update keeps the row's
+    timestamp); else as Kafka Streams' ``KTableSource`` does (every update stores its own)."""
     rows: dict[str, dict[bytes, tuple[bytes, int]]] = {t: {} for t in tables}
     out = []
     for s in steps:
@@ -99,49 +101,98 @@ def rows_by_step(steps: list[tuple], tables: set[str]) -> list[dict[str, dict[by
             before = rows[topic].get(k)
             if v is None:
                 rows[topic].pop(k, None)
-            elif before is None or before[0] != v:
+            elif not kip557 or before is None or before[0] != v:
                 rows[topic] = {**rows[topic], k: (v, ts)}
         out.append(dict(rows))
     return out
 
 
 def row_time(records: list[Record], steps: list[tuple], stamp: Callable) -> list[Record]:
-    """``changes``, then each record restamped by ``stamp(record, steps)``."""
+    """Kafka Streams' timestamps checked against ``stamp(record, steps, kip557=False)`` (a record
+    whose timestamp that does not explain is left as it is, so the comparison shows it); then
+    ``changes``, and each record restamped by ``stamp(record, steps, kip557=True)``."""
+    if any(stamp(r, steps, kip557=False) != r[2] for r in records):   # unexplained: the comparison shows it
+        return records
     out = []
     for r in changes(records, []):
-        ts = stamp(r, steps)
+        ts = stamp(r, steps, kip557=True)
         COUNTS["row_time"] += ts != r[2]
         out.append((r[0], r[1], ts, r[3]))
     return out
 
 
-def unmatched_timing(theirs: list[Record], ours: list[Record], unmatched: Callable[[bytes | None], bool],
-                     matched_later: Callable[[Record, Record], bool], steps: list[tuple]) -> list[Record]:
-    """``ours`` if it differs from ``theirs`` only as the rule allows, else ``theirs``: the joined
-    records equal; each of Kafka Streams' unmatched records forwarded here too, at the same input
-    record or before (their order among themselves follows when each was forwarded); each
-    unmatched record only here one that a later record
-    matched (``matched_later(unmatched, joined)``), which Kafka Streams, still holding it, withdrew,
-    or one Kafka Streams still held when the input ended (no scan of its outer store forwarded
-    anything from that input record on: a scan would have forwarded it)."""
-    joined_t = [r for r in theirs if not unmatched(r[1])]
-    joined_o = [r for r in ours if not unmatched(r[1])]
-    if joined_t != joined_o:
+def unmatched_timing(theirs: list[Record], ours: list[Record], steps: list[tuple],
+                     unmatched: Callable[[bytes | None], tuple[str, bytes] | None],
+                     window: tuple[int, int, int]) -> list[Record]:
+    """``ours`` if it differs from ``theirs`` only as the rule allows, else ``theirs``.
+
+    - The joined records are equal, record by record.
+    - Each unmatched record here is one input record (``unmatched(value)`` gives its side and
+      value), used once, forwarded when this project's rule says: at its arrival with its window
+      already ended (``ts + look-ahead < stream time``, or a null key), else at the first record
+      at stream time after its window closed (``ts + after/before + grace < stream time``).
+    - Each of Kafka Streams' unmatched records comes here too, at the same input record or before.
+    - An unmatched record only here was matched by a later input record of the other side within
+      its window (Kafka Streams, still holding it, dropped it), or Kafka Streams forwarded no
+      unmatched record from a scan at or after it (it still held it when the input ended)."""
+    before, after, grace = window
+    joined_o = [r for r in ours if unmatched(r[1]) is None]
+    if [r for r in theirs if unmatched(r[1]) is None] != joined_o:
         return theirs
-    waiting: dict[tuple, list[int]] = {}     # Kafka Streams' unmatched records -> the steps forwarding them
-    for r in theirs:
-        if unmatched(r[1]):
-            waiting.setdefault(r[:3], []).append(r[3])
-    def scanned(r: Record) -> bool:   # forwarded by a scan, not at its own arrival
+    stream_time, now = [], -1
+    for s in steps:
+        if s[0] != "advance" and s[3] >= 0:
+            now = max(now, s[3])
+        stream_time.append(now)
+    used: set[int] = set()
+
+    def arrival(r: Record) -> int | None:
+        """The input record an unmatched record ``r`` stands for (earliest unused)."""
+        side, v = unmatched(r[1])   # type: ignore[misc]
+        for i in range(r[3] + 1):
+            s = steps[i]
+            if i not in used and s[0] == side and s[1] == r[0] and s[2] == v and s[3] == r[2]:
+                used.add(i)
+                return i
+        return None
+
+    def on_time(r: Record, i: int) -> bool:
+        """Forwarded at the step this project's rule names (and no other)."""
+        side, _v = unmatched(r[1])   # type: ignore[misc]
+        ahead, close = (after, after + grace) if side == "left" else (before, before + grace)
+        if r[0] is None or r[2] + ahead < stream_time[i]:
+            return r[3] == i                      # at its arrival: its window had ended
+        for j in range(i + 1, len(steps)):        # the first record at stream time past its close
+            s = steps[j]
+            if (s[0] != "advance" and s[1] is not None and s[2] is not None and s[3] == stream_time[j]
+                    and stream_time[j] > r[2] + close):
+                return r[3] == j
+        return False
+
+    def withdrawn(r: Record) -> bool:
+        side, v = unmatched(r[1])   # type: ignore[misc]
+        other, back, ahead = ("right", before, after) if side == "left" else ("left", after, before)
+        return any(s[0] == other and s[1] == r[0] and s[2] is not None and r[2] - back <= s[3] <= r[2] + ahead
+                   for s in steps[r[3] + 1:])
+
+    def scanned(r: Record) -> bool:   # Kafka Streams forwarded it from a scan, not at its arrival
         s = steps[r[3]]
         return not (s[0] != "advance" and s[1] == r[0] and s[3] == r[2])
-    last_scan = max((r[3] for r in theirs if unmatched(r[1]) and scanned(r)), default=-1)
+
+    waiting: dict[tuple, list[int]] = {}     # Kafka Streams' unmatched records -> the steps forwarding them
+    for r in theirs:
+        if unmatched(r[1]) is not None:
+            waiting.setdefault(r[:3], []).append(r[3])
+    last_scan = max((r[3] for r in theirs if unmatched(r[1]) is not None and scanned(r)), default=-1)
     earlier = extra = 0
-    for o in (r for r in ours if unmatched(r[1])):
-        steps = waiting.get(o[:3])
-        if steps and o[3] <= steps[0]:
-            earlier += o[3] < steps.pop(0)
-        elif o[3] > last_scan or any(j[3] > o[3] and matched_later(o, j) for j in joined_o):
+    for o in (r for r in ours if unmatched(r[1]) is not None):
+        i = arrival(o)
+        if i is None or not on_time(o, i):
+            return theirs
+        at = waiting.get(o[:3])
+        if at and o[3] <= at[0]:
+            earlier += o[3] < at.pop(0)
+        elif o[3] > last_scan or withdrawn(o):
             extra += 1
         else:
             return theirs

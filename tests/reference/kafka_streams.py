@@ -150,14 +150,17 @@ def _answers(raw: dict[str, Any]) -> dict[str, Answer]:
     return out
 
 
-def _java_command(*args: str) -> list[str]:
+def java_command(main: str, *args: str, jvm_options: tuple[str, ...] = ("-Xmx1g", "-XX:+UseSerialGC")) -> list[str]:
+    """The command running the compiled class ``main`` (``ReferenceRunner``, ``StreamsApp``) with
+    ``args``; ``jvm_options`` default to a small heap and the serial collector (the suite's JVMs,
+    one per test process), the peer benchmark runs with the JVM's own defaults."""
     classes = compiled()
-    return ["java", "-Xmx1g", "-XX:+UseSerialGC", "-cp", f"{classes}:{classpath()}/*", "ReferenceRunner", *args]
+    return ["java", *jvm_options, "-cp", f"{classes}:{classpath()}/*", main, *args]
 
 
 def run_cases(cases: list[Case], timeout_s: float = 900) -> dict[str, Answer]:
     """Runs every case in one JVM; a case whose twin threw has ``error`` set."""
-    command = _java_command()
+    command = java_command("ReferenceRunner")
     with tempfile.TemporaryDirectory(prefix="reference-") as tmp:
         request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
         request.write_text(_request(cases))
@@ -176,8 +179,8 @@ class Reference:
     def __init__(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="reference-")
         self._stderr = open(Path(self._tmp.name) / "stderr", "w+b")   # noqa: SIM115 (closed in close())
-        self._proc = subprocess.Popen(_java_command("--serve"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=self._stderr, cwd=self._tmp.name)
+        self._proc = subprocess.Popen(java_command("ReferenceRunner", "--serve"), stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._stderr, cwd=self._tmp.name)
 
     def run(self, cases: list[Case]) -> dict[str, Answer]:
         assert self._proc.stdin is not None and self._proc.stdout is not None

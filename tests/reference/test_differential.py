@@ -47,7 +47,7 @@ def _quiet_dead_letters():
 
 def differences(reference: Reference, twin: Twin, params: dict, steps: list[tuple]) -> list[str]:
     theirs = reference.run([case_of(twin, params, steps, "x")])["x"]
-    return compare(twin, python_side(twin, params, steps), theirs, steps)
+    return compare(twin, python_side(twin, params, steps), theirs, steps, params)
 
 
 def shrink(reference: Reference, twin: Twin, params: dict, steps: list[tuple], budget: int = 400) -> list[tuple]:
@@ -81,7 +81,7 @@ def test_random_inputs(reference, name, params):
     compared: dict[str, int] = dict.fromkeys(twin.outputs, 0)
     for seed, steps in inputs.items():
         ours = python_side(twin, params, steps)
-        problems = compare(twin, ours, answers[str(seed)], steps)
+        problems = compare(twin, ours, answers[str(seed)], steps, params)
         if problems:
             small = shrink(reference, twin, params, steps)
             pytest.fail(f"{name} {params}, seed {seed}: this project and Kafka Streams {len(problems)} difference(s):\n"

@@ -15,6 +15,7 @@ from typing import Any
 from processor import Processor, Record, Stores, StreamsBuilder
 from processor.dsl.windows import JoinWindows, SessionWindows, SlidingWindows, TimeWindows
 from processor.serde import Serdes
+from processor.serde.windowed import SessionWindowedSerde
 from processor.topology import Topology
 from tests.reference import divergences
 
@@ -39,6 +40,16 @@ def windowed_key(wk: Any, v: Any) -> tuple[str, Any]:
     return f"{wk.key}@{wk.start}-{wk.end}", v
 
 
+def topic(p: dict, name: str) -> str:
+    """A topic's name in a run on a broker: the twin's name with the run's prefix (none in the driver)."""
+    return p.get("prefix", "") + name
+
+
+def sink(p: dict, name: str) -> str:
+    """An output topic's name on a broker: ``out_prefix`` (default: the prefix) and the twin's name."""
+    return p.get("out_prefix", p.get("prefix", "")) + name
+
+
 def letter(v: str) -> str:
     return "abcdef"[num(v) % 6]
 
@@ -57,8 +68,8 @@ class Twin:
     rules: list[str] = field(default_factory=list)   # divergences.py's rules for every output
     topic_rules: dict[str, list[str]] = field(default_factory=dict)   # ... or for the outputs named
     row_time: Callable | None = None                  # ``row_time``'s stamp: (record, steps) -> ts
-    unmatched: Callable | None = None                 # ``unmatched_timing``: is this value unmatched?
-    matched_later: Callable | None = None             # ``unmatched_timing``: (unmatched, joined) -> same record?
+    unmatched: Callable | None = None                 # ``unmatched_timing``: value -> (side, value) if unmatched
+    join_window: tuple[int, int, int] | None = None   # ``unmatched_timing``: (before, after, grace) in ms
     input_serdes: dict[str, tuple[str, str]] = field(default_factory=dict)   # topic -> (key, value) serde
     java_params: Callable[[dict], dict] | None = None   # the parameters the Java twin runs with, if others
 
@@ -126,8 +137,8 @@ def _stream_count(p: dict) -> Topology:
 @twin("stream_select_key_count", ["in"], {"out": "long"}, stores=[("counts", "string", "long")])
 def _stream_select_key_count(p: dict) -> Topology:
     b = StreamsBuilder()
-    b.stream("in", key_serde=S, value_serde=S).select_key(lambda k, v: v).group_by_key(S, S).count(
-        name="counts", value_serde=L).to_stream().to("out", S, L)
+    b.stream(topic(p, "in"), key_serde=S, value_serde=S).select_key(lambda k, v: v).group_by_key(S, S).count(
+        name="counts", value_serde=L).to_stream().to(sink(p, "out"), S, L)
     return b.build()
 
 
@@ -191,18 +202,18 @@ def _stream_to_table(p: dict) -> Topology:
       kinds={"left": "stream", "right": "table"})
 def _stream_table_join(p: dict) -> Topology:
     b = StreamsBuilder()
-    left = b.stream("left", key_serde=S, value_serde=S)
-    right = b.table("right", key_serde=S, value_serde=S)
-    (left.left_join if p["how"] == "left" else left.join)(right, join).to("out", S, S)
+    left = b.stream(topic(p, "left"), key_serde=S, value_serde=S)
+    right = b.table(topic(p, "right"), key_serde=S, value_serde=S)
+    (left.left_join if p["how"] == "left" else left.join)(right, join).to(sink(p, "out"), S, S)
     return b.build()
 
 
-def _pk_join_time(rec: tuple, steps: list[tuple]) -> int:
+def _pk_join_time(rec: tuple, steps: list[tuple], kip557: bool, params: dict) -> int:
     """A primary-key join result's timestamp: the max of the triggering record's and the other
-    side's row (as KIP-557 keeps it)."""
+    side's row (as this project keeps it, or Kafka Streams: ``divergences.rows_by_step``)."""
     topic, _k, _v, ts = steps[rec[3]]
     other = "right" if topic == "left" else "left"
-    row = divergences.rows_by_step(steps[:rec[3] + 1], {other})[-1][other].get(rec[0])
+    row = divergences.rows_by_step(steps[:rec[3] + 1], {other}, kip557)[-1][other].get(rec[0])
     return ts if row is None else max(ts, row[1])
 
 
@@ -218,19 +229,20 @@ def _table_table_join(p: dict) -> Topology:
     return b.build()
 
 
-def _unmatched(v: bytes | None) -> bool:
-    return v is not None and (v.startswith(b"null+") or v.endswith(b"+null"))
-
-
-def _matched_later(u: tuple, j: tuple) -> bool:
-    """Whether joined record ``j`` holds the side of unmatched record ``u`` (same key)."""
-    return u[0] == j[0] and (u[1].startswith(b"null+") and j[1].endswith(u[1][4:])
-                             or u[1].endswith(b"+null") and j[1].startswith(u[1][:-4]))
+def _unmatched(v: bytes | None) -> tuple[str, bytes] | None:
+    """An unmatched join result's side and value (``"v+null"``: left, ``"null+v"``: right), else None."""
+    if v is None:
+        return None
+    if v.endswith(b"+null"):
+        return "left", v[:-5]
+    if v.startswith(b"null+"):
+        return "right", v[5:]
+    return None
 
 
 @twin("stream_stream_join", ["left", "right"], {"out": "string"},
       params=[{"how": "inner"}, {"how": "left"}, {"how": "outer"}], kinds={"left": "stream", "right": "stream"},
-      rules=["unmatched_timing"], unmatched=_unmatched, matched_later=_matched_later)
+      rules=["unmatched_timing"], unmatched=_unmatched, join_window=(10, 10, 5))
 def _stream_stream_join(p: dict) -> Topology:
     b = StreamsBuilder()
     left = b.stream("left", key_serde=S, value_serde=S)
@@ -240,13 +252,23 @@ def _stream_stream_join(p: dict) -> Topology:
     return b.build()
 
 
-def _fk_join_time(rec: tuple, steps: list[tuple]) -> int:
-    """A foreign-key join result's timestamp: a left record's and its right row's max (as KIP-557
-    keeps the row), a right record's own."""
-    topic, _k, v, ts = steps[rec[3]]
-    if topic == "right" or v is None:
+def _fk_join_time(rec: tuple, steps: list[tuple], kip557: bool, params: dict) -> int:
+    """A foreign-key join result's timestamp: a left record's and its right row's max (the row as
+    this project or Kafka Streams keeps it), a right record's own. A left delete: its own here
+    and in Kafka Streams' left join; in its inner join also maxed with the right row of the
+    deleted row's foreign key, as its response comes back from the right side (D8)."""
+    topic, k, v, ts = steps[rec[3]]
+    if topic == "right":
         return ts
-    row = divergences.rows_by_step(steps[:rec[3] + 1], {"right"})[-1]["right"].get(letter(v.decode()).encode())
+    if v is None:
+        if kip557 or params.get("how") == "left":
+            return ts
+        old = divergences.rows_by_step(steps[:rec[3]], {"left"}, kip557)[-1]["left"].get(k) if rec[3] else None
+        if old is None:
+            return ts
+        v = old[0]
+    right = divergences.rows_by_step(steps[:rec[3] + 1], {"right"}, kip557)[-1]["right"]
+    row = right.get(letter(v.decode()).encode())
     return ts if row is None else max(ts, row[1])
 
 
@@ -254,9 +276,9 @@ def _fk_join_time(rec: tuple, steps: list[tuple]) -> int:
       kinds={"left": "table", "right": "table"}, rules=["row_time"], row_time=_fk_join_time)
 def _fk_join(p: dict) -> Topology:
     b = StreamsBuilder()
-    left = b.table("left", key_serde=S, value_serde=S)
-    right = b.table("right", key_serde=S, value_serde=S)
-    left.join_on_foreign_key(right, letter, join, how=p["how"]).to_stream().to("out", S, S)
+    left = b.table(topic(p, "left"), key_serde=S, value_serde=S)
+    right = b.table(topic(p, "right"), key_serde=S, value_serde=S)
+    left.join_on_foreign_key(right, letter, join, how=p["how"]).to_stream().to(sink(p, "out"), S, S)
     return b.build()
 
 
@@ -278,8 +300,8 @@ def _windowed(name: str, windows: Any, rules: list[str] | None = None, params: l
     def build(p: dict) -> Topology:
         b = StreamsBuilder()
         w = windows(p) if callable(windows) else windows
-        b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(w).count(
-            value_serde=L).to_stream().map(windowed_key).to("out", S, L)
+        b.stream(topic(p, "in"), key_serde=S, value_serde=S).group_by_key().windowed_by(w).count(
+            value_serde=L).to_stream().map(windowed_key).to(sink(p, "out"), S, L)
         return b.build()
     return build
 
@@ -420,4 +442,23 @@ def _session_count_retention(p: dict) -> Topology:
     b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(
         SessionWindows.with_inactivity_gap(5).grace(3)).count(
         value_serde=L, retention_ms=p["retention"]).to_stream().map(windowed_key).to("out", S, L)
+    return b.build()
+
+
+@twin("windowed_keys_raw", ["in"], {"out": "long"})
+def _windowed_keys_raw(p: dict) -> Topology:
+    """Interoperability: a time-windowed key's bytes (``Serdes.windowed``: Kafka Streams' ``TimeWindowedSerde``)."""
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(TimeWindows.of(10).grace(5)).count(
+        value_serde=L).to_stream().to("out", Serdes.windowed(S, 10), L)
+    return b.build()
+
+
+@twin("session_keys_raw", ["in"], {"out": "long"}, rules=["session_rewrite", "changes"])
+def _session_keys_raw(p: dict) -> Topology:
+    """Interoperability: a session key's bytes (Kafka Streams' ``SessionWindowedSerde``)."""
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(
+        SessionWindows.with_inactivity_gap(5).grace(3)).count(value_serde=L).to_stream().to(
+        "out", SessionWindowedSerde(S), L)
     return b.build()

@@ -90,6 +90,9 @@ public final class ReferenceRunner {
         props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);
         // the JVM's own working directory (a temporary one per JVM): JVMs side by side share nothing
         props.put(StreamsConfig.STATE_DIR_CONFIG, System.getProperty("user.dir") + "/state");
+        // no wall-clock throttle of the outer joins' and windowed aggregations' emission scans
+        props.put(StreamsConfig.InternalConfig.EMIT_INTERVAL_MS_KSTREAMS_OUTER_JOIN_SPURIOUS_RESULTS_FIX, 0L);
+        props.put(StreamsConfig.InternalConfig.EMIT_INTERVAL_MS_KSTREAMS_WINDOWED_AGGREGATION, 0L);
         props.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
         props.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
         final JsonNode params = c.get("params");

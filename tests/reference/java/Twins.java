@@ -31,6 +31,7 @@ import org.apache.kafka.streams.kstream.StreamJoined;
 import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.kstream.ValueJoiner;
 import org.apache.kafka.streams.kstream.Windowed;
+import org.apache.kafka.streams.kstream.WindowedSerdes;
 import org.apache.kafka.streams.processor.PunctuationType;
 import org.apache.kafka.streams.processor.api.Processor;
 import org.apache.kafka.streams.processor.api.ProcessorContext;
@@ -73,6 +74,16 @@ final class Twins {
 
     static String windowedKey(final Windowed<String> wk) {
         return wk.key() + "@" + wk.window().start() + "-" + wk.window().end();
+    }
+
+    /** A topic's name in a run on a broker: the twin's name with the run's prefix (none in the driver). */
+    static String topic(final JsonNode params, final String name) {
+        return params.path("prefix").asText("") + name;
+    }
+
+    /** An output topic's name on a broker: "out_prefix" (default: the prefix) and the twin's name. */
+    static String sink(final JsonNode params, final String name) {
+        return params.path("out_prefix").asText(params.path("prefix").asText("")) + name;
     }
 
     static String letter(final String v) {
@@ -125,8 +136,8 @@ final class Twins {
                 break;
             }
             case "stream_select_key_count": {
-                b.stream("in", SS).selectKey((k, v) -> v).groupByKey(Grouped.with(S, S))
-                    .count(Materialized.as("counts")).toStream().to("out", OUT_L);
+                b.stream(topic(params, "in"), SS).selectKey((k, v) -> v).groupByKey(Grouped.with(S, S))
+                    .count(Materialized.as("counts")).toStream().to(sink(params, "out"), OUT_L);
                 break;
             }
             case "stream_reduce_max": {
@@ -169,9 +180,9 @@ final class Twins {
                 break;
             }
             case "stream_table_join": {
-                final KStream<String, String> left = b.stream("left", SS);
-                final KTable<String, String> right = b.table("right", SS);
-                (how.equals("left") ? left.leftJoin(right, JOIN) : left.join(right, JOIN)).to("out", OUT_S);
+                final KStream<String, String> left = b.stream(topic(params, "left"), SS);
+                final KTable<String, String> right = b.table(topic(params, "right"), SS);
+                (how.equals("left") ? left.leftJoin(right, JOIN) : left.join(right, JOIN)).to(sink(params, "out"), OUT_S);
                 break;
             }
             case "table_table_join": {
@@ -201,12 +212,12 @@ final class Twins {
                 break;
             }
             case "fk_join": {
-                final KTable<String, String> left = b.table("left", SS);
-                final KTable<String, String> right = b.table("right", SS);
+                final KTable<String, String> left = b.table(topic(params, "left"), SS);
+                final KTable<String, String> right = b.table(topic(params, "right"), SS);
                 final KTable<String, String> joined = how.equals("left")
                     ? left.leftJoin(right, Twins::letter, JOIN)
                     : left.join(right, Twins::letter, JOIN);
-                joined.toStream().to("out", OUT_S);
+                joined.toStream().to(sink(params, "out"), OUT_S);
                 break;
             }
             case "global_join": {
@@ -220,9 +231,9 @@ final class Twins {
                 break;
             }
             case "tumbling_count": {
-                b.stream("in", SS).groupByKey()
+                b.stream(topic(params, "in"), SS).groupByKey()
                     .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMillis(10), Duration.ofMillis(5)))
-                    .count().toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
+                    .count().toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to(sink(params, "out"), OUT_L);
                 break;
             }
             case "hopping_count": {
@@ -322,6 +333,18 @@ final class Twins {
                     .count(Materialized.<String, Long, SessionStore<Bytes, byte[]>>as("sessions")
                         .withRetention(Duration.ofMillis(params.get("retention").asLong())))
                     .toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
+                break;
+            }
+            case "windowed_keys_raw": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMillis(10), Duration.ofMillis(5)))
+                    .count().toStream().to("out", Produced.with(WindowedSerdes.timeWindowedSerdeFrom(String.class, 10), L));
+                break;
+            }
+            case "session_keys_raw": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(SessionWindows.ofInactivityGapAndGrace(Duration.ofMillis(5), Duration.ofMillis(3)))
+                    .count().toStream().to("out", Produced.with(WindowedSerdes.sessionWindowedSerdeFrom(String.class), L));
                 break;
             }
             default:
