@@ -104,6 +104,9 @@ def compare(twin: Twin, ours: PythonAnswer, theirs: Answer, steps: list[tuple],
             assert twin.unmatched is not None and twin.join_window is not None
             expected = divergences.unmatched_timing(expected, ours.outputs[topic], steps, twin.unmatched,
                                                      twin.join_window)
+        if "final_results_lost" in rules:
+            assert twin.window_size is not None
+            expected = divergences.final_results_lost(expected, ours.outputs[topic], steps, *twin.window_size)
         d = first_difference(ours.outputs[topic], expected, vs)
         if d:
             problems.append(f"topic {topic}: {d}")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from processor import Processor, Record, Stores, StreamsBuilder
+from processor import Emit, Processor, Record, Stores, StreamsBuilder
 from processor.dsl.windows import JoinWindows, SessionWindows, SlidingWindows, TimeWindows
 from processor.serde import Serdes
 from processor.serde.windowed import SessionWindowedSerde
@@ -72,6 +72,7 @@ class Twin:
     join_window: tuple[int, int, int] | None = None   # ``unmatched_timing``: (before, after, grace) in ms
     input_serdes: dict[str, tuple[str, str]] = field(default_factory=dict)   # topic -> (key, value) serde
     java_params: Callable[[dict], dict] | None = None   # the parameters the Java twin runs with, if others
+    window_size: tuple[int, int] | None = None   # ``final_results_lost``: tumbling windows' (size, grace) in ms
 
 
 TWINS: dict[str, Twin] = {}
@@ -461,4 +462,32 @@ def _session_keys_raw(p: dict) -> Topology:
     b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(
         SessionWindows.with_inactivity_gap(5).grace(3)).count(value_serde=L).to_stream().to(
         "out", SessionWindowedSerde(S), L)
+    return b.build()
+
+
+@twin("stream_flat_map", ["in"], {"out": "long"})
+def _stream_flat_map(p: dict) -> Topology:
+    """``peek``, ``flat_map`` (new keys: a repartition before the count)."""
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).peek(lambda k, v: None).flat_map(
+        lambda k, v: [] if v is None else [(f"{text(k)}{i}", v) for i in range(num(v) % 3 + 1)]).group_by_key(
+        S, S).count(value_serde=L).to_stream().to("out", S, L)
+    return b.build()
+
+
+@twin("tumbling_count_on_window_close", ["in"], {"out": "long"}, rules=["final_results_lost"], window_size=(10, 5))
+def _tumbling_count_on_window_close(p: dict) -> Topology:
+    """``Emit.on_window_close()`` against Kafka Streams' ``EmitStrategy.onWindowClose()``."""
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(TimeWindows.of(10).grace(5)).count(
+        emit=Emit.on_window_close(), value_serde=L).to_stream().map(windowed_key).to("out", S, L)
+    return b.build()
+
+
+@twin("session_count_on_window_close", ["in"], {"out": "long"})
+def _session_count_on_window_close(p: dict) -> Topology:
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(
+        SessionWindows.with_inactivity_gap(5).grace(3)).count(
+        emit=Emit.on_window_close(), value_serde=L).to_stream().map(windowed_key).to("out", S, L)
     return b.build()

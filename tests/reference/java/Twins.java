@@ -16,6 +16,7 @@ import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.Topology;
 import org.apache.kafka.streams.kstream.Branched;
 import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.EmitStrategy;
 import org.apache.kafka.streams.kstream.GlobalKTable;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.JoinWindows;
@@ -345,6 +346,34 @@ final class Twins {
                 b.stream("in", SS).groupByKey()
                     .windowedBy(SessionWindows.ofInactivityGapAndGrace(Duration.ofMillis(5), Duration.ofMillis(3)))
                     .count().toStream().to("out", Produced.with(WindowedSerdes.sessionWindowedSerdeFrom(String.class), L));
+                break;
+            }
+            case "stream_flat_map": {
+                b.stream("in", SS).peek((k, v) -> { })
+                    .flatMap((k, v) -> {
+                        final List<KeyValue<String, String>> r = new ArrayList<>();
+                        if (v != null) {
+                            for (int i = 0; i <= num(v) % 3; i++) {
+                                r.add(KeyValue.pair(k + i, v));
+                            }
+                        }
+                        return r;
+                    })
+                    .groupByKey().count().toStream().to("out", OUT_L);
+                break;
+            }
+            case "tumbling_count_on_window_close": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMillis(10), Duration.ofMillis(5)))
+                    .emitStrategy(EmitStrategy.onWindowClose())
+                    .count().toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
+                break;
+            }
+            case "session_count_on_window_close": {
+                b.stream("in", SS).groupByKey()
+                    .windowedBy(SessionWindows.ofInactivityGapAndGrace(Duration.ofMillis(5), Duration.ofMillis(3)))
+                    .emitStrategy(EmitStrategy.onWindowClose())
+                    .count().toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
                 break;
             }
             default:
