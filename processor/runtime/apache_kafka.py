@@ -34,6 +34,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -133,30 +134,43 @@ def maven_classpath(pom: Path, name: str, properties: dict[str, str], expect: st
     if mvn is None:
         raise ConfigError(f"{what} is assembled from Maven Central with Maven: install it "
                           "(Debian: apt-get install maven), " + otherwise)
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".fetch.lock", "a") as lock:
+
+    def fetch(staging: Path) -> None:
+        cmd = [mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
+               *(f"-D{k}={v}" for k, v in properties.items()), f"-DoutputDirectory={staging}"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0 or not any(staging.glob(expect)):
+            said = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln]
+            first = said[0].replace("[ERROR]", "").strip()[:300] if said else f"exit code {done.returncode}"
+            raise ConfigError(f"Maven could not fetch {what} from Maven Central ({first}): "
+                              "check that Maven Central is reachable (proxy settings in ~/.m2/settings.xml), "
+                              + otherwise)
+
+    return built_once(libs, fetch, what)
+
+
+def built_once(target: Path, build: Callable[[Path], None], label: str) -> Path:
+    """``target``, made once by ``build(staging)``: under a file lock beside it, into a temporary
+    folder renamed into place (marked complete with ``label``), so parallel callers build once
+    and a half-built folder is never used. ``build`` raises to give up; nothing is left then."""
+    if (target / ".complete").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (libs / ".complete").exists():
-            return libs
-        staging = Path(tempfile.mkdtemp(prefix="libs-", dir=home))
+        if (target / ".complete").exists():
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
         try:
-            cmd = [mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
-                   *(f"-D{k}={v}" for k, v in properties.items()), f"-DoutputDirectory={staging}"]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            if done.returncode != 0 or not any(staging.glob(expect)):
-                said = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln]
-                first = said[0].replace("[ERROR]", "").strip()[:300] if said else f"exit code {done.returncode}"
-                raise ConfigError(f"Maven could not fetch {what} from Maven Central ({first}): "
-                                  "check that Maven Central is reachable (proxy settings in ~/.m2/settings.xml), "
-                                  + otherwise)
-            (staging / ".complete").write_text(f"{what}\n")
-            if libs.exists():
-                shutil.rmtree(libs)
-            staging.rename(libs)
+            build(staging)
+            (staging / ".complete").write_text(f"{label}\n")
+            if target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
-    return libs
+    return target
 
 
 def _terminate_with_parent() -> None:

@@ -18,7 +18,6 @@ suite fails on it; it never skips.
 from __future__ import annotations
 
 import base64
-import fcntl
 import hashlib
 import json
 import shutil
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from processor.errors import ConfigError
-from processor.runtime.apache_kafka import cache_dir, check_java, maven_classpath
+from processor.runtime.apache_kafka import built_once, cache_dir, check_java, maven_classpath
 
 VERSION = "4.4.0"
 HERE = Path(__file__).parent
@@ -65,30 +64,19 @@ def compiled() -> Path:
     if javac is None:
         raise ReferenceUnavailable("the Java twins are compiled with javac: install a JDK 17 or later "
                                    "(Debian: apt-get install openjdk-17-jdk-headless)")
-    home = cache_dir() / f"kafka-streams-{VERSION}"
-    classes = home / f"classes-{_sources_hash()}"
-    if (classes / ".complete").exists():
-        return classes
-    with open(home / ".compile.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (classes / ".complete").exists():
-            return classes
-        staging = Path(tempfile.mkdtemp(prefix="classes-", dir=home))
-        try:
-            done = subprocess.run([javac, "-nowarn", "-encoding", "UTF-8", "-d", str(staging), "-cp", f"{libs}/*",
-                                   *map(str, sorted(SOURCES.glob("*.java")))],
-                                  capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                errors = [ln for ln in done.stderr.splitlines() if ": error:" in ln]
-                first = errors[0] if errors else done.stderr.strip()[:400]
-                raise ReferenceUnavailable(f"the Java twins did not compile against Kafka Streams {VERSION} "
-                                           f"({len(errors)} error(s); the first: {first})")
-            (staging / ".complete").write_text(VERSION + "\n")
-            staging.rename(classes)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
-    return classes
+    classes = cache_dir() / f"kafka-streams-{VERSION}" / f"classes-{_sources_hash()}"
+
+    def compile_into(staging: Path) -> None:
+        done = subprocess.run([javac, "-nowarn", "-encoding", "UTF-8", "-d", str(staging), "-cp", f"{libs}/*",
+                               *map(str, sorted(SOURCES.glob("*.java")))],
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            errors = [ln for ln in done.stderr.splitlines() if ": error:" in ln]
+            first = errors[0] if errors else done.stderr.strip()[:400]
+            raise ReferenceUnavailable(f"the Java twins did not compile against Kafka Streams {VERSION} "
+                                       f"({len(errors)} error(s); the first: {first})")
+
+    return built_once(classes, compile_into, VERSION)
 
 
 @dataclass
