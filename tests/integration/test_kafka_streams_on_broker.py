@@ -4,15 +4,19 @@ read the same input topics and write their own output topics; once both groups h
 every input and internal partition to its end, their outputs must agree per key.
 
 The subset the differential suite cannot show in a driver: a repartitioning aggregation, a
-windowed aggregate, and a stream-table join over a backlog (time order across partitions). The
-foreign-key join is left out until the difference named in ``RUNS`` is fixed. Inputs as users produce them:
+windowed aggregate, a stream-table join over a backlog (time order across partitions) and the
+foreign-key join (its round trip through two internal topics). Inputs as users produce them:
 Java's murmur2 partitioner, 4 partitions, half of the records before both applications start
-and half after (the joins: all before, a backlog; see ``RUNS``), timestamps near now (the
-broker's time-based retention keeps them).
+and half after (the stream-table join: all before, a backlog; see ``RUNS``), timestamps near now
+(the broker's time-based retention keeps them).
 
 Compared per key: a table's final value (Kafka Streams forwards every update, this project only
 changes: the final values are equal whatever the divergences D1-D4); a stream's records as a
-sorted list of (value, timestamp).
+sorted list of (value, timestamp). The foreign-key join's final values must also be the join of
+the final left and right rows.
+
+D10, pinned here: Kafka Streams with its record cache can keep a foreign-key join result for a
+right row that was deleted (``test_d10_...``); the foreign-key run therefore turns the cache off.
 """
 
 from __future__ import annotations
@@ -33,21 +37,20 @@ from tests.integration.helpers import (
 )
 from tests.reference import kafka_streams
 from tests.reference.inputs import generate
-from tests.reference.twins import TWINS
+from tests.reference.twins import TWINS, join, letter
 
 PARTITIONS = 4
 RECORDS = 3000
 
-# (twin, params, what its output is, the share of the input produced before both start)
+# (twin, params, what its output is, the share of the input produced before both start,
+#  Kafka Streams settings)
 RUNS = [
-    ("stream_select_key_count", {}, "table", 0.5),
-    # The left foreign-key join is NOT here yet: on this broker this project's final result for
-    # 1 of 5 keys was "9+null" where Kafka Streams' (and the final rows') was "9+7", in 5 of 13
-    # runs, with half of the input live and with all of it as a backlog. A join that does not
-    # converge; found on 2026-12-07, to be fixed first (the closing note of issue 48).
-    ("tumbling_count", {}, "table", 0.5),
+    ("stream_select_key_count", {}, "table", 0.5, {}),
+    ("tumbling_count", {}, "table", 0.5, {}),
     # all before: live, which row a record meets depends on when each side's records are fetched
-    ("stream_table_join", {"how": "left"}, "stream", 1.0),
+    ("stream_table_join", {"how": "left"}, "stream", 1.0, {}),
+    # Kafka Streams' record cache off: with it, D10 (below) makes its result depend on timing
+    ("fk_join", {"how": "left"}, "table", 0.5, {"statestore.cache.max.bytes": "0"}),
 ]
 
 
@@ -84,9 +87,9 @@ def _per_key(records, kind: str) -> dict:
     return {k: sorted(vs, key=lambda x: (x[1], x[0] or b"")) for k, vs in per.items()}
 
 
-@pytest.mark.parametrize(("name", "params", "kind", "backlog"), RUNS, ids=[r[0] for r in RUNS])
+@pytest.mark.parametrize(("name", "params", "kind", "backlog", "ks_settings"), RUNS, ids=[r[0] for r in RUNS])
 def test_kafka_streams_and_processor_agree_on_the_broker(kafka_bootstrap, tmp_path, unique, name, params, kind,
-                                                         backlog):
+                                                         backlog, ks_settings):
     twin = TWINS[name]
     prefix = f"ref-{unique}-"
     inputs = {prefix + t: PARTITIONS for t in twin.inputs}
@@ -108,7 +111,8 @@ def test_kafka_streams_and_processor_agree_on_the_broker(kafka_bootstrap, tmp_pa
                                                                    "out_prefix": outputs["py"]})}
     with open(tmp_path / "ks.log", "w") as ks_log:
         ks = subprocess.Popen(kafka_streams.java_command("StreamsApp", name, json.dumps(java_params), kafka_bootstrap,
-                                                         apps["ks"], str(tmp_path / "ks-state")),
+                                                         apps["ks"], str(tmp_path / "ks-state"),
+                                                         *[f"{k}={v}" for k, v in ks_settings.items()]),
                               stdin=subprocess.PIPE, stdout=ks_log, stderr=subprocess.STDOUT)
     py = None
     try:
@@ -142,6 +146,24 @@ def test_kafka_streams_and_processor_agree_on_the_broker(kafka_bootstrap, tmp_pa
         differing = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
         assert not differing, f"{name} {t}: {len(differing)} of {len(theirs)} keys differ; " + "; ".join(
             _first_difference(k, ours.get(k), theirs.get(k)) for k in differing[:3])
+        if name == "fk_join":
+            assert ours == _fk_join_of_final_rows(steps, params["how"])
+
+
+def _fk_join_of_final_rows(steps: list[tuple], how: str) -> dict:
+    """The foreign-key join's result table as the final rows make it (a table holds the last
+    record of each key in offset order: the steps' order within a key)."""
+    rows: dict[str, dict] = {"left": {}, "right": {}}
+    for topic, k, v, _ts in steps:
+        rows[topic][k] = v
+    result = {}
+    for k, v in rows["left"].items():
+        if v is None:
+            continue
+        right = rows["right"].get(letter(v.decode()).encode())
+        if right is not None or how == "left":
+            result[k] = join(v.decode(), None if right is None else right.decode()).encode()
+    return result
 
 
 def _first_difference(key, ours, theirs) -> str:
@@ -150,3 +172,83 @@ def _first_difference(key, ours, theirs) -> str:
     i = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
     return (f"{key!r}: {len(ours)} records here, {len(theirs)} in Kafka Streams, from #{i}: "
             f"here {ours[i:i + 3]}, in Kafka Streams {theirs[i:i + 3]}")
+
+
+def _wait_for(what: str, condition, timeout_s: float = 60, check=None, show=None) -> None:
+    """Polls ``condition()``; fails after ``timeout_s`` naming ``what`` and ``show()``, at once if
+    ``check()`` fails."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if check is not None:
+            check()
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}" + (f"; now: {show()}" if show else "")
+        time.sleep(0.2)
+
+
+def test_d10_kafka_streams_record_cache_keeps_a_foreign_key_result_of_a_deleted_right_row(kafka_bootstrap, tmp_path,
+                                                                                         unique):
+    """D10. A right row created and deleted between two flushes of Kafka Streams' record cache is
+    never forwarded: at the flush its new value is null and the store below the cache has none,
+    so ``CachingKeyValueStore.putAndMaybeForward`` skips it. But a subscription that arrived in
+    between read the row through the cache (``SubscriptionJoinProcessorSupplier``: the right
+    table's value getter), and its result stays: ``9+7`` for a left row whose right row is gone.
+    This project has no such cache: the delete reaches every subscriber, the result is ``9+null``.
+
+    Deterministic: Kafka Streams commits (and flushes) only at its close here, the left table has
+    no cache (so the subscription leaves at once) and the right row is in the backlog before it
+    starts; each step waits for both applications' output before the next."""
+    twin = "fk_join"
+    prefix = f"ref-{unique}-"
+    outputs = {"ks": f"{prefix}ks-", "py": f"{prefix}py-"}
+    kafka.create_topics(kafka_bootstrap, {prefix + "left": 1, prefix + "right": 1, outputs["ks"] + "out": 1,
+                                          outputs["py"] + "out": 1})
+    base_ts = int(time.time() * 1000) - 60_000
+    _produce(kafka_bootstrap, prefix, [("right", b"d", b"7", 1)], base_ts)
+    apps = {"ks": f"ref-ks-{unique}", "py": f"ref-py-{unique}"}
+    params = {"how": "left", "prefix": prefix}
+    ks_log = tmp_path / "ks.log"
+    with open(ks_log, "w") as log:
+        ks = subprocess.Popen(kafka_streams.java_command(
+            "StreamsApp", twin, json.dumps({**params, "left_cache": False, "out_prefix": outputs["ks"]}),
+            kafka_bootstrap, apps["ks"], str(tmp_path / "ks-state"), "commit.interval.ms=600000"),
+            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
+    py: subprocess.Popen | None = None
+
+    def outputs_of(who: str) -> list[bytes | None]:
+        return [v for k, v, _ts, _p, _o in _read_all(kafka_bootstrap, outputs[who] + "out") if k == b"a"]
+
+    def alive():
+        assert ks.poll() is None, f"Kafka Streams exited {ks.returncode}: " + ks_log.read_text()[-3000:]
+        assert py is None or py.poll() is None, f"processor exited {py.poll()}: " + (
+            tmp_path / "py.log").read_text()[-3000:]
+    try:
+        py = start_worker_process(kafka_bootstrap, "tests.reference.on_broker:topology", apps["py"],
+                                  tmp_path / "py-state", tmp_path / "py.log",
+                                  {"REFERENCE_TWIN": twin,
+                                   "REFERENCE_PARAMS": json.dumps({**params, "out_prefix": outputs["py"]})})
+        _wait_for("Kafka Streams to run", lambda: "-> RUNNING" in ks_log.read_text(), check=alive)
+        _produce(kafka_bootstrap, prefix, [("left", b"a", b"9", 2)], base_ts)   # its foreign key: "d"
+        for who in ("ks", "py"):
+            _wait_for(f"{who}'s first result", lambda who=who: outputs_of(who) == [b"9+7"], check=alive,
+                      show=lambda who=who: outputs_of(who))
+        _produce(kafka_bootstrap, prefix, [("right", b"d", None, 3)], base_ts)
+        _wait_for("processor's result of the delete", lambda: outputs_of("py") == [b"9+7", b"9+null"], check=alive,
+                  show=lambda: outputs_of("py"))
+        stop_workers([py], [tmp_path / "py.log"])
+    finally:
+        if ks.stdin:
+            ks.stdin.close()   # Kafka Streams flushes its cache and commits as it closes
+        try:
+            ks.wait(60)
+        except subprocess.TimeoutExpired:
+            ks.kill()
+            ks.wait()
+        kill_leftover_workers([py] if py is not None else [])
+    assert "closed" in ks_log.read_text(), ks_log.read_text()[-3000:]
+    inputs = {prefix + "left": 1, prefix + "right": 1}
+    wait_until_group_drained(kafka_bootstrap, apps["ks"], {**inputs, **_internal_topics(kafka_bootstrap, apps["ks"])},
+                             timeout_s=30)
+    assert _fk_join_of_final_rows([("right", b"d", b"7", 1), ("left", b"a", b"9", 2), ("right", b"d", None, 3)],
+                                  "left") == {b"a": b"9+null"}
+    assert outputs_of("py") == [b"9+7", b"9+null"]
+    assert outputs_of("ks") == [b"9+7"]   # D10: its last result joins a right row that is gone

@@ -213,7 +213,12 @@ final class Twins {
                 break;
             }
             case "fk_join": {
-                final KTable<String, String> left = b.table(topic(params, "left"), SS);
+                // "left_cache": false (Kafka Streams only, for D10): the left table without its
+                // record cache, so a subscription leaves at once instead of at the next commit
+                final KTable<String, String> left = params.path("left_cache").asBoolean(true)
+                    ? b.table(topic(params, "left"), SS)
+                    : b.table(topic(params, "left"), SS,
+                        Materialized.<String, String, KeyValueStore<Bytes, byte[]>>with(S, S).withCachingDisabled());
                 final KTable<String, String> right = b.table(topic(params, "right"), SS);
                 final KTable<String, String> joined = how.equals("left")
                     ? left.leftJoin(right, Twins::letter, JOIN)
