@@ -1,5 +1,6 @@
-"""The peer benchmark: this project beside Kafka Streams itself and a raw confluent-kafka loop, the
-same workloads on the same broker in one sitting, each engine's output verified.
+"""The peer benchmark: this project beside Kafka Streams itself, Quix Streams, Faust and a raw
+confluent-kafka loop, the same workloads on the same broker in one sitting, each engine's output
+verified.
 
     .venv/bin/python benchmarks/peers.py                      # Apache Kafka 4.4 started for the run
     .venv/bin/python benchmarks/peers.py --records 50000 --reps 1 --workloads count,fk_join
@@ -19,10 +20,13 @@ Streams; JSON values, 4 partitions, 10,000 customers, inputs produced with Java'
 
 Engines: ``processor`` (``processor run``, this checkout), ``kafka-streams`` (Kafka Streams 4.4
 with its record cache, 10 MB), ``kafka-streams-nocache`` (``statestore.cache.max.bytes=0``:
-every update forwarded, as this project forwards record by record), ``confluent-kafka`` (a
-hand-written consume-filter-produce loop, ``stream_filter`` only). All at least once, a commit
-interval of 100 ms, producer ``linger.ms=5``, a fresh group, output topic and state directory
-per run.
+every update forwarded, as this project forwards record by record), ``quixstreams`` (Quix
+Streams 3.28, ``peer_engines/quixstreams_app.py``: no foreign-key join), ``faust``
+(faust-streaming 0.15, ``peer_engines/faust_app.py``: no joins), ``confluent-kafka`` (a
+hand-written consume-filter-produce loop, ``stream_filter`` only). Quix Streams and Faust run in
+virtual environments of their own, made once from ``peer_engines/requirements-*.txt`` under
+``~/.cache/processor/peer-venvs``. All at least once, a commit interval of 100 ms, producer
+``linger.ms=5``, a fresh group, output topic and state directory per run.
 
 Measured: records/s = input records / (last output's broker append time - first output's), the
 output topic's ``message.timestamp.type=LogAppendTime``, so start-up and group join are not
@@ -60,7 +64,10 @@ from tests.reference import kafka_streams  # noqa: E402
 PARTITIONS = 4
 CUSTOMERS = 10_000
 WORKLOADS = ["stream_filter", "table_filter", "count", "count_repartition", "stream_table_join", "fk_join"]
-ENGINES = ["processor", "kafka-streams", "kafka-streams-nocache", "confluent-kafka"]
+ENGINES = ["processor", "kafka-streams", "kafka-streams-nocache", "quixstreams", "faust", "confluent-kafka"]
+# the workloads an engine offers, if not all (the table shows "n/a" for the others)
+OFFERS = {"quixstreams": WORKLOADS[:5], "faust": WORKLOADS[:4], "confluent-kafka": ["stream_filter"]}
+PEER_ENGINES = Path(__file__).resolve().parent / "peer_engines"
 INPUTS = {"stream_filter": ["orders"], "table_filter": ["customer_updates"], "count": ["orders_by_customer"],
           "count_repartition": ["orders"], "stream_table_join": ["orders_by_customer", "customers"],
           "fk_join": ["orders", "customers"]}
@@ -133,9 +140,12 @@ def read_output(bootstrap: str, topic: str) -> list:
 
 
 def internal_topics(bootstrap: str, app: str) -> dict[str, int]:
+    """The repartition and foreign-key topics of ``app``: ``<app>-...-repartition`` or ``-topic``
+    (this project, Kafka Streams), ``repartition__<app>--...`` (Quix Streams),
+    ``<agent>-<topic>-<name>-repartition`` (Faust: its ``group_by`` names carry ``app`` here)."""
     md = kafka.admin(bootstrap).list_topics(timeout=10)
     return {t: len(m.partitions) for t, m in md.topics.items()
-            if t.startswith(app + "-") and (t.endswith("-repartition") or t.endswith("-topic"))}
+            if app in t and (t.endswith("-repartition") or t.endswith("-topic") or t.startswith("repartition__"))}
 
 
 def raw_filter_loop(bootstrap: str, group: str, topic: str, out: str) -> None:
@@ -158,6 +168,25 @@ def raw_filter_loop(bootstrap: str, group: str, topic: str, out: str) -> None:
             last_commit, consumed = time.monotonic(), False
 
 
+def peer_python(engine: str) -> str:
+    """The Python of ``engine``'s own virtual environment (Quix Streams, Faust), made once from
+    ``peer_engines/requirements-<engine>.txt`` (its hash names the folder)."""
+    import hashlib
+
+    from processor.runtime.apache_kafka import built_once
+
+    requirements = PEER_ENGINES / f"requirements-{engine}.txt"
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:12]
+    target = Path.home() / ".cache" / "processor" / "peer-venvs" / f"{engine}-{digest}"
+
+    def build(staging: Path) -> None:
+        print(f"making the {engine} environment from {requirements.name} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True)
+        subprocess.run([str(staging / "bin" / "python"), "-m", "pip", "install", "-q", "-r", str(requirements)],
+                       check=True)
+    return str(built_once(target, build, requirements.read_text()) / "bin" / "python")
+
+
 def start_engine(engine: str, workload: str, bootstrap: str, prefix: str, out: str, app: str, state: Path, log: Path):
     params = {"prefix": prefix, "out": out}
     with open(log, "w") as logf:   # the child keeps its own copy of the descriptor
@@ -177,6 +206,9 @@ def _spawn(engine: str, workload: str, bootstrap: str, prefix: str, out: str, ap
         return subprocess.Popen(kafka_streams.java_command("StreamsApp", f"bench:{workload}", json.dumps(params),
                                                            bootstrap, app, str(state), *extra, jvm_options=()),
                                 stdin=subprocess.PIPE, stdout=logf, stderr=logf)
+    if engine in ("quixstreams", "faust"):
+        return subprocess.Popen([peer_python(engine), str(PEER_ENGINES / f"{engine}_app.py"), workload, bootstrap,
+                                 prefix, out, app, str(state)], cwd=state.parent, stdout=logf, stderr=logf)
     if engine == "confluent-kafka":
         return subprocess.Popen([sys.executable, __file__, "--child-raw", bootstrap, app, prefix + "orders", out],
                                 stdout=logf, stderr=logf)
@@ -241,7 +273,10 @@ def main() -> None:
         return
     workloads = args.workloads.split(",")
     engines = args.engines.split(",")
-    kafka_streams.compiled()   # fetch and compile before anything is timed
+    kafka_streams.compiled()   # fetch, compile and install before anything is timed
+    for e in engines:
+        if e in ("quixstreams", "faust"):
+            peer_python(e)
     runs = []
     with broker(args.bootstrap_servers, apache_kafka=not args.bootstrap_servers) as bootstrap, \
             tempfile.TemporaryDirectory(prefix="peers-") as tmp:
@@ -253,7 +288,7 @@ def main() -> None:
         for rep in range(args.reps):
             for w in workloads:
                 for e in engines:
-                    if e == "confluent-kafka" and w != "stream_filter":
+                    if w not in OFFERS.get(e, WORKLOADS):
                         continue
                     r = run_one(bootstrap, prefix, w, e, expected, Path(tmp))
                     r["rep"] = rep
@@ -276,15 +311,16 @@ def table(runs: list[dict], workloads: list[str], engines: list[str]) -> None:
             rates = [r["rate"] for r in runs if r["workload"] == w and r["engine"] == e and r["ok"]]
             if rates:
                 med[w, e] = statistics.median(rates)
-    print("\n| workload | " + " | ".join(engines) + " | processor / Kafka Streams (cache, no cache) |")
-    print("|---|" + "---|" * (len(engines) + 1))
+    groups = [("Kafka Streams (cache, no cache)", ("kafka-streams", "kafka-streams-nocache")),
+              ("Quix Streams, Faust", ("quixstreams", "faust"))]
+    print("\n| workload | " + " | ".join(engines) + " | " + " | ".join(f"processor / {g}" for g, _ in groups) + " |")
+    print("|---|" + "---|" * (len(engines) + len(groups)))
     for w in workloads:
-        cells = [f"{med[w, e] / 1000:.1f}k" if (w, e) in med else "-" for e in engines]
-        ratio = " / ".join(f"{med[w, 'processor'] / med[w, e]:.2f}x"
-                           for e in ("kafka-streams", "kafka-streams-nocache")
-                           if (w, "processor") in med and (w, e) in med)
-        print(f"| {w} | " + " | ".join(cells) + f" | {ratio or '-'} |")
-
+        cells = [f"{med[w, e] / 1000:.1f}k" if (w, e) in med else "-" if w in OFFERS.get(e, WORKLOADS) else "n/a"
+                 for e in engines]
+        ratios = [" / ".join(f"{med[w, 'processor'] / med[w, e]:.2f}x" if (w, e) in med and (w, "processor") in med
+                             else "-" for e in members) for _, members in groups]
+        print(f"| {w} | " + " | ".join(cells + ratios) + " |")
 
 if __name__ == "__main__":
     main()

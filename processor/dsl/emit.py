@@ -1,7 +1,8 @@
 """Emission policies of aggregations: named values, passed as ``emit=`` (default ``Emit.on_change()``).
 
 - ``Emit.on_update()``: forward every update as ``Change(new, last_emitted)``, even one that
-  changes nothing (the explicit opt-out of the no-op rule).
+  changes nothing (the explicit opt-out of the no-op rule); as in Kafka Streams, such an update
+  also advances the stored timestamp, so the next one is stamped at least as late.
 - ``Emit.on_change()``: forward only when the new value's bytes differ from the last-emitted
   bytes; a skipped update keeps the timestamp of the last real change (KIP-557).
 - ``Emit.every(interval_ms, clock="stream" | "wall")``: per key at most one emission per interval

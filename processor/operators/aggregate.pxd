@@ -9,7 +9,7 @@ cdef class _Aggregate(Processor):
     cdef public object store, emitter, _task_store, _time_key
     cdef public Py_ssize_t records_in
     cdef public long long observed_time
-    cdef public bint punctuates_stream, punctuates_wall
+    cdef public bint punctuates_stream, punctuates_wall, stores_noops
 
     cpdef _put(self, kb, raw, new_value, ts)
 

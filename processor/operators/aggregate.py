@@ -59,6 +59,7 @@ class _Aggregate(Processor):
         self.emitter = cast(AggregateEmitter, None)   # set by init
         self.punctuates_stream = emit.mode == "every" and emit.clock == "stream"
         self.punctuates_wall = emit.mode == "every" and emit.clock == "wall"
+        self.stores_noops = emit.mode == "on_update"
         self.observed_time = -1
         self._time_key = b"observed_time\x00" + name.encode("utf-8")
 
@@ -125,6 +126,10 @@ class _Aggregate(Processor):
             else:
                 value_ts = old_ts      # a no-op keeps the last real change's
                 record_ts = ts if ts > old_ts else old_ts
+                if self.stores_noops and ts > old_ts:
+                    # Emit.on_update(), the opt-out of the no-op rule: as Kafka Streams, the
+                    # stored timestamp advances with every update, no-ops too
+                    self.store.put(kb, _TIME.pack(ts) + new_bytes)
         self.emitter.updated(kb, new_bytes, record_ts, value_ts)
 
     def _call(self, fn, *args):

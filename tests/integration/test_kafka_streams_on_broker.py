@@ -26,7 +26,6 @@ import subprocess
 import time
 
 import pytest
-from confluent_kafka import Producer
 
 from processor.kafka import clients as kafka
 from tests.integration.helpers import (
@@ -35,7 +34,14 @@ from tests.integration.helpers import (
     stop_workers,
     wait_until_group_drained,
 )
-from tests.reference import kafka_streams
+from tests.integration.streams_apps import (
+    close_kafka_streams,
+    internal_topics,
+    per_key,
+    produce_steps,
+    read_all,
+    start_kafka_streams,
+)
 from tests.reference.inputs import generate
 from tests.reference.twins import TWINS, join, letter
 
@@ -54,39 +60,6 @@ RUNS = [
 ]
 
 
-def _produce(bootstrap: str, prefix: str, steps: list[tuple], base_ts: int) -> None:
-    p = Producer({**kafka.producer_defaults(bootstrap), "partitioner": "murmur2_random"})
-    for s in steps:
-        if s[0] != "advance":
-            p.produce(prefix + s[0], key=s[1], value=s[2], timestamp=base_ts + s[3])
-    assert p.flush(60) == 0
-
-
-def _read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | None, int, int, int]]:
-    """Every record of ``topic``: (key, value, timestamp, partition, offset)."""
-    return [(m.key(), m.value(), m.timestamp()[1], m.partition(), m.offset())
-            for m in kafka.read_topic(bootstrap, topic, isolation_level="read_uncommitted")]
-
-
-def _internal_topics(bootstrap: str, app: str) -> dict[str, int]:
-    """The topics an application reads besides its inputs: repartition and foreign-key join topics."""
-    md = kafka.admin(bootstrap).list_topics(timeout=10)
-    return {t: len(m.partitions) for t, m in md.topics.items()
-            if t.startswith(app + "-") and (t.endswith("-repartition") or t.endswith("-topic"))}
-
-
-def _per_key(records, kind: str) -> dict:
-    if kind == "table":   # the last record of each key (a key lives in one partition)
-        last: dict = {}
-        for k, v, _ts, _p, _o in sorted(records, key=lambda r: (r[3], r[4])):
-            last[k] = v
-        return {k: v for k, v in last.items() if v is not None}
-    per: dict = {}
-    for k, v, ts, _p, _o in records:
-        per.setdefault(k, []).append((v, ts))
-    return {k: sorted(vs, key=lambda x: (x[1], x[0] or b"")) for k, vs in per.items()}
-
-
 @pytest.mark.parametrize(("name", "params", "kind", "backlog", "ks_settings"), RUNS, ids=[r[0] for r in RUNS])
 def test_kafka_streams_and_processor_agree_on_the_broker(kafka_bootstrap, tmp_path, unique, name, params, kind,
                                                          backlog, ks_settings):
@@ -103,22 +76,19 @@ def test_kafka_streams_and_processor_agree_on_the_broker(kafka_bootstrap, tmp_pa
         steps = [(t, k, v, 2 * ts + (t == "left")) for t, k, v, ts in steps]
     before = int(len(steps) * backlog)
     base_ts = int(time.time() * 1000) - 600_000
-    _produce(kafka_bootstrap, prefix, steps[:before], base_ts)
+    produce_steps(kafka_bootstrap, prefix, steps[:before], base_ts)
 
     apps = {"ks": f"ref-ks-{unique}", "py": f"ref-py-{unique}"}
     java_params = {**params, "prefix": prefix, "out_prefix": outputs["ks"]}
     env = {"REFERENCE_TWIN": name, "REFERENCE_PARAMS": json.dumps({**params, "prefix": prefix,
                                                                    "out_prefix": outputs["py"]})}
-    with open(tmp_path / "ks.log", "w") as ks_log:
-        ks = subprocess.Popen(kafka_streams.java_command("StreamsApp", name, json.dumps(java_params), kafka_bootstrap,
-                                                         apps["ks"], str(tmp_path / "ks-state"),
-                                                         *[f"{k}={v}" for k, v in ks_settings.items()]),
-                              stdin=subprocess.PIPE, stdout=ks_log, stderr=subprocess.STDOUT)
+    ks = start_kafka_streams(name, java_params, kafka_bootstrap, apps["ks"], tmp_path / "ks-state",
+                             tmp_path / "ks.log", ks_settings)
     py = None
     try:
         py = start_worker_process(kafka_bootstrap, "tests.reference.on_broker:topology", apps["py"],
                                   tmp_path / "py-state", tmp_path / "py.log", env)
-        _produce(kafka_bootstrap, prefix, steps[before:], base_ts)   # and after
+        produce_steps(kafka_bootstrap, prefix, steps[before:], base_ts)   # and after
         for who, app in apps.items():
             proc = ks if who == "ks" else py
 
@@ -126,22 +96,16 @@ def test_kafka_streams_and_processor_agree_on_the_broker(kafka_bootstrap, tmp_pa
                 assert proc.poll() is None, f"{who} exited {proc.returncode}: " + (
                     tmp_path / f"{who}.log").read_text()[-3000:]
             wait_until_group_drained(kafka_bootstrap, app, inputs, timeout_s=180, check=alive)
-            wait_until_group_drained(kafka_bootstrap, app, {**inputs, **_internal_topics(kafka_bootstrap, app)},
+            wait_until_group_drained(kafka_bootstrap, app, {**inputs, **internal_topics(kafka_bootstrap, app)},
                                      timeout_s=180, check=alive)
         if py is not None:
             stop_workers([py], [tmp_path / "py.log"])
     finally:
-        if ks.stdin:
-            ks.stdin.close()
-        try:
-            ks.wait(60)
-        except subprocess.TimeoutExpired:
-            ks.kill()
-            ks.wait()
+        close_kafka_streams(ks)
         kill_leftover_workers([py] if py is not None else [])
     for t in twin.outputs:
-        theirs = _per_key(_read_all(kafka_bootstrap, outputs["ks"] + t), kind)
-        ours = _per_key(_read_all(kafka_bootstrap, outputs["py"] + t), kind)
+        theirs = per_key(read_all(kafka_bootstrap, outputs["ks"] + t), kind)
+        ours = per_key(read_all(kafka_bootstrap, outputs["py"] + t), kind)
         assert theirs, f"Kafka Streams wrote nothing to {t}"
         differing = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
         assert not differing, f"{name} {t}: {len(differing)} of {len(theirs)} keys differ; " + "; ".join(
@@ -203,19 +167,16 @@ def test_d10_kafka_streams_record_cache_keeps_a_foreign_key_result_of_a_deleted_
     kafka.create_topics(kafka_bootstrap, {prefix + "left": 1, prefix + "right": 1, outputs["ks"] + "out": 1,
                                           outputs["py"] + "out": 1})
     base_ts = int(time.time() * 1000) - 60_000
-    _produce(kafka_bootstrap, prefix, [("right", b"d", b"7", 1)], base_ts)
+    produce_steps(kafka_bootstrap, prefix, [("right", b"d", b"7", 1)], base_ts)
     apps = {"ks": f"ref-ks-{unique}", "py": f"ref-py-{unique}"}
     params = {"how": "left", "prefix": prefix}
     ks_log = tmp_path / "ks.log"
-    with open(ks_log, "w") as log:
-        ks = subprocess.Popen(kafka_streams.java_command(
-            "StreamsApp", twin, json.dumps({**params, "left_cache": False, "out_prefix": outputs["ks"]}),
-            kafka_bootstrap, apps["ks"], str(tmp_path / "ks-state"), "commit.interval.ms=600000"),
-            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT)
+    ks = start_kafka_streams(twin, {**params, "left_cache": False, "out_prefix": outputs["ks"]}, kafka_bootstrap,
+                             apps["ks"], tmp_path / "ks-state", ks_log, {"commit.interval.ms": 600000})
     py: subprocess.Popen | None = None
 
     def outputs_of(who: str) -> list[bytes | None]:
-        return [v for k, v, _ts, _p, _o in _read_all(kafka_bootstrap, outputs[who] + "out") if k == b"a"]
+        return [v for k, v, _ts, _p, _o in read_all(kafka_bootstrap, outputs[who] + "out") if k == b"a"]
 
     def alive():
         assert ks.poll() is None, f"Kafka Streams exited {ks.returncode}: " + ks_log.read_text()[-3000:]
@@ -227,28 +188,78 @@ def test_d10_kafka_streams_record_cache_keeps_a_foreign_key_result_of_a_deleted_
                                   {"REFERENCE_TWIN": twin,
                                    "REFERENCE_PARAMS": json.dumps({**params, "out_prefix": outputs["py"]})})
         _wait_for("Kafka Streams to run", lambda: "-> RUNNING" in ks_log.read_text(), check=alive)
-        _produce(kafka_bootstrap, prefix, [("left", b"a", b"9", 2)], base_ts)   # its foreign key: "d"
+        produce_steps(kafka_bootstrap, prefix, [("left", b"a", b"9", 2)], base_ts)   # its foreign key: "d"
         for who in ("ks", "py"):
             _wait_for(f"{who}'s first result", lambda who=who: outputs_of(who) == [b"9+7"], check=alive,
                       show=lambda who=who: outputs_of(who))
-        _produce(kafka_bootstrap, prefix, [("right", b"d", None, 3)], base_ts)
+        produce_steps(kafka_bootstrap, prefix, [("right", b"d", None, 3)], base_ts)
         _wait_for("processor's result of the delete", lambda: outputs_of("py") == [b"9+7", b"9+null"], check=alive,
                   show=lambda: outputs_of("py"))
         stop_workers([py], [tmp_path / "py.log"])
     finally:
-        if ks.stdin:
-            ks.stdin.close()   # Kafka Streams flushes its cache and commits as it closes
-        try:
-            ks.wait(60)
-        except subprocess.TimeoutExpired:
-            ks.kill()
-            ks.wait()
+        close_kafka_streams(ks)   # Kafka Streams flushes its cache and commits as it closes
         kill_leftover_workers([py] if py is not None else [])
     assert "closed" in ks_log.read_text(), ks_log.read_text()[-3000:]
     inputs = {prefix + "left": 1, prefix + "right": 1}
-    wait_until_group_drained(kafka_bootstrap, apps["ks"], {**inputs, **_internal_topics(kafka_bootstrap, apps["ks"])},
+    wait_until_group_drained(kafka_bootstrap, apps["ks"], {**inputs, **internal_topics(kafka_bootstrap, apps["ks"])},
                              timeout_s=30)
     assert _fk_join_of_final_rows([("right", b"d", b"7", 1), ("left", b"a", b"9", 2), ("right", b"d", None, 3)],
                                   "left") == {b"a": b"9+null"}
     assert outputs_of("py") == [b"9+7", b"9+null"]
     assert outputs_of("ks") == [b"9+7"]   # D10: its last result joins a right row that is gone
+
+
+def test_d11_kafka_streams_record_cache_merges_a_session_its_store_no_longer_returns(kafka_bootstrap, tmp_path, unique):
+    """D11. Kafka Streams' session store finds the sessions to merge with a record through its
+    record cache first (``CachingSessionStore.findSessions``), whose range is not cut at the
+    store's retention by the store's clock as the store's own fetch is
+    (``AbstractRocksDBSegmentedBytesStore.getActualFrom``). A session still in the cache is merged;
+    the same session flushed to the store is not, so the result depends on when the cache was last
+    flushed. Gap 5, grace 3 (retention 8): ``b@100``, then ``a@110`` moves the store's clock to 110,
+    then ``b@104`` looks for sessions ending from 99, the store from 103. This project, and Kafka
+    Streams without its cache, keep ``b@100`` and ``b@104`` apart; with its cache (flushed only at
+    its close here) Kafka Streams merges them into ``b@100-104``."""
+    from processor.serde import Serdes
+    from processor.serde.windowed import SessionWindowedSerde
+    from processor.testing import TopologyTestDriver
+
+    twin = "session_keys_raw"
+    prefix = f"ref-{unique}-"
+    steps = [("in", b"b", b"1", 100), ("in", b"a", b"1", 110), ("in", b"b", b"1", 104)]
+    runs = {"cache": {}, "nocache": {"statestore.cache.max.bytes": "0"}}
+    kafka.create_topics(kafka_bootstrap, {prefix + "in": 1, **{f"{prefix}{run}-out": 1 for run in runs}})
+    base_ts = int(time.time() * 1000) - 60_000
+    produce_steps(kafka_bootstrap, prefix, steps, base_ts)
+    apps = {run: f"ref-ks-{run}-{unique}" for run in runs}
+    procs = {run: start_kafka_streams(twin, {"prefix": prefix, "out_prefix": f"{prefix}{run}-"}, kafka_bootstrap,
+                                      apps[run], tmp_path / f"{run}-state", tmp_path / f"{run}.log",
+                                      {**settings, "commit.interval.ms": 600000})
+             for run, settings in runs.items()}
+    try:
+        def alive():
+            for run, proc in procs.items():
+                assert proc.poll() is None, f"Kafka Streams ({run}) exited: " + (
+                    tmp_path / f"{run}.log").read_text()[-3000:]
+        _wait_for("Kafka Streams without its cache to forward the three sessions",
+                  lambda: len(read_all(kafka_bootstrap, f"{prefix}nocache-out")) == 3, check=alive)
+        # the cached one forwards nothing before its close; the drain below shows it had read all
+    finally:
+        for proc in procs.values():
+            close_kafka_streams(proc)   # the cached one flushes (and forwards) only now
+    for run in runs:
+        wait_until_group_drained(kafka_bootstrap, apps[run], {prefix + "in": 1}, timeout_s=30)
+    serde = SessionWindowedSerde(Serdes.string())
+
+    def sessions(records) -> dict:
+        final = per_key([(k, v, ts, p, o) for k, v, ts, p, o in records], "table")
+        return {str(serde.deserialize(k)): int.from_bytes(v, "big") for k, v in final.items()}
+    with TopologyTestDriver(TWINS[twin].build({})) as driver:
+        for _topic, k, v, ts in steps:
+            driver.pipe_input("in", k.decode(), v.decode(), timestamp=base_ts + ts)
+        ours = {str(r.key): r.value for r in driver.read_output("out") if r.value is not None}
+    t = base_ts
+    apart = {f"['b'@{t + 100}/{t + 100}]": 1, f"['a'@{t + 110}/{t + 110}]": 1, f"['b'@{t + 104}/{t + 104}]": 1}
+    assert ours == apart
+    assert sessions(read_all(kafka_bootstrap, f"{prefix}nocache-out")) == apart
+    assert sessions(read_all(kafka_bootstrap, f"{prefix}cache-out")) == {   # D11
+        f"['b'@{t + 100}/{t + 104}]": 2, f"['a'@{t + 110}/{t + 110}]": 1}

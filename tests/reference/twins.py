@@ -152,6 +152,15 @@ def _stream_reduce_max(p: dict) -> Topology:
     return b.build()
 
 
+@twin("stream_reduce_max_on_update", ["in"], {"out": "string"}, stores=[("maxima", "string", "string")])
+def _stream_reduce_max_on_update(p: dict) -> Topology:
+    """``Emit.on_update()``: every update forwarded, no-ops too, as Kafka Streams does (no rule)."""
+    b = StreamsBuilder()
+    b.stream("in", key_serde=S, value_serde=S).group_by_key().reduce(
+        lambda a, v: str(max(num(a), num(v))), name="maxima", emit=Emit.on_update()).to_stream().to("out", S, S)
+    return b.build()
+
+
 @twin("stream_aggregate_sum", ["in"], {"out": "string"}, stores=[("sums", "string", "string")],
       rules=["changes_ts"])
 def _stream_aggregate_sum(p: dict) -> Topology:
@@ -383,11 +392,11 @@ def _stream_self_join(p: dict) -> Topology:
       input_serdes={"in": ("integer", "long")}, topic_rules={"out-sum": ["changes_ts"]})
 def _number_serdes(p: dict) -> Topology:
     b = StreamsBuilder()
-    src = b.stream("in", key_serde=Serdes.integer(), value_serde=L)
+    src = b.stream(topic(p, "in"), key_serde=Serdes.integer(), value_serde=L)
     src.filter(lambda k, v: v is not None).map_values(lambda v: v * 1.5).to(
-        "out-scaled", Serdes.integer(), Serdes.double())
+        sink(p, "out-scaled"), Serdes.integer(), Serdes.double())
     src.group_by_key(Serdes.integer(), L).reduce(lambda a, v: a + v, value_serde=L).to_stream().to(
-        "out-sum", Serdes.integer(), L)
+        sink(p, "out-sum"), Serdes.integer(), L)
     return b.build()
 
 
@@ -450,8 +459,8 @@ def _session_count_retention(p: dict) -> Topology:
 def _windowed_keys_raw(p: dict) -> Topology:
     """Interoperability: a time-windowed key's bytes (``Serdes.windowed``: Kafka Streams' ``TimeWindowedSerde``)."""
     b = StreamsBuilder()
-    b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(TimeWindows.of(10).grace(5)).count(
-        value_serde=L).to_stream().to("out", Serdes.windowed(S, 10), L)
+    b.stream(topic(p, "in"), key_serde=S, value_serde=S).group_by_key().windowed_by(TimeWindows.of(10).grace(5)).count(
+        value_serde=L).to_stream().to(sink(p, "out"), Serdes.windowed(S, 10), L)
     return b.build()
 
 
@@ -459,9 +468,9 @@ def _windowed_keys_raw(p: dict) -> Topology:
 def _session_keys_raw(p: dict) -> Topology:
     """Interoperability: a session key's bytes (Kafka Streams' ``SessionWindowedSerde``)."""
     b = StreamsBuilder()
-    b.stream("in", key_serde=S, value_serde=S).group_by_key().windowed_by(
+    b.stream(topic(p, "in"), key_serde=S, value_serde=S).group_by_key().windowed_by(
         SessionWindows.with_inactivity_gap(5).grace(3)).count(value_serde=L).to_stream().to(
-        "out", SessionWindowedSerde(S), L)
+        sink(p, "out"), SessionWindowedSerde(S), L)
     return b.build()
 
 

@@ -3,7 +3,8 @@
 //
 //   java -cp CLASSES:LIBS/* StreamsApp TWIN PARAMS_JSON BOOTSTRAP APPLICATION_ID STATE_DIR [KEY=VALUE...]
 //
-// TWIN "bench:<workload>" runs a workload of the peer benchmark (BenchTopologies). KEY=VALUE
+// TWIN "bench:<workload>" runs a workload of the peer benchmark (BenchTopologies), "interop:reader"
+// reads topics another application wrote (InteropReader). KEY=VALUE
 // settings override the defaults below. Runs until its stdin ends, then closes; prints its state
 // changes, and a fatal error, on stderr.
 
@@ -42,6 +43,7 @@ public final class StreamsApp {
         final JsonNode params = new ObjectMapper().readTree(args[1]);
         final Topology topology = args[0].startsWith("bench:")
             ? BenchTopologies.build(args[0].substring(6), params, props)
+            : args[0].equals("interop:reader") ? InteropReader.build(params, props)
             : Twins.build(args[0], params, props);
         final KafkaStreams streams = new KafkaStreams(topology, props);
         streams.setStateListener((now, before) -> {

@@ -141,7 +141,8 @@ final class Twins {
                     .count(Materialized.as("counts")).toStream().to(sink(params, "out"), OUT_L);
                 break;
             }
-            case "stream_reduce_max": {
+            case "stream_reduce_max":
+            case "stream_reduce_max_on_update": {   // Kafka Streams forwards every update: Emit.on_update()
                 b.stream("in", SS).groupByKey()
                     .reduce((a, v) -> String.valueOf(Math.max(num(a), num(v))), Materialized.as("maxima"))
                     .toStream().to("out", OUT_S);
@@ -308,11 +309,11 @@ final class Twins {
                 break;
             }
             case "number_serdes": {
-                final KStream<Integer, Long> in = b.stream("in", Consumed.with(Serdes.Integer(), Serdes.Long()));
+                final KStream<Integer, Long> in = b.stream(topic(params, "in"), Consumed.with(Serdes.Integer(), Serdes.Long()));
                 in.filter((k, v) -> v != null).mapValues(v -> v * 1.5)
-                    .to("out-scaled", Produced.with(Serdes.Integer(), Serdes.Double()));
+                    .to(sink(params, "out-scaled"), Produced.with(Serdes.Integer(), Serdes.Double()));
                 in.groupByKey(Grouped.with(Serdes.Integer(), Serdes.Long())).reduce(Long::sum)
-                    .toStream().to("out-sum", Produced.with(Serdes.Integer(), Serdes.Long()));
+                    .toStream().to(sink(params, "out-sum"), Produced.with(Serdes.Integer(), Serdes.Long()));
                 break;
             }
             case "extractor_count": {
@@ -342,15 +343,15 @@ final class Twins {
                 break;
             }
             case "windowed_keys_raw": {
-                b.stream("in", SS).groupByKey()
+                b.stream(topic(params, "in"), SS).groupByKey()
                     .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofMillis(10), Duration.ofMillis(5)))
-                    .count().toStream().to("out", Produced.with(WindowedSerdes.timeWindowedSerdeFrom(String.class, 10), L));
+                    .count().toStream().to(sink(params, "out"), Produced.with(WindowedSerdes.timeWindowedSerdeFrom(String.class, 10), L));
                 break;
             }
             case "session_keys_raw": {
-                b.stream("in", SS).groupByKey()
+                b.stream(topic(params, "in"), SS).groupByKey()
                     .windowedBy(SessionWindows.ofInactivityGapAndGrace(Duration.ofMillis(5), Duration.ofMillis(3)))
-                    .count().toStream().to("out", Produced.with(WindowedSerdes.sessionWindowedSerdeFrom(String.class), L));
+                    .count().toStream().to(sink(params, "out"), Produced.with(WindowedSerdes.sessionWindowedSerdeFrom(String.class), L));
                 break;
             }
             case "stream_flat_map": {
