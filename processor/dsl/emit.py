@@ -90,8 +90,10 @@ class Emit:
     def every(interval_ms: int, clock: str = "stream") -> Emit:
         """Per key at most one emission per interval, the latest value winning (a rate limit).
 
-        Kafka Streams: ``suppress(untilTimeLimit(...))``. An update after a quiet interval goes
-        out at once, later ones wait; pending keys are flushed on shutdown and on revocation.
+        The nearest in Kafka Streams is ``suppress(untilTimeLimit(...))``, which holds a key's
+        first update for the interval too (docs/reference.md, D12). Here an update after a quiet
+        interval goes out at once, later ones wait; pending keys are flushed on shutdown and on
+        revocation.
 
         Args:
             interval_ms: The interval, a positive number of ms.

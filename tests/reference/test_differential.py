@@ -135,3 +135,32 @@ def test_d7_kafka_streams_self_join_rewrite_drops_a_pair_its_plain_join_keeps(re
     assert kafka[False].outputs["out"] == both
     assert kafka[True].outputs["out"] == both[:1]
     assert ours[True] == ours[False] == both
+
+
+def test_d12_emit_every_is_a_rate_limit_where_kafka_streams_suppresses(reference):
+    """D12: ``Emit.every(10)`` against its nearest Kafka Streams counterpart,
+    ``suppress(Suppressed.untilTimeLimit(10 ms, unbounded))``. Kafka Streams buffers a key's first
+    update and forwards the key's latest value once stream time reaches that update's time + 10
+    (``KTableSuppressProcessor``: a buffered key keeps its first buffer time). This project
+    forwards an update after a quiet interval at once, and holds later ones until the interval
+    since that emission has passed (the latest value wins)."""
+    from processor import Emit, StreamsBuilder
+
+    def every(p):
+        b = StreamsBuilder()
+        b.stream("in", key_serde=Serdes.string(), value_serde=Serdes.string()).group_by_key().count(
+            emit=Emit.every(10), value_serde=Serdes.long()).to_stream().to("out", Serdes.string(), Serdes.long())
+        return b.build()
+    twin = Twin("stream_count_suppressed", every, ["in"], {"out": "long"})
+    steps = [("in", b"a", b"1", 0), ("in", b"a", b"1", 3), ("in", b"b", b"1", 5), ("in", b"a", b"1", 12),
+             ("in", b"b", b"1", 14), ("in", b"c", b"1", 30)]
+    kafka = reference.run([case_of(twin, {}, steps, "x")])["x"].outputs["out"]
+    ours = python_side(twin, {}, steps).outputs["out"]
+    long = Serdes.long().serialize
+    # (key, count, timestamp, the input step that caused it). Kafka Streams: a's first update (0)
+    # is held until stream time reaches 10 (a@12, which it includes), b's (5) until 15 (c@30);
+    # c's is still held at the end. Here: a, b and c at once; a@3 held until a@12 is 10 past a's
+    # emission; b@14 held until c@30's punctuation.
+    assert kafka == [(b"a", long(3), 12, 3), (b"b", long(2), 14, 5)]
+    assert ours == [(b"a", long(1), 0, 0), (b"b", long(1), 5, 2), (b"a", long(3), 12, 3),
+                    (b"c", long(1), 30, 5), (b"b", long(2), 14, 5)]

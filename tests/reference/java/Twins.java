@@ -29,6 +29,7 @@ import org.apache.kafka.streams.kstream.Repartitioned;
 import org.apache.kafka.streams.kstream.SessionWindows;
 import org.apache.kafka.streams.kstream.SlidingWindows;
 import org.apache.kafka.streams.kstream.StreamJoined;
+import org.apache.kafka.streams.kstream.Suppressed;
 import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.kstream.ValueJoiner;
 import org.apache.kafka.streams.kstream.Windowed;
@@ -139,6 +140,12 @@ final class Twins {
             case "stream_select_key_count": {
                 b.stream(topic(params, "in"), SS).selectKey((k, v) -> v).groupByKey(Grouped.with(S, S))
                     .count(Materialized.as("counts")).toStream().to(sink(params, "out"), OUT_L);
+                break;
+            }
+            case "stream_count_suppressed": {   // D12: Emit.every(10)'s counterpart, pinned, not a twin
+                b.stream("in", SS).groupByKey().count()
+                    .suppress(Suppressed.untilTimeLimit(Duration.ofMillis(10), Suppressed.BufferConfig.unbounded()))
+                    .toStream().to("out", OUT_L);
                 break;
             }
             case "stream_reduce_max":
