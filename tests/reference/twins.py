@@ -96,26 +96,32 @@ def _stream_stateless(p: dict) -> Topology:
     return b.build()
 
 
-@twin("stream_split_merge", ["in"], {"out-merged": "string", "out-rest": "string"})
+@twin("stream_split_merge", ["in"], {"out-merged": "string", "out-rest": "string"},
+      params=[{}, {"no_default": True}])
 def _stream_split_merge(p: dict) -> Topology:
+    """``split``, ``merge``, and ``no_default_branch`` (the rest then filtered from the source)."""
     b = StreamsBuilder()
     src = b.stream("in", key_serde=S, value_serde=S).filter(lambda k, v: v is not None)
-    branches = (src.split("s-")
-                .branch(lambda k, v: num(v) % 2 == 0, name="even")
-                .branch(lambda k, v: num(v) % 3 == 0, name="three")
-                .default_branch(name="rest"))
+    split = (src.split("s-")
+             .branch(lambda k, v: num(v) % 2 == 0, name="even")
+             .branch(lambda k, v: num(v) % 3 == 0, name="three"))
+    if p.get("no_default"):
+        branches = split.no_default_branch()
+        src.filter(lambda k, v: num(v) % 2 != 0 and num(v) % 3 != 0).to("out-rest", S, S)
+    else:
+        branches = split.default_branch(name="rest")
+        branches["s-rest"].to("out-rest", S, S)
     branches["s-even"].map_values(lambda v: v + "e").merge(
         branches["s-three"].map_values(lambda v: v + "t")).to("out-merged", S, S)
-    branches["s-rest"].to("out-rest", S, S)
     return b.build()
 
 
 @twin("table_filter", ["in"], {"out": "string"}, stores=[("source", "string", "string")],
-      rules=["changes"])
+      rules=["changes"], params=[{}, {"not": True}])
 def _table_filter(p: dict) -> Topology:
     b = StreamsBuilder()
-    b.table("in", key_serde=S, value_serde=S, store_name="source").filter(
-        lambda k, v: num(v) % 2 == 0).to_stream().to("out", S, S)
+    table = b.table("in", key_serde=S, value_serde=S, store_name="source")
+    (table.filter_not if p.get("not") else table.filter)(lambda k, v: num(v) % 2 == 0).to_stream().to("out", S, S)
     return b.build()
 
 
@@ -319,7 +325,8 @@ def _windowed(name: str, windows: Any, rules: list[str] | None = None, params: l
 _windowed("tumbling_count", TimeWindows.of(10).grace(5))
 _windowed("hopping_count", TimeWindows.of(10).advance_by(5).grace(5))
 _windowed("session_count", SessionWindows.with_inactivity_gap(5).grace(3), ["session_rewrite", "changes"])
-_windowed("sliding_count", lambda p: SlidingWindows.of_time_difference_and_grace(p["diff"], p["grace"]), ["changes"],
+_windowed("sliding_count", lambda p: SlidingWindows.of_time_difference_and_grace(p["diff"], p["grace"]) if p["grace"]
+          else SlidingWindows.of_time_difference_without_grace(p["diff"]), ["changes"],
           [{"diff": 10, "grace": 5}, {"diff": 3, "grace": 0}, {"diff": 2, "grace": 20}])
 
 

@@ -113,19 +113,26 @@ final class Twins {
             }
             case "stream_split_merge": {
                 final KStream<String, String> in = b.stream("in", SS).filter((k, v) -> v != null);
-                final var branches = in.split(Named.as("s-"))
+                final var split = in.split(Named.as("s-"))
                     .branch((k, v) -> num(v) % 2 == 0, Branched.as("even"))
-                    .branch((k, v) -> num(v) % 3 == 0, Branched.as("three"))
-                    .defaultBranch(Branched.as("rest"));
+                    .branch((k, v) -> num(v) % 3 == 0, Branched.as("three"));
+                final var branches = params.path("no_default").asBoolean(false)
+                    ? split.noDefaultBranch() : split.defaultBranch(Branched.as("rest"));
                 branches.get("s-even").mapValues(v -> v + "e")
                     .merge(branches.get("s-three").mapValues(v -> v + "t"))
                     .to("out-merged", OUT_S);
-                branches.get("s-rest").to("out-rest", OUT_S);
+                if (params.path("no_default").asBoolean(false)) {
+                    in.filter((k, v) -> num(v) % 2 != 0 && num(v) % 3 != 0).to("out-rest", OUT_S);
+                } else {
+                    branches.get("s-rest").to("out-rest", OUT_S);
+                }
                 break;
             }
             case "table_filter": {
-                b.table("in", SS, Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("source"))
-                    .filter((k, v) -> num(v) % 2 == 0)
+                final KTable<String, String> table =
+                    b.table("in", SS, Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("source"));
+                (params.path("not").asBoolean(false) ? table.filterNot((k, v) -> num(v) % 2 == 0)
+                                                     : table.filter((k, v) -> num(v) % 2 == 0))
                     .toStream().to("out", OUT_S);
                 break;
             }
@@ -265,8 +272,10 @@ final class Twins {
             }
             case "sliding_count": {
                 b.stream("in", SS).groupByKey()
-                    .windowedBy(SlidingWindows.ofTimeDifferenceAndGrace(Duration.ofMillis(params.path("diff").asLong(10)),
-                        Duration.ofMillis(params.path("grace").asLong(5))))
+                    .windowedBy(params.path("grace").asLong(5) == 0
+                        ? SlidingWindows.ofTimeDifferenceWithNoGrace(Duration.ofMillis(params.path("diff").asLong(10)))
+                        : SlidingWindows.ofTimeDifferenceAndGrace(Duration.ofMillis(params.path("diff").asLong(10)),
+                            Duration.ofMillis(params.path("grace").asLong(5))))
                     .count().toStream().map((wk, v) -> KeyValue.pair(windowedKey(wk), v)).to("out", OUT_L);
                 break;
             }
