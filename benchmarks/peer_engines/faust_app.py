@@ -31,7 +31,8 @@ def main(workload: str, bootstrap: str, prefix: str, out: str, group: str, state
                                  "count": "orders_by_customer", "count_repartition": "orders"}[workload],
                        partitions=4, **raw)
     sink = app.topic(out, partitions=4, **raw)
-    counts = app.Table(f"{group}-counts", default=int, partitions=4, key_type=str, value_type=int)
+    counting = workload in ("count", "count_repartition")
+    counts = app.Table(f"{group}-counts", default=int, partitions=4, key_type=str, value_type=int) if counting else None
 
     @app.agent(source)
     async def process(stream):
@@ -46,6 +47,7 @@ def main(workload: str, bootstrap: str, prefix: str, out: str, group: str, state
             elif workload == "table_filter":   # the row while it passes, a tombstone once it does not
                 await sink.send(key=key, value=value if v["amount"] > 500 else None)
             else:
+                assert counts is not None
                 k = key.decode() if isinstance(key, bytes) else str(key)
                 counts[k] += 1
                 await sink.send(key=k.encode(), value=counts[k].to_bytes(8, "big", signed=True))

@@ -2,7 +2,8 @@
 
 Invariant: the store ``<store>`` holds, per group key (per window and key for windowed
 aggregates), the current aggregate's bytes and the timestamp of its last REAL change; an update
-that leaves the bytes unchanged writes nothing and keeps that timestamp (KIP-557). What is
+that leaves the bytes unchanged writes nothing and keeps that timestamp (KIP-557), except under
+``Emit.on_update()``, the opt-out, where it stores its later timestamp as Kafka Streams does. What is
 forwarded, and when, is decided by the aggregate's emission policy (``operators/emission.py``)
 against the last-emitted column ``<store>.emitted``.
 

@@ -1,7 +1,8 @@
 """What the tests that run Kafka Streams applications beside ``processor run`` on a broker share
 (``test_kafka_streams_on_broker.py``, ``test_kafka_streams_interop.py``): producing a twin's
-input steps, reading a topic whole, an application's internal topics, outputs per key, and a
-Kafka Streams application (``tests/reference/java/StreamsApp.java``) started and closed."""
+input steps, reading a topic whole, an application's internal topics and the wait for it to
+drain, outputs per key, and a Kafka Streams application (``tests/reference/java/StreamsApp.java``)
+started and closed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from processor.kafka import clients as kafka
+from tests.integration.helpers import wait_until_group_drained
 from tests.reference import kafka_streams
 
 
@@ -36,6 +38,16 @@ def internal_topics(bootstrap: str, app: str) -> dict[str, int]:
     md = kafka.admin(bootstrap).list_topics(timeout=10)
     return {t: len(m.partitions) for t, m in md.topics.items()
             if t.startswith(app + "-") and (t.endswith("-repartition") or t.endswith("-topic"))}
+
+
+def wait_until_app_drained(bootstrap: str, app: str, inputs: dict[str, int], timeout_s: float = 180,
+                           check=None) -> None:
+    """``app`` (this project's or Kafka Streams') has committed every partition of its ``inputs``,
+    then of its inputs and internal topics together, to its end. Internal topics are made at an
+    application's first rebalance: they are listed once its inputs are drained, not before."""
+    wait_until_group_drained(bootstrap, app, inputs, timeout_s=timeout_s, check=check)
+    wait_until_group_drained(bootstrap, app, {**inputs, **internal_topics(bootstrap, app)}, timeout_s=timeout_s,
+                             check=check)
 
 
 def per_key(records, kind: str) -> dict:

@@ -30,11 +30,11 @@ from tests.integration.helpers import (
 )
 from tests.integration.streams_apps import (
     close_kafka_streams,
-    internal_topics,
     per_key,
     produce_steps,
     read_all,
     start_kafka_streams,
+    wait_until_app_drained,
 )
 from tests.reference.inputs import encoded, generate
 from tests.reference.twins import TWINS
@@ -87,9 +87,7 @@ def test_each_reads_what_the_other_wrote(kafka_bootstrap, tmp_path, unique, name
             for app, proc in procs.items():
                 assert proc.poll() is None, f"{app} exited {proc.returncode}: " + logs[app].read_text()[-3000:]
         for who in ("ks", "py"):
-            app = apps[f"{who}-twin"]
-            wait_until_group_drained(kafka_bootstrap, app, {**inputs, **internal_topics(kafka_bootstrap, app)},
-                                     timeout_s=180, check=alive)
+            wait_until_app_drained(kafka_bootstrap, apps[f"{who}-twin"], inputs, check=alive)
         for who in ("ks", "py"):
             wait_until_group_drained(kafka_bootstrap, apps[f"{who}-reader"],
                                      {written[other[who]] + o: PARTITIONS for o in outputs}, timeout_s=180, check=alive)

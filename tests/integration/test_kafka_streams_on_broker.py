@@ -36,11 +36,11 @@ from tests.integration.helpers import (
 )
 from tests.integration.streams_apps import (
     close_kafka_streams,
-    internal_topics,
     per_key,
     produce_steps,
     read_all,
     start_kafka_streams,
+    wait_until_app_drained,
 )
 from tests.reference.inputs import generate
 from tests.reference.twins import TWINS, join, letter
@@ -58,6 +58,10 @@ RUNS = [
     # Kafka Streams' record cache off: with it, D10 (below) makes its result depend on timing
     ("fk_join", {"how": "left"}, "table", 0.5, {"statestore.cache.max.bytes": "0"}),
 ]
+
+
+# twin -> its final output as the final input rows make it (from the steps and the twin's params)
+MODELS = {"fk_join": lambda steps, params: fk_join_of_final_rows(steps, params)}
 
 
 @pytest.mark.parametrize(("name", "params", "kind", "backlog", "ks_settings"), RUNS, ids=[r[0] for r in RUNS])
@@ -95,9 +99,7 @@ def test_kafka_streams_and_processor_agree_on_the_broker(kafka_bootstrap, tmp_pa
             def alive(proc=proc, who=who):
                 assert proc.poll() is None, f"{who} exited {proc.returncode}: " + (
                     tmp_path / f"{who}.log").read_text()[-3000:]
-            wait_until_group_drained(kafka_bootstrap, app, inputs, timeout_s=180, check=alive)
-            wait_until_group_drained(kafka_bootstrap, app, {**inputs, **internal_topics(kafka_bootstrap, app)},
-                                     timeout_s=180, check=alive)
+            wait_until_app_drained(kafka_bootstrap, app, inputs, check=alive)
         if py is not None:
             stop_workers([py], [tmp_path / "py.log"])
     finally:
@@ -110,11 +112,11 @@ def test_kafka_streams_and_processor_agree_on_the_broker(kafka_bootstrap, tmp_pa
         differing = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
         assert not differing, f"{name} {t}: {len(differing)} of {len(theirs)} keys differ; " + "; ".join(
             _first_difference(k, ours.get(k), theirs.get(k)) for k in differing[:3])
-        if name == "fk_join":
-            assert ours == _fk_join_of_final_rows(steps, params["how"])
+        if name in MODELS:   # the result the final input rows make
+            assert ours == MODELS[name](steps, params)
 
 
-def _fk_join_of_final_rows(steps: list[tuple], how: str) -> dict:
+def fk_join_of_final_rows(steps: list[tuple], params: dict) -> dict:
     """The foreign-key join's result table as the final rows make it (a table holds the last
     record of each key in offset order: the steps' order within a key)."""
     rows: dict[str, dict] = {"left": {}, "right": {}}
@@ -125,7 +127,7 @@ def _fk_join_of_final_rows(steps: list[tuple], how: str) -> dict:
         if v is None:
             continue
         right = rows["right"].get(letter(v.decode()).encode())
-        if right is not None or how == "left":
+        if right is not None or params["how"] == "left":
             result[k] = join(v.decode(), None if right is None else right.decode()).encode()
     return result
 
@@ -201,10 +203,9 @@ def test_d10_kafka_streams_record_cache_keeps_a_foreign_key_result_of_a_deleted_
         kill_leftover_workers([py] if py is not None else [])
     assert "closed" in ks_log.read_text(), ks_log.read_text()[-3000:]
     inputs = {prefix + "left": 1, prefix + "right": 1}
-    wait_until_group_drained(kafka_bootstrap, apps["ks"], {**inputs, **internal_topics(kafka_bootstrap, apps["ks"])},
-                             timeout_s=30)
-    assert _fk_join_of_final_rows([("right", b"d", b"7", 1), ("left", b"a", b"9", 2), ("right", b"d", None, 3)],
-                                  "left") == {b"a": b"9+null"}
+    wait_until_app_drained(kafka_bootstrap, apps["ks"], inputs, timeout_s=30)
+    assert fk_join_of_final_rows([("right", b"d", b"7", 1), ("left", b"a", b"9", 2), ("right", b"d", None, 3)],
+                                 {"how": "left"}) == {b"a": b"9+null"}
     assert outputs_of("py") == [b"9+7", b"9+null"]
     assert outputs_of("ks") == [b"9+7"]   # D10: its last result joins a right row that is gone
 
@@ -231,15 +232,20 @@ def test_d11_kafka_streams_record_cache_merges_a_session_its_store_no_longer_ret
     base_ts = int(time.time() * 1000) - 60_000
     produce_steps(kafka_bootstrap, prefix, steps, base_ts)
     apps = {run: f"ref-ks-{run}-{unique}" for run in runs}
-    procs = {run: start_kafka_streams(twin, {"prefix": prefix, "out_prefix": f"{prefix}{run}-"}, kafka_bootstrap,
-                                      apps[run], tmp_path / f"{run}-state", tmp_path / f"{run}.log",
-                                      {**settings, "commit.interval.ms": 600000})
-             for run, settings in runs.items()}
+    procs: dict[str, subprocess.Popen] = {}
     try:
+        for run, settings in runs.items():
+            procs[run] = start_kafka_streams(twin, {"prefix": prefix, "out_prefix": f"{prefix}{run}-"},
+                                             kafka_bootstrap, apps[run], tmp_path / f"{run}-state",
+                                             tmp_path / f"{run}.log", {**settings, "commit.interval.ms": 600000})
+
         def alive():
             for run, proc in procs.items():
                 assert proc.poll() is None, f"Kafka Streams ({run}) exited: " + (
                     tmp_path / f"{run}.log").read_text()[-3000:]
+        for run in runs:
+            _wait_for(f"Kafka Streams ({run}) to run", lambda run=run: "-> RUNNING" in (
+                tmp_path / f"{run}.log").read_text(), check=alive)
         _wait_for("Kafka Streams without its cache to forward the three sessions",
                   lambda: len(read_all(kafka_bootstrap, f"{prefix}nocache-out")) == 3, check=alive)
         # the cached one forwards nothing before its close; the drain below shows it had read all
@@ -251,7 +257,7 @@ def test_d11_kafka_streams_record_cache_merges_a_session_its_store_no_longer_ret
     serde = SessionWindowedSerde(Serdes.string())
 
     def sessions(records) -> dict:
-        final = per_key([(k, v, ts, p, o) for k, v, ts, p, o in records], "table")
+        final = per_key(records, "table")
         return {str(serde.deserialize(k)): int.from_bytes(v, "big") for k, v in final.items()}
     with TopologyTestDriver(TWINS[twin].build({})) as driver:
         for _topic, k, v, ts in steps:

@@ -62,7 +62,7 @@ public final class StreamsApp {
         while (System.in.read() != -1) {
             // until the test closes stdin
         }
-        streams.close(Duration.ofSeconds(30));
-        System.err.println("closed");
+        // "closed" only when every thread stopped within the time (flushed and committed)
+        System.err.println(streams.close(Duration.ofSeconds(30)) ? "closed" : "close timed out");
     }
 }
