@@ -21,7 +21,7 @@ from processor.records import Windowed
 from processor.serde import Serdes
 from processor.serde.windowed import SessionWindowedSerde
 from processor.topology import Topology
-from tests.reference.twins import TWINS
+from tests.reference.twins import TWINS, windowed_key
 
 READ_SERDES = {"string": Serdes.string, "integer": Serdes.integer, "long": Serdes.long, "double": Serdes.double,
                "windowed10": lambda: Serdes.windowed(Serdes.string(), 10),
@@ -39,7 +39,7 @@ def text(o: Any) -> str | None:
     if o is None:
         return None
     if isinstance(o, Windowed):
-        return f"{o.key}@{o.start}-{o.end}"
+        return windowed_key(o, None)[0]
     return str(o)
 
 
