@@ -129,7 +129,7 @@ class WindowStore(_Windowed):
         if value is None and self.retain_duplicates:
             return     # Kafka Streams: a delete is a no-op among duplicates
         kb = self._ks.serialize(key)
-        codec._check_ts("window start", window_start)
+        codec.check_ts("window start", window_start)
         seq = 0
         if self.retain_duplicates:
             seq = (self._state()[1] + 1) & codec.SEQ_MASK

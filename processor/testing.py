@@ -25,6 +25,7 @@ from processor.state import timestamped
 from processor.state.memory import MemoryStores
 
 if TYPE_CHECKING:  # pragma: no cover
+    from processor.engine.protocols import RecordCollector
     from processor.papi_windowed import ReadOnlyWindowedStore
     from processor.serde import Serde
     from processor.topology import StoreSpec, Topology
@@ -175,7 +176,7 @@ class TopologyTestDriver:
         self._offsets: dict[str, int] = defaultdict(int)
         self._queue: deque = deque()
         self._sub_of_topic = topology.subtopology_of_topic()
-        collector = _MemoryCollector(self)
+        collector: RecordCollector = _MemoryCollector(self)   # (mypy: the engine's protocol)
         # global tables: one store each, shared by every task, updated as their topics are piped
         from processor.state.memory import MemoryStore
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from processor.dsl.abstract_stream import builder_of, graph_node_of
 from processor.dsl.emit import Emit
 from processor.dsl.repartition import repartition_through
 from processor.errors import TopologyError
@@ -103,13 +104,13 @@ class KGroupedTable:
     def _build(self, kind: str, initializer: Initializer | None, adder: Callable[..., Any],
                subtractor: Callable[..., Any], emit: Emit | None, name: str | None, value_serde: Serde) -> KTable:
         emit = _check_emit(emit, windowed=False)
-        b = self._table._builder
+        b = builder_of(self._table)
         store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
         b.check_store_names_free(store)
         ks = self.key_serde
         select = LogicalNode(name=b.new_name("KTABLE-SELECT"), kind="processor",
                              factory=lambda n: TableGroupBy(n.name, self._selector, ks))
-        source = _repartition(b, self._table._node, select, store, ks, ChangeSerde(self.value_serde))
+        source = _repartition(b, graph_node_of(self._table), select, store, ks, ChangeSerde(self.value_serde))
         node = _aggregate_node(
             b, source, store, ks, value_serde,
             lambda n: TableAggregate(n.name, store, ks, value_serde, emit, initializer, adder, subtractor),
@@ -202,19 +203,19 @@ class KGroupedStream:
         self._repartition = repartition
 
     def _input(self, store: str) -> LogicalNode:
-        b = self._stream._builder
+        b = builder_of(self._stream)
         if self._selector is None:
             if self._repartition:
-                return _repartition(b, self._stream._node, None, store, self.key_serde, self.value_serde)
-            return self._stream._node
+                return _repartition(b, graph_node_of(self._stream), None, store, self.key_serde, self.value_serde)
+            return graph_node_of(self._stream)
         select = LogicalNode(name=b.new_name("KSTREAM-KEY-SELECT"), kind="processor",
                              factory=lambda n: StreamGroupBy(n.name, self._selector))
-        return _repartition(b, self._stream._node, select, store, self.key_serde, self.value_serde)
+        return _repartition(b, graph_node_of(self._stream), select, store, self.key_serde, self.value_serde)
 
     def _build(self, kind: str, initializer: Initializer | None, aggregator: Callable[..., Any], emit: Emit | None,
                name: str | None, value_serde: Serde, windows: TimeWindows | None = None) -> KTable:
         emit = _check_emit(emit, windowed=windows is not None)
-        b = self._stream._builder
+        b = builder_of(self._stream)
         store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
         b.check_store_names_free(store)
         parent = self._input(store)
@@ -327,7 +328,7 @@ class KGroupedStream:
         ``store_key_serde`` and in its result by ``result_key_serde``.
         """
         emit = _check_emit(emit, windowed=True)
-        b = self._stream._builder
+        b = builder_of(self._stream)
         store = b.peek_name("KTABLE-AGGREGATE-STATE-STORE", name)
         b.check_store_names_free(store)
         parent = self._input(store)

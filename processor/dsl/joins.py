@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
+from processor.dsl.abstract_stream import builder_of, graph_node_of
 from processor.errors import TopologyError
 from processor.graph import (
     GetterSpec,
@@ -55,8 +56,8 @@ if TYPE_CHECKING:  # pragma: no cover
 def _check_table(other: Any, what: str) -> None:
     if getattr(other, "dsl_kind", None) != "table":
         raise TopologyError(f"{what} takes a KTable, not {type(other).__name__}")
-    if getter_spec(other._node) is None:
-        raise TopologyError(f"{what}: the table produced by {other._node.name} cannot be looked up "
+    if getter_spec(graph_node_of(other)) is None:
+        raise TopologyError(f"{what}: the table produced by {graph_node_of(other).name} cannot be looked up "
                             f"(a windowed aggregate, or a table built from a stream)")
 
 
@@ -72,9 +73,9 @@ def table_table_join(left: KTable, right: KTable, joiner: ValueJoiner, how: str,
         raise TopologyError(f"how must be one of {HOWS}, not {how!r}")
     _check_table(left, "join")
     _check_table(right, "join")
-    if left._builder is not right._builder:
+    if builder_of(left) is not builder_of(right):
         raise TopologyError("both tables of a join must come from one StreamsBuilder")
-    b = left._builder
+    b = builder_of(left)
     vs = value_serde or Serdes.json()
     ks = left.key_serde
     result_store = b.peek_name("KTABLE-JOIN-STATE-STORE", name)
@@ -84,16 +85,16 @@ def table_table_join(left: KTable, right: KTable, joiner: ValueJoiner, how: str,
     this = LogicalNode(
         name=this_name, kind="processor",
         factory=lambda n: TableJoinSide(n.name, "left", n.lookups[0], joiner, how, result_store, ks, vs),
-        stores=[result_store], lookups=[right._node],
+        stores=[result_store], lookups=[graph_node_of(right)],
         attrs=JoinSideAttrs(self_join=SelfJoin(kind="table", how=how, other=other_name, merge=merge_name,
                                                store=result_store, named=name is not None,
                                                rewrite=_rewrite_table_self_join(joiner, vs))))
     other = LogicalNode(
         name=other_name, kind="processor",
         factory=lambda n: TableJoinSide(n.name, "right", n.lookups[0], joiner, how, result_store, ks, vs),
-        stores=[result_store], lookups=[left._node], attrs=JoinSideAttrs())
-    b.add_node(this, left._node)
-    b.add_node(other, right._node)
+        stores=[result_store], lookups=[graph_node_of(left)], attrs=JoinSideAttrs())
+    b.add_node(this, graph_node_of(left))
+    b.add_node(other, graph_node_of(right))
     merge = LogicalNode(name=merge_name, kind="processor", factory=lambda n: PassThrough(n.name),
                         value_preserving=True, attrs=JoinResultAttrs(getter=_store_getter(result_store, vs)))
     b.add_node(merge, this, other)
@@ -132,12 +133,12 @@ def _rewrite_table_self_join(joiner: ValueJoiner, vs: Serde) -> Callable[[Any, A
 def stream_table_join(stream: KStream, table: KTable, joiner: ValueJoiner, how: str, name: str | None) -> KStream:
     """``KStream.join/left_join`` with a table: one node that looks the table up."""
     _check_table(table, "stream-table join")
-    b = stream._builder
+    b = builder_of(stream)
     ks = stream.key_serde
     node = LogicalNode(name=b.new_name("KSTREAM-JOIN", name), kind="processor",
                        factory=lambda n: StreamTableJoin(n.name, n.lookups[0], joiner, how, ks),
-                       lookups=[table._node])
-    b.add_node(node, stream._node)
+                       lookups=[graph_node_of(table)])
+    b.add_node(node, graph_node_of(stream))
     return b.stream_of(node, ks, Serdes.json())
 
 
@@ -149,7 +150,7 @@ def foreign_key_join(left: KTable, right: KTable, fk_extractor: ForeignKeyExtrac
         raise TopologyError(f"a foreign-key join is how='inner' or how='left', not {how!r}")
     _check_table(left, "join_on_foreign_key")
     _check_table(right, "join_on_foreign_key")
-    b = left._builder
+    b = builder_of(left)
     base = b.new_name("KTABLE-FK-JOIN", name)
     result_store, version_store, sub_store = base, f"{base}-version-store", f"{base}-subscription-store"
     b.check_store_names_free(result_store, version_store, sub_store)
@@ -199,25 +200,25 @@ def foreign_key_join(left: KTable, right: KTable, fk_extractor: ForeignKeyExtrac
         factory=lambda n: ForeignKeyJoinSubscriptionSender(n.name, fk_extractor, lks, rks, joiner, how,
                                                           version_store, result_store, vs),
         stores=[version_store, result_store])
-    b.add_node(send, left._node)
-    internal_sink(sub_topic, [send], "subscription", route_like=right._node.name)
+    b.add_node(send, graph_node_of(left))
+    internal_sink(sub_topic, [send], "subscription", route_like=graph_node_of(right).name)
     sub_source = internal_source(sub_topic, dedup=False)
     receive = LogicalNode(
         name=b.new_name("KTABLE-FK-JOIN-SUBSCRIPTION-RECEIVE"), kind="processor",
         factory=lambda n: ForeignKeyJoinSubscriptionReceiver(n.name, n.lookups[0], sub_store, rks, rvs),
-        stores=[sub_store], lookups=[right._node])
+        stores=[sub_store], lookups=[graph_node_of(right)])
     b.add_node(receive, sub_source)
     respond = LogicalNode(
         name=b.new_name("KTABLE-FK-JOIN-RESPOND"), kind="processor",
         factory=lambda n: ForeignKeyJoinResponder(n.name, sub_store, rks, rvs), stores=[sub_store])
-    b.add_node(respond, right._node)
+    b.add_node(respond, graph_node_of(right))
     internal_sink(resp_topic, [receive, respond], "response")
     resp_source = internal_source(resp_topic, dedup=False)
     resolve = LogicalNode(
         name=b.new_name("KTABLE-FK-JOIN-RESOLVE"), kind="processor",
         factory=lambda n: ForeignKeyJoinResponseResolver(n.name, n.lookups[0], fk_extractor, lks, rks, rvs,
                                                         joiner, how, version_store, result_store, vs),
-        stores=[version_store, result_store], lookups=[left._node])
+        stores=[version_store, result_store], lookups=[graph_node_of(left)])
     b.add_node(resolve, resp_source)
     output = LogicalNode(name=b.new_name("KTABLE-FK-JOIN-OUTPUT"), kind="processor",
                          factory=lambda n: PassThrough(n.name), value_preserving=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
+from processor.dsl.abstract_stream import AbstractStream, builder_of, graph_node_of
 from processor.dsl.repartition import repartition_through
 from processor.errors import TopologyError
 from processor.graph import GetterSpec, GlobalJoinAttrs, SinkAttrs, TableAttrs, UserProcessorAttrs
@@ -50,7 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
 
 
-class KStream:
+class KStream(AbstractStream):
     """A record stream: each record an independent fact (Kafka Streams: ``KStream``).
 
     Made by ``StreamsBuilder.stream``, ``KTable.to_stream`` and the stream operators. After a
@@ -78,8 +79,7 @@ class KStream:
 
     def __init__(self, builder: StreamsBuilder, node: LogicalNode, key_serde: Serde, value_serde: Serde,
                  repartition_required: bool = False):
-        self._builder = builder
-        self._node = node
+        super().__init__(builder, node)
         self.key_serde = key_serde
         self.value_serde = value_serde
         # a key-changing operator (map, select_key, flat_map) came before: a later group_by_key,
@@ -369,7 +369,7 @@ class KStream:
         b = self._builder
         node = LogicalNode(name=b.new_name("KSTREAM-MERGE", name), kind="processor",
                            factory=lambda n: PassThrough(n.name), value_preserving=True)
-        b.add_node(node, self._node, other._node)
+        b.add_node(node, self._node, graph_node_of(other))
         return KStream(b, node, self.key_serde, self.value_serde,
                        self.repartition_required or other.repartition_required)
 
@@ -428,7 +428,7 @@ class KStream:
             factory=lambda n: StreamToTable(n.name, store, ks, vs),
             attrs=TableAttrs(getter=GetterSpec(lambda n, ctx: StoreValueGetter(ctx.get_store(store), vs),
                                                stores=(store,))))
-        b.add_node(node, src._node)
+        b.add_node(node, graph_node_of(src))
         b.add_store(StoreSpec(store, node_name, None, ks, vs))
         return b.table_of(node, ks, vs, store_name=store)
 
@@ -701,7 +701,7 @@ class BranchedKStream:
             raise TopologyError("this split() is finished already")
         self._done = True
         s = self._stream
-        b = s._builder
+        b = builder_of(s)
         names = [n for n, _ in self._branches] + ([default] if default is not None else [])
         if default is not None and default in names[:-1]:
             raise TopologyError(f"split(): branch name {default!r} is used twice")
@@ -709,7 +709,7 @@ class BranchedKStream:
         has_default = default is not None
         router = LogicalNode(name=b.new_name("KSTREAM-BRANCH", self._name), kind="processor",
                              factory=lambda n: StreamBranch(n.name, preds, has_default), value_preserving=True)
-        b.add_node(router, s._node)
+        b.add_node(router, graph_node_of(s))
         out = {}
         for branch_name in names:
             child = LogicalNode(name=b.new_name("KSTREAM-BRANCHCHILD", None), kind="processor",

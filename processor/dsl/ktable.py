@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from processor.dsl.abstract_stream import AbstractStream
 from processor.graph import GetterSpec, TableAttrs, ToStreamAttrs
 from processor.operators.filter import FilterValueGetter, TableFilter, TableFilterRule
 from processor.operators.map_values import MapValuesGetter, TableMapValues, TableMapValuesRule
@@ -37,7 +38,7 @@ def _map_values_getter(mapper: ValueMapper) -> GetterSpec:
                                                      TableMapValuesRule(mapper, n.name)))
 
 
-class KTable:
+class KTable(AbstractStream):
     """A table: a changelog stream where each record is an update of its key (Kafka Streams: ``KTable``).
 
     Made by ``StreamsBuilder.table``, ``KStream.to_table``, aggregations and table joins. Its
@@ -64,8 +65,7 @@ class KTable:
 
     def __init__(self, builder: StreamsBuilder, node: LogicalNode, key_serde: Serde, value_serde: Serde,
                  store_name: str | None = None):
-        self._builder = builder
-        self._node = node
+        super().__init__(builder, node)
         self.key_serde = key_serde
         self.value_serde = value_serde
         self.store_name = store_name

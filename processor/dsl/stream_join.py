@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from processor.dsl.abstract_stream import builder_of, graph_node_of
 from processor.dsl.windows import JoinWindows
 from processor.errors import TopologyError
 from processor.graph import JoinResultAttrs, JoinSideAttrs, SelfJoin
@@ -56,9 +57,9 @@ def stream_stream_join(left: KStream, right: KStream, joiner: ValueJoiner, windo
                             f"not {type(windows).__name__}")
     if how not in HOWS:
         raise TopologyError(f"how must be one of {HOWS}, not {how!r}")
-    if left._builder is not right._builder:
+    if builder_of(left) is not builder_of(right):
         raise TopologyError("both streams of a join must come from one StreamsBuilder")
-    b = left._builder
+    b = builder_of(left)
     base = b.peek_name("KSTREAM-JOIN", name)
     this_store, other_store = f"{base}-this-store", f"{base}-other-store"
     outer_store = None if how == "inner" else f"{base}-outer-store"
@@ -86,8 +87,8 @@ def stream_stream_join(left: KStream, right: KStream, joiner: ValueJoiner, windo
         factory=lambda n: StreamJoinSide(n.name, base, "right", how, joiner, windows, ks, other_store,
                                          this_store, outer_store, rvs, lvs),
         stores=[other_store, this_store] + shared, attrs=JoinSideAttrs())
-    b.add_node(this, left._node)
-    b.add_node(other, right._node)
+    b.add_node(this, graph_node_of(left))
+    b.add_node(other, graph_node_of(right))
     merge = LogicalNode(name=b.new_name("KSTREAM-MERGE", name and f"{name}-join-merge"), kind="processor",
                         factory=lambda n: PassThrough(n.name), value_preserving=True,
                         attrs=JoinResultAttrs())   # its sides are constrained by the join itself

@@ -64,11 +64,11 @@ if TYPE_CHECKING:   # each host provides the protocols (checked by mypy, never r
     from processor.runtime.collector import KafkaCollector
     from processor.state.change_logging import ChangeLoggingStores
     from processor.state.memory import MemoryStores
-    from processor.testing import _MemoryCollector
 
+    # (the test driver's collector is checked where it is made: ``processor/testing.py``)
     def _hosts_provide_the_protocols(worker_stores: ChangeLoggingStores, worker_collector: KafkaCollector,
-                                     driver_and_backfill_stores: MemoryStores, driver_collector: _MemoryCollector,
+                                     driver_and_backfill_stores: MemoryStores,
                                      backfill_collector: RowCollector) -> None:
         stores: list[StoreProvider] = [worker_stores, driver_and_backfill_stores]
-        collectors: list[RecordCollector] = [worker_collector, driver_collector, backfill_collector]
+        collectors: list[RecordCollector] = [worker_collector, backfill_collector]
         del stores, collectors

@@ -11,9 +11,15 @@ commit record are the truth: a crash anywhere leaves a state that a restore rebu
 with the input positions it belongs to.
 
 ``Committer`` runs the units over the tasks, writers, clients and group offsets of the worker's
-``TaskManager`` (``processor/runtime/task_manager.py``) and keeps the group offsets a rebalance
-made it skip (at least once). Invariant: a group offset never moves backwards, and is committed
-only after the commit records of the units it belongs to are durable.
+``TaskManager`` (``processor/runtime/task_manager.py``), which owns it and calls it, and keeps the
+group offsets the group has not accepted yet (at least once). Its group offsets go through the
+group's membership (``GroupMembership``: the fleet), with its generation. Invariant: a group
+offset never moves backwards, and is committed only after the commit records of the units it
+belongs to are durable.
+
+Import circle: this module and ``task_manager.py`` import each other, on purpose: the committer
+works over the task manager that owns it (its tasks, writers and clients) and has it rebuild
+every task after an aborted transaction (``reopen_all``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import logging
 import os
 import signal
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -33,7 +39,6 @@ from processor.runtime.collector import SendOffsetsHung
 
 if TYPE_CHECKING:
     from processor.runtime.fetch_gaps import FetchGaps
-    from processor.runtime.fleet import WorkerFleet
     from processor.runtime.task_manager import TaskManager
     from processor.runtime.worker_metrics import WorkerMetrics
 
@@ -41,8 +46,30 @@ log = logging.getLogger("processor.worker")
 
 # an idle task with table sinks writes a fresh commit record this often when the sinks moved on
 SINK_ENDS_REFRESH_S = 30.0
-# group offset commit errors that mean "a rebalance is under way", not a broken worker
-_REBALANCING = (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
+
+
+class GroupMembership(Protocol):
+    """What a commit unit needs of the group (``processor/runtime/fleet.py``: ``WorkerFleet``)."""
+
+    def in_doubt(self) -> bool:
+        """Whether another member may run this member's tasks already (expelled, fenced)."""
+        ...
+
+    def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Send group offsets without waiting (at least once)."""
+        ...
+
+    def unaccepted(self, offsets: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
+        """Of ``offsets`` (default: every one sent), those the group has not accepted (yet)."""
+        ...
+
+    def group_metadata(self) -> bytes | None:
+        """What an exactly-once unit sends its offsets with; None while in doubt."""
+        ...
+
+    def member_generation(self) -> tuple[int, str]:
+        """This member's (generation, member id) now."""
+        ...
 
 
 class Committer:
@@ -62,7 +89,7 @@ class Committer:
         self.processed_at_last_commit = 0
         # the group membership (set when the worker runs): group offsets are committed through
         # it, with its generation; no unit is committed while it is in doubt
-        self.group: WorkerFleet | None = None
+        self.group: GroupMembership | None = None
         self.units_held = 0   # commits put off while the membership was in doubt
         self.resent_at = 0.0  # group offsets not acknowledged were last sent again then
         # exactly once: transactions failed since the last one committed, the first of them then
@@ -135,10 +162,7 @@ class Committer:
                     if off > group_offsets.get((topic, part), 0):
                         offsets.append(TopicPartition(topic, part, off))
             if collector.transactional:
-                if self.group is None:
-                    group_metadata = self._group_metadata()
-                else:
-                    group_metadata = self._renewed_group_metadata(started_as, group_metadata)
+                group_metadata = self._renewed_group_metadata(started_as, group_metadata)
                 self._commit_transaction(offsets, group_metadata)
             else:
                 collector.flush()           # the commit records: the units are durable now
@@ -210,32 +234,17 @@ class Committer:
             w.sink_floor = {tp: max(w.sink_floor.get(tp, 0), ends.get(tp, 0)) for tp in w.sink_partitions}
 
     def _commit_group_offsets(self, offsets: list[TopicPartition]) -> list[TopicPartition]:
-        """At least once: commit the group offsets of durable units; returns those committed.
-        The units are durable in the changelogs (the truth about positions), so a group that
-        rebalances under us loses nothing: the next owner resumes from the commit records. Only
-        the offsets shown to tools lag; they are retried at the next commit, with or without
-        new work (``_retry_skipped_offsets``)."""
+        """At least once: send the group offsets of durable units; returns them. They go without
+        waiting (the membership's thread may be waiting on this one); what the group does not
+        accept (a rebalance, a coordinator moving) is sent again when the worker is idle
+        (``_retry_skipped_offsets``). The units are durable in the changelogs (the truth about
+        positions), so a group that rebalances under us loses nothing: the next owner resumes
+        from the commit records. Only the offsets shown to tools lag."""
         if not offsets:
             return []
-        if self.group is not None:
-            # sent without waiting (the membership's thread may be waiting on this one); what the
-            # group did not accept is sent again when the worker is idle (``_retry_skipped_offsets``)
-            self.group.commit({(tp.topic, tp.partition): tp.offset for tp in offsets})
-            accepted = True
-        else:
-            try:
-                self.tasks.consumer.commit(offsets=offsets, asynchronous=False)
-                accepted = True
-            except KafkaException as exc:
-                if exc.args[0].code() not in _REBALANCING:
-                    raise
-                log.warning("group offset commit skipped (%s): the group is rebalancing; the "
-                            "commit units are durable in the changelogs", exc.args[0].name())
-                accepted = False
-        if not accepted:
-            for tp in offsets:
-                self.skipped_offsets[(tp.topic, tp.partition)] = tp.offset
-            return []
+        group = self.group
+        assert group is not None, "commit units run only while the worker is in its group"
+        group.commit({(tp.topic, tp.partition): tp.offset for tp in offsets})
         for tp in offsets:
             self.skipped_offsets.pop((tp.topic, tp.partition), None)
         return offsets
@@ -255,11 +264,6 @@ class Committer:
         if read is None or member != started_as[1] or not member or gen <= started_as[0]:
             return read
         return group.group_metadata() or read
-
-    def _group_metadata(self):
-        """What an exactly-once commit sends with its offsets without a fleet membership: the
-        data consumer's (Kafka fences a stale generation, KIP-447)."""
-        return self.tasks.consumer.consumer_group_metadata()
 
     def _retry_skipped_offsets(self) -> None:
         """Group offsets skipped during a rebalance, of partitions still assigned here; at least

@@ -6,9 +6,8 @@ from processor.engine.task cimport Task
 
 
 cdef class MessageDispatch:
-    cdef public object consumer, tm, stop, ordered, guarded, gaps, check_gap
-    cdef public dict tasks, sub_of, groups
-    cdef public set at_eof, resumed
+    cdef public object consumer, tm, fetch_gaps, stop
 
-    @cython.locals(task=Task, n=Py_ssize_t, seen=Py_ssize_t)
+    @cython.locals(task=Task, n=Py_ssize_t, seen=Py_ssize_t, tasks=dict, sub_of=dict, groups=dict,
+                   ordered=dict, open_gaps=dict, at_eof=set, resumed=set)
     cpdef Py_ssize_t dispatch(self, list msgs) except -1

@@ -29,28 +29,27 @@ _EOF = KafkaError._PARTITION_EOF
 
 
 class MessageDispatch:
-    """The containers a loop reads per message, taken once (they are updated in place by the
-    task manager, the fetch-gap guard and the group's callbacks)."""
+    """One loop's per-message part over the task manager's containers and the fetch-gap guard,
+    read at the start of every batch (a container rebound meanwhile is never read stale)."""
 
-    def __init__(self, consumer, task_manager, sub_of_topic: dict, fetch_gaps, stop) -> None:
-        tm = task_manager
+    def __init__(self, consumer, task_manager, fetch_gaps, stop) -> None:
         self.consumer = consumer
-        self.tm = tm
-        self.tasks = tm.tasks
-        self.sub_of = sub_of_topic
+        self.tm = task_manager
+        self.fetch_gaps = fetch_gaps
         self.stop = stop
-        self.at_eof = tm.at_eof
-        self.resumed = tm.resumed
-        self.ordered = tm.ordered_inputs
-        self.groups = tm.groups
-        self.guarded = fetch_gaps.guarded
-        self.gaps = fetch_gaps.gaps
-        self.check_gap = fetch_gaps.check
 
     def dispatch(self, msgs: list[Any]) -> int:
         """Hand ``msgs`` (one ``consume``) to their tasks; the number processed directly."""
-        tasks = self.tasks
-        at_eof = self.at_eof
+        tm = self.tm
+        gaps = self.fetch_gaps
+        tasks = tm.tasks
+        at_eof = tm.at_eof
+        resumed = tm.resumed
+        ordered = tm.ordered_inputs
+        groups = tm.groups
+        sub_of = tm.sub_of_topic
+        guarded = gaps.guarded
+        open_gaps = gaps.gaps
         stop = self.stop
         n = 0
         seen = 0
@@ -73,25 +72,24 @@ class MessageDispatch:
                 continue
             topic = m.topic()
             part = m.partition()
-            sub = self.sub_of[topic]
+            sub = sub_of[topic]
             task = tasks.get((sub, part))
             if task is None:  # revoked while in flight: not processed, not committed
                 continue
             group = None
-            if self.ordered and sub in self.ordered:   # (its next offset: after what its buffers hold)
-                group = self.groups.get((sub, part))
+            if ordered and sub in ordered:   # (its next offset: after what its buffers hold)
+                group = groups.get((sub, part))
                 if group is None or group.task is not task:
-                    group = self.tm.new_group((sub, part), task)
-            resumed = self.resumed
+                    group = tm.new_group((sub, part), task)
             if resumed and (topic, part) in resumed and m.offset() < (
                     (task.positions.get((topic, part)) if group is None else group.expected((topic, part))) or 0):
                 continue   # just restored: a record below its position is already in its state
-            if topic in self.guarded:
+            if topic in guarded:
                 if refetching and (topic, part) in refetching:
                     continue   # fetched before the seek back to a gap
                 pos = task.positions.get((topic, part)) if group is None else group.expected((topic, part))
-                if (self.gaps or (pos is not None and m.offset() > pos)) and \
-                        self.check_gap(topic, part, pos, m.offset()):
+                if (open_gaps or (pos is not None and m.offset() > pos)) and \
+                        gaps.check(topic, part, pos, m.offset()):
                     refetching = refetching or set()
                     refetching.add((topic, part))
                     at_eof.discard((topic, part))   # not at its end: the gap is read again

@@ -24,11 +24,11 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from confluent_kafka import TopicPartition
+from typing import TYPE_CHECKING, Protocol
 
 from processor.errors import CopiedStateDir
 from processor.runtime.changelog import RestoreInterrupted
@@ -47,7 +47,11 @@ from processor.state.rocksdb import RocksDBDatabase
 from processor.state.task_owner import claim_task_dir, owner_of
 
 if TYPE_CHECKING:
-    from processor.runtime.worker import Worker
+    from processor.config import StreamsConfig
+    from processor.kafka.clients import KafkaCluster
+    from processor.runtime.task_manager import TaskManager
+    from processor.runtime.worker_metrics import WorkerMetrics
+    from processor.topology.core import Topology
 
 log = logging.getLogger("processor.fleet")
 
@@ -63,7 +67,34 @@ COPY_CHECK_WAIT_S = 20.0
 REFUSAL_GRACE_S = 5.0
 
 
-def fleet_rules(worker: Worker) -> FleetRules:
+class FleetHost(Protocol):
+    """What the fleet reads of its worker (``processor/runtime/worker.py``): its settings and
+    identity, its task manager (every change of the assignment goes there), and how to stop it.
+    It writes only ``fleet_map`` (replaced whole) and the health beat of a start-up wait."""
+
+    application_id: str
+    bootstrap_servers: KafkaCluster
+    config: StreamsConfig
+    consumer_config: dict
+    state_dir: Path
+    static_membership: bool
+    topology: Topology
+    partition_counts: dict[str, int]
+    task_manager: TaskManager
+    metrics_state: WorkerMetrics
+    stopping: threading.Event
+    fleet_map: dict[str, dict[str, list[tuple[int, int]]]]
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def failed(self) -> bool: ...
+
+    def fail(self, exc: BaseException) -> None: ...
+
+
+def fleet_rules(worker: FleetHost) -> FleetRules:
     """Every task of the worker's topology with its source partitions (a task is a partition
     number of a sub-topology: co-partitioned inputs stay together), and which have state (stores
     of the user's: a stateless task has no standby and moves without a warm-up, as in Kafka
@@ -75,7 +106,7 @@ def fleet_rules(worker: Worker) -> FleetRules:
         topics = sorted(topo.source_topics(sub))
         if not topics:
             continue
-        for p in range(worker._parts[topics[0]]):
+        for p in range(worker.partition_counts[topics[0]]):
             tasks[(sub, p)] = [(t, p) for t in topics]
             if topo.stores_of(sub):   # (every task has its ``__task`` and ``_bookkeeping``
                 stateful.add((sub, p))  # stores: small, restored at once, never a reason for a standby)
@@ -84,7 +115,7 @@ def fleet_rules(worker: Worker) -> FleetRules:
                       acceptable_recovery_lag=cfg.acceptable_recovery_lag, max_warmups=cfg.max_warmup_replicas)
 
 
-def local_offset_sums(state_dir: Path, worker: Worker, keys: set[TaskKey]) -> dict[TaskKey, int]:
+def local_offset_sums(state_dir: Path, worker: FleetHost, keys: set[TaskKey]) -> dict[TaskKey, int]:
     """The changelog offset sum of each task directory under ``state_dir`` among ``keys`` (their
     checkpoints); a directory that cannot be opened is named in a log line and left out, and so
     is one another application or topology wrote (put out of the way: ``state/task_owner.py``)."""
@@ -111,7 +142,7 @@ def local_offset_sums(state_dir: Path, worker: Worker, keys: set[TaskKey]) -> di
     return out
 
 
-def refuse_a_copy(worker: Worker, session_timeout_s: float) -> None:
+def refuse_a_copy(worker: FleetHost, session_timeout_s: float) -> None:
     """At start-up, before anything fences anything (membership invariant 7): stop with one line
     (``CopiedStateDir``) when a live member of the group, another process, claims this worker's
     id. A member whose process is gone (this host, its pid not running the process that
@@ -122,9 +153,9 @@ def refuse_a_copy(worker: Worker, session_timeout_s: float) -> None:
     fences one of two members with one ``group.instance.id``. A group that cannot be described
     (no such group yet, a broker that sends no member metadata: Tansu, settings kafka-python
     cannot take) passes, with one line: the leader's check at the join remains."""
-    worker_id = worker._worker_id()
+    worker_id = worker.worker_id
     me, _ = process_instance()
-    options, _ = kafka_python_settings(worker._consumer_config)
+    options, _ = kafka_python_settings(worker.consumer_config)
     bootstrap = worker.bootstrap_servers.bootstrap_servers
 
     def others() -> list[tuple[str, str, int | None]]:
@@ -157,11 +188,11 @@ def refuse_a_copy(worker: Worker, session_timeout_s: float) -> None:
 class WorkerFleet(FleetListener):
     """One worker's membership, standbys and report (see the module docstring)."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: FleetHost) -> None:
         self.worker = worker
         self.rules = fleet_rules(worker)
         self.standby = StandbyTasks(worker.topology, worker.state_dir, worker.task_manager.restore_consumer_config(),
-                                    worker._stop)
+                                    worker.stopping)
         self.assignment: Assignment | None = None
         self.generation = -1
         self.rebalances = 0
@@ -172,14 +203,14 @@ class WorkerFleet(FleetListener):
         self._closed_sums: dict[TaskKey, int] = local_offset_sums(worker.state_dir, worker,
                                                                   set(self.rules.stateful))
         instance, claimed_at = process_instance()
-        self._report = Subscription(server=worker.config.application_server, process=worker._worker_id(),
+        self._report = Subscription(server=worker.config.application_server, process=worker.worker_id,
                                     instance=instance, claimed_at=claimed_at)
         # refused as a copy by the leader (membership invariant 7): by whom, and since when
         self.claimed_by: tuple[str, int | None] | None = None
         self._refused_since: float | None = None
-        self._session_timeout_s = int(worker._consumer_config.get("session.timeout.ms", 10_000)) / 1000
+        self._session_timeout_s = int(worker.consumer_config.get("session.timeout.ms", 10_000)) / 1000
         self.refresh_report()
-        options, unsupported = kafka_python_settings(worker._consumer_config)
+        options, unsupported = kafka_python_settings(worker.consumer_config)
         if unsupported:
             log.warning("group membership client: these consumer settings have no kafka-python equivalent "
                         "and are not applied to it (the data clients have them): %s", ", ".join(unsupported))
@@ -187,12 +218,12 @@ class WorkerFleet(FleetListener):
         heartbeat = options.pop("heartbeat_interval_ms", 1_000)
         max_poll = options.pop("max_poll_interval_ms", 300_000)
         if worker.static_membership and "group_instance_id" not in options:
-            options["group_instance_id"] = f"{worker.application_id}-{worker._worker_id()}"
+            options["group_instance_id"] = f"{worker.application_id}-{worker.worker_id}"
             log.info("static member of group %s: group.instance.id=%s", worker.application_id,
                      options["group_instance_id"])
         client_id = options.pop("client_id", f"{worker.application_id}-membership")
         self.membership = FleetMembership(
-            worker.bootstrap_servers.bootstrap_servers, worker.application_id, sorted(worker._sub_of_topic),
+            worker.bootstrap_servers.bootstrap_servers, worker.application_id, sorted(worker.task_manager.sub_of_topic),
             self.rules, self.report, self, session_timeout_ms=session, heartbeat_interval_ms=heartbeat,
             max_poll_interval_ms=max_poll, client_id=client_id, client_options=options)
 
@@ -322,21 +353,29 @@ class WorkerFleet(FleetListener):
 
     def on_revoked(self, partitions: list[tuple[str, int]]) -> None:
         self._remember_sums(partitions)
-        self.worker._on_revoke(self.worker.consumer, [TopicPartition(t, p) for t, p in partitions])
+        self._handle(lambda tm: tm.handle_revocation(partitions, commit=not self.worker.failed))
 
     def on_assigned(self, partitions: list[tuple[str, int]], assignment: Assignment) -> None:
         tm = self.worker.task_manager
-        for key in {(tm.sub_of_topic[t], p) for t, p in partitions}:
+        for key in tm.keys_of(partitions):
             self.standby.release(key)   # invariant 1
-        self.worker._on_assign(self.worker.consumer, [TopicPartition(t, p) for t, p in partitions])
+        self._handle(lambda tm: tm.handle_assignment(partitions))
 
     def on_lost(self, partitions: list[tuple[str, int]]) -> None:
         self._remember_sums(partitions)
-        self.worker._on_lost(self.worker.consumer, [TopicPartition(t, p) for t, p in partitions])
+        self._handle(lambda tm: tm.handle_lost(partitions))
+
+    def _handle(self, change: Callable[[TaskManager], None]) -> None:
+        """A change of the assignment, by the task manager; an error stops the worker (the group
+        client would only log it)."""
+        try:
+            change(self.worker.task_manager)
+        except Exception as exc:
+            self.worker.fail(exc)
 
     def _remember_sums(self, partitions: list[tuple[str, int]]) -> None:
         tm = self.worker.task_manager
-        for key in {(tm.sub_of_topic[t], p) for t, p in partitions}:
+        for key in tm.keys_of(partitions):
             writer = tm.writers.get(key)
             if writer is not None and key in self.rules.stateful:
                 self._closed_sums[key] = sum(writer.ends.values())

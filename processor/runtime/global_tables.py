@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from processor.engine.global_tables import apply_global_record
 from processor.errors import ConfigError
@@ -68,7 +68,7 @@ class GlobalTables:
             for m in msgs:
                 err = m.error()
                 if err is not None:
-                    if err.code() == err._PARTITION_EOF:
+                    if err.code() == KafkaError._PARTITION_EOF:
                         tp = (m.topic(), m.partition())
                         self.positions[tp] = max(self.positions.get(tp, 0), m.offset())
                         todo.discard(tp)
@@ -116,7 +116,7 @@ class GlobalTables:
             if err is None:
                 self._apply(m)
                 n += 1
-            elif err.code() == err._PARTITION_EOF:
+            elif err.code() == KafkaError._PARTITION_EOF:
                 tp = (m.topic(), m.partition())
                 if m.offset() > self.positions.get(tp, 0):   # past markers or deleted records
                     self.positions[tp] = m.offset()

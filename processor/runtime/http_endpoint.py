@@ -94,7 +94,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 import orjson
@@ -111,13 +111,16 @@ from processor.runtime.interactive_queries import (
     KeyNotHosted,
     QueryBusy,
     QueryError,
+    QueryHost,
     StoreNotReady,
     StoreView,
 )
 from processor.serde import StringSerde
 
 if TYPE_CHECKING:
-    from processor.runtime.worker import Worker
+    from prometheus_client import CollectorRegistry
+
+    from processor.runtime.worker_metrics import WorkerMetrics
 
 log = logging.getLogger("processor.http")
 
@@ -134,6 +137,16 @@ MAX_CONNECTIONS = 256         # connections served at once (a thread each); more
 MAX_TARGET = 8192             # characters of a request target (414 past it)
 LOGGED_TARGET_CHARS = 200     # characters of a request target a log line shows
 OPEN_ROUTES = ("healthz", "readyz")
+
+
+class EndpointHost(QueryHost, Protocol):
+    """What the endpoint reads of a running worker (``processor/runtime/worker.py``), from its
+    own threads: the queries' host, the metrics, and whether it is ready."""
+
+    metrics_state: WorkerMetrics
+    metrics_registry: CollectorRegistry
+
+    def ready(self) -> bool: ...
 
 
 class PeerUnanswered(Exception):
@@ -340,7 +353,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class WorkerHTTPEndpoint:
-    def __init__(self, worker: Worker, port: int, host: str = LOOPBACK,
+    def __init__(self, worker: EndpointHost, port: int, host: str = LOOPBACK,
                  health_timeout_s: float = DEFAULT_HEALTH_TIMEOUT_S, security: HTTPSecurity | None = None):
         self.worker = worker
         self.instance = uuid.uuid4().hex   # X-Processor-Instance of every answer

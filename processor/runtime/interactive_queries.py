@@ -52,14 +52,19 @@ import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from processor.errors import ProcessorError
 from processor.runtime.state_inspect import decode_entry
 from processor.state.store import prefix_upper_bound
 
 if TYPE_CHECKING:
-    from processor.runtime.worker import Worker
+    from processor.engine.routing import Routing
+    from processor.engine.task import Task
+    from processor.runtime.global_tables import GlobalTables
+    from processor.runtime.standby import StandbyTasks
+    from processor.runtime.task_manager import TaskManager
+    from processor.topology.core import Topology
 
 QUERYABLE_KINDS = ("kv", "aggregate", "window", "session")
 WINDOWED_KINDS = ("window", "session")
@@ -75,6 +80,29 @@ SCAN_SLICE = 256
 MAX_WAITING = 64
 # how long a caller waits for a scan (read in slices while the loop processes records)
 SCAN_TIMEOUT_S = 30.0
+
+
+class QueryHost(Protocol):
+    """What the queries read of a running worker (``processor/runtime/worker.py``), and nothing
+    else: its tasks, standbys and global tables, how its topics are partitioned, and the fleet's
+    map. ``fleet_map`` is replaced whole by the group's thread; the rest is read on the main loop
+    (``StoreQueries``) or, for the map and the routing, from any thread."""
+
+    topology: Topology
+    task_manager: TaskManager
+    global_tables: GlobalTables | None
+    routing: Routing
+    partition_counts: dict[str, int]
+    internal_topics: set[str]
+    application_server: str | None
+    fleet_map: dict[str, dict[str, list[tuple[int, int]]]]
+    queries: StoreQueries
+
+    @property
+    def tasks(self) -> dict[tuple[int, int], Task]: ...
+
+    @property
+    def standby_tasks(self) -> StandbyTasks | None: ...
 
 
 class QueryError(ProcessorError):
@@ -185,7 +213,7 @@ class _Query:
 class StoreQueries:
     """The queue between querying threads and the main loop."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: QueryHost) -> None:
         self.worker = worker
         self._queue: queue.SimpleQueue[_Query] = queue.SimpleQueue()
         self.loop_thread: threading.Thread | None = None   # set by the worker's run()
@@ -278,7 +306,7 @@ class StoreQueries:
 class StoreView:
     """``worker.store(name)``: reads of one store across this worker's tasks."""
 
-    def __init__(self, worker: Worker, name: str) -> None:
+    def __init__(self, worker: QueryHost, name: str) -> None:
         topo = worker.topology
         spec = topo.stores.get(name) or topo.global_stores.get(name)
         queryable = sorted([n for n, s in topo.stores.items() if s.kind in QUERYABLE_KINDS] + list(topo.global_stores))
@@ -293,7 +321,8 @@ class StoreView:
         # the serde of the keys a caller gives (a window/session store's keys are windows of them)
         self.key_serde = spec.key_serde.inner if self.windowed else spec.key_serde
         self.sub = None if self.is_global else next(
-            s for s in sorted(set(worker._sub_of_topic.values())) if any(x.name == name for x in topo.stores_of(s)))
+            s for s in sorted(set(worker.task_manager.sub_of_topic.values()))
+            if any(x.name == name for x in topo.stores_of(s)))
 
     # -- what a caller uses ----------------------------------------------------------------
     def get(self, key):
@@ -310,12 +339,12 @@ class StoreView:
     def lookup(self, key, timeout_s: float = 10.0, stale: bool = False) -> tuple[dict | None, dict]:
         """``(entry or None, {"partition", "task"(, "stale")})``: ``entry``, and where it was read."""
         # (serialized by the main loop too: a serde may keep client state)
-        return self.worker._queries.call(lambda: self._lookup(self.key_serde.serialize(key), stale), timeout_s)
+        return self.worker.queries.call(lambda: self._lookup(self.key_serde.serialize(key), stale), timeout_s)
 
     def metadata(self, key, timeout_s: float = 10.0) -> KeyQueryMetadata:
         """Which servers hold ``key`` (see the module docstring); ``worker.fleet_map`` is read
         as one object (the worker replaces it whole at each assignment)."""
-        part = self.worker._queries.call(lambda: self.owner_partition(self.key_serde.serialize(key)), timeout_s)
+        part = self.worker.queries.call(lambda: self.owner_partition(self.key_serde.serialize(key)), timeout_s)
         fleet_map = self.worker.fleet_map
         if self.sub is None:   # a global store
             me = self.worker.application_server
@@ -349,12 +378,12 @@ class StoreView:
         if after is not None and (after.partition is None) != self.is_global:
             raise QueryError(f"after={after}: not a cursor of store {self.name!r}")
         pb = prefix.encode() if isinstance(prefix, str) else bytes(prefix)
-        return self.worker._queries.call_steps(lambda: self._scan(pb, limit, after), timeout_s)
+        return self.worker.queries.call_steps(lambda: self._scan(pb, limit, after), timeout_s)
 
     def partition_count(self) -> int:
         """The partitions of this store's sub-topology (its tasks)."""
         w = self.worker
-        return max(n for t, n in w._parts.items() if w._sub_of_topic.get(t) == self.sub)
+        return max(n for t, n in w.partition_counts.items() if w.task_manager.sub_of_topic.get(t) == self.sub)
 
     # -- main loop -------------------------------------------------------------------------
     def _global_store(self):
@@ -373,11 +402,11 @@ class StoreView:
         w = self.worker
         # the user topics first: foreign-key subscription and response topics follow their
         # readers' partitioning, not the internal partitioner routing names for them
-        topics = sorted((t in w._internal_topics, t) for t, s in w._sub_of_topic.items() if s == self.sub)
+        topics = sorted((t in w.internal_topics, t) for t, s in w.task_manager.sub_of_topic.items() if s == self.sub)
         for _, t in topics:
             p = w.routing.partitioner_of(t)
             if p.places(kb):
-                return p.partition(kb, w._parts[t])
+                return p.partition(kb, w.partition_counts[t])
         raise QueryError(f"store {self.name!r}: no input topic of its sub-topology places key {kb!r}")
 
     def _lookup(self, kb: bytes, stale: bool = False) -> tuple[dict | None, dict]:
@@ -401,7 +430,7 @@ class StoreView:
                                     f"caught up yet")
             stores, where = _AsCommitted(standby_tasks.dbs[(sub, part)]), {**where, "stale": True}
         if stores is None:
-            if any((sub, part) in r.keys for r in w._restoring):
+            if any((sub, part) in r.keys for r in w.task_manager.restoring):
                 raise StoreNotReady(f"store {self.name!r}: task {task_id} (partition {part}) is being restored")
             raise KeyNotHosted(f"store {self.name!r}: the key belongs to partition {part} (task {task_id}), "
                                f"which this worker does not run", part, task_id)

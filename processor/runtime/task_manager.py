@@ -1,13 +1,17 @@
-"""The worker's task management: which tasks this worker runs, and how they open and close.
+"""The worker's task manager: which tasks this worker runs, how they open, commit and close.
 
-Assignment (the fleet's cooperative callbacks, ``processor/runtime/fleet.py``: only what moves):
-tasks are created for newly assigned partitions (the fleet's assignor gives a task, partition
-``i`` of every co-partitioned topic, whole). A revoked task is committed and closed: it moves to
-another worker (a cooperative rebalance revokes only what moves, so nothing is kept open for a
-return). Every new task is restored before it processes anything: its database is brought up
-to its changelogs' last commit (``processor/runtime/changelog.py``) and it resumes its inputs
-from the positions in that commit; a group offset beyond them means the changelogs lost data:
-``ChangelogMismatch``, never a silent skip.
+It owns every change of the assignment and every commit (Kafka Streams' ``TaskManager``): the
+fleet's listener (``processor/runtime/fleet.py``, the group's cooperative callbacks: only what
+moves) calls ``handle_assignment``, ``handle_revocation`` and ``handle_lost``; the main loop calls
+``commit``, which runs one commit unit (``processor/runtime/commit_unit.py``: ``Committer``, owned
+here) over these tasks.
+
+Assignment: tasks are created for newly assigned partitions (the fleet's assignor gives a task,
+partition ``i`` of every co-partitioned topic, whole). Every new task is restored before it
+processes anything: its database is brought up to its changelogs' last commit
+(``processor/runtime/changelog.py``) and it resumes its inputs from the positions in that commit;
+a group offset beyond them means the changelogs lost data: ``ChangelogMismatch``, never a silent
+skip.
 
 The restore is a phase of the main loop, not of the assignment callback: the new tasks'
 partitions stay paused while the loop calls ``restore_step`` (``RESTORE_STEP_S`` of whole
@@ -18,15 +22,22 @@ Tasks reopened from local state restore first (usually a short catch-up), then t
 from scratch. Tasks with table sinks then read their sinks' tails (``sink_tails``).
 
 Revocation: the revoked tasks' deferred emissions are flushed and committed, then the tasks are
-closed. Lost partitions: closed without a commit.
+closed (a cooperative rebalance revokes only what moves, so nothing is kept open for a return).
+Lost partitions: closed without a commit (exactly once: the open transaction is aborted and the
+tasks still here rebuilt). Both end in one teardown (``_release``).
 
 ``TaskManager`` keeps this worker's tasks and everything per task or per assigned partition
-(writers, restorations, end-of-partition marks, group offsets, time-ordering partition groups).
-Invariant: a task key is in at most one of ``tasks`` (open, processing) and a restoration (being
-restored, its partitions paused); a task is only ever closed through ``close_tasks`` (its
-counters kept in ``finished_tasks_metrics``). It is built with the worker's settings; the clients
-(consumer, collector), the routing and the global tables are handed to it by ``open`` when the
-worker runs.
+(writers, restorations, end-of-partition marks, group offsets, time-ordering partition groups,
+the records processed). Invariant: a task key is in at most one of ``tasks`` (open, processing)
+and a restoration (being restored, its partitions paused); a task is only ever closed through
+``close_tasks`` (its counters kept in ``finished_tasks_metrics``); the containers the main loop
+reads (``tasks``, ``at_eof``, ``resumed``, ``groups``) are changed in place, never rebound. It is
+built with the worker's settings; the clients (consumer, collector), the routing and the global
+tables are handed to it by ``open`` when the worker runs.
+
+Import circle: this module and ``commit_unit.py`` import each other, on purpose. The task
+manager owns its committer; the committer's units run over the task manager's tasks and rebuild
+them (``reopen_all``) after an aborted transaction.
 """
 
 from __future__ import annotations
@@ -51,8 +62,10 @@ from processor.runtime.changelog import (
     restore_target,
     restore_tasks,
 )
+from processor.runtime.commit_unit import Committer
+from processor.runtime.fetch_gaps import FetchGaps
 from processor.runtime.partition_group import PartitionGroup
-from processor.runtime.worker_metrics import add_counters
+from processor.runtime.worker_metrics import WorkerMetrics, add_counters
 from processor.state.rocksdb import RocksDBDatabase
 from processor.state.task_owner import claim_task_dir, owner_of
 
@@ -88,7 +101,9 @@ class TaskManager:
     def __init__(self, topology: Topology, *, application_id: str, bootstrap_servers: str | KafkaCluster,
                  state_dir: Path, isolation_level: str, on_error: str, dlq_topic: str,
                  producer_config: dict, stage_internal: bool, coalesce_fk_records: bool,
-                 max_task_idle_ms: int, stop: threading.Event, restore_step_delay_s: float = 0.0) -> None:
+                 max_task_idle_ms: int, stop: threading.Event, fetch_gaps: FetchGaps | None = None,
+                 metrics: WorkerMetrics | None = None, restore_step_delay_s: float = 0.0,
+                 kill_at_commit: int | None = None, stop_at_commit: int | None = None) -> None:
         self.topology = topology
         self.application_id = application_id
         self.bootstrap_servers = bootstrap_servers
@@ -125,6 +140,13 @@ class TaskManager:
         # worker through many rebalances keeps one entry per task, not one per closing)
         self.finished_tasks_metrics: dict[str, dict[str, dict[str, int]]] = {}
         self.restored_records = 0
+        # input records processed by the tasks of this worker (the main loop counts them)
+        self.records_processed = 0
+        # internal partitions read through the fetch-gap guard (processor/runtime/fetch_gaps.py)
+        self.fetch_gaps = fetch_gaps or FetchGaps(frozenset())
+        # the commit unit over these tasks (processor/runtime/commit_unit.py)
+        self.committer = Committer(self, self.fetch_gaps, metrics or WorkerMetrics(), kill_at_commit=kill_at_commit,
+                                   stop_at_commit=stop_at_commit)
         # exactly once: tasks closed without their uncommitted state and rebuilt from their
         # changelogs after an aborted transaction (``reopen_all``), summed over the worker's life
         self.tasks_rebuilt = 0
@@ -151,9 +173,9 @@ class TaskManager:
         self.collector = collector
         self.global_tables = global_tables
 
-    def keys_of(self, partitions: Iterable[TopicPartition]) -> set[TaskKey]:
+    def keys_of(self, partitions: Iterable[TopicPart]) -> set[TaskKey]:
         """The task keys of assigned partitions."""
-        return {(self.sub_of_topic[tp.topic], tp.partition) for tp in partitions}
+        return {(self.sub_of_topic[t], p) for t, p in partitions}
 
     def _topic_exists(self, topic: str) -> bool:
         """Whether ``topic`` exists (a topic extractor's sink sends only there): the cluster's
@@ -289,12 +311,15 @@ class TaskManager:
             for key, tail in found.items():
                 self.tasks[key].start_convergence(tail.tails, tail.targets)
 
-    def assign(self, consumer: Consumer, partitions: list[TopicPartition], records_processed: int) -> None:
+    # -- rebalances: the fleet's listener calls these (cooperative: only what moves) -------------
+    def handle_assignment(self, assigned: list[TopicPart]) -> None:
         """New tasks for newly assigned partitions, restored by the main loop (``restore_step``)
         while their partitions stay paused, so the worker keeps polling (no
         ``max.poll.interval.ms`` expiry) and the tasks already open keep processing."""
+        consumer = self.consumer
         sub_of_topic = self.sub_of_topic
-        keys = self.keys_of(partitions)
+        partitions = [TopicPartition(t, p) for t, p in assigned]
+        keys = self.keys_of(assigned)
         # (after a broker pause the coordinator may take a while to answer again: retried, as
         # Kafka Streams does, up to ``TRANSIENT_TIMEOUT_S``; the group's heartbeats go on meanwhile)
         committed = {(tp.topic, tp.partition): tp.offset
@@ -315,7 +340,7 @@ class TaskManager:
                 # resolve OFFSET_BEGINNING asynchronously and could overwrite the later seek.
                 tp.offset = self.group_offsets[(tp.topic, tp.partition)]
         if new:
-            self._start_restoring(new, waiting, records_processed)
+            self._start_restoring(new, waiting)
         consumer.incremental_assign(partitions)
         self.ever_assigned = True
         if waiting:
@@ -324,6 +349,58 @@ class TaskManager:
         log.info("assigned %s%s", self.describe_assignment(added),
                  f"; restoring task(s) {', '.join(f'{a}_{b}' for a, b in new)} first" if new else "")
 
+    def handle_revocation(self, revoked: list[TopicPart], *, commit: bool = True) -> None:
+        """The revoked tasks move to another worker: their restorations stop, their deferred
+        emissions are flushed and committed (unless ``commit`` is False: the worker failed, or it
+        is closing and every task is committed by its stop), then they are closed and their
+        partitions unassigned."""
+        keys = self.keys_of(revoked)
+        commit = commit and not self.closing
+        if commit:
+            self.abort_restoration_of(keys)
+        else:
+            self.abort_restoration()
+        if commit:
+            self.flush(keys)
+            self.commit()
+            # the flush's outbox records were sent after that commit: one more unit makes
+            # them durable and confirms them (exactly once: commits their transaction)
+            self.commit()
+        self._release(revoked, keys)
+        if not self.closing:
+            log.info("assigned %s; revoked %s (they move to another worker)", self.describe_assignment(),
+                     ", ".join(f"{t}[{p}]" for t, p in revoked))
+
+    def handle_lost(self, lost: list[TopicPart]) -> None:
+        """Another member may own these now: closed without committing (closing a task never
+        writes its pending state), so only what was committed survives."""
+        self.abort_restoration()
+        self._release(lost, self.keys_of(lost))
+        collector = getattr(self, "collector", None)
+        if collector is not None and collector.transactional and not self.closing:
+            # exactly once: the open transaction holds the lost tasks' outputs since their last
+            # commit, which their new owner produces again: abort it (the tasks still here, if
+            # any, are rebuilt from their changelogs, as after any aborted transaction; a producer
+            # the broker fenced on the transaction's timeout is renewed: ``abort_and_rebuild``)
+            self.committer.abort_and_rebuild(rebuild=bool(self.tasks))
+        log.warning("assigned %s; lost %s (the group gave them to another worker: closed without committing)",
+                    self.describe_assignment(), ", ".join(f"{t}[{p}]" for t, p in lost))
+
+    def _release(self, partitions: list[TopicPart], keys: set[TaskKey]) -> None:
+        """Revoked or lost: the partitions are no longer assigned, at their end, just resumed or
+        guarded for gaps here; their tasks are closed and the partitions unassigned."""
+        for tp in partitions:
+            self.assigned.discard(tp)
+            self.at_eof.discard(tp)
+            self.resumed.discard(tp)
+        self.fetch_gaps.forget(partitions)
+        self.close_tasks(keys)
+        self.consumer.incremental_unassign([TopicPartition(t, p) for t, p in partitions])
+
+    def commit(self) -> None:
+        """One commit unit for every task that has work (``Committer.commit``)."""
+        self.committer.commit(self.records_processed)
+
     def describe_assignment(self, added: dict[TopicPart, str] | None = None) -> str:
         """The whole assignment for a log line: ``topic[partition]@...`` each, ``@running`` for
         a partition assigned before (a cooperative rebalance names only what moves), else the
@@ -331,7 +408,7 @@ class TaskManager:
         added = added or {}
         return ", ".join(f"{t}[{p}]@{added.get((t, p), 'running')}" for t, p in sorted(self.assigned)) or "nothing"
 
-    def _start_restoring(self, keys: list[TaskKey], partitions: list[TopicPartition], records_processed: int) -> None:
+    def _start_restoring(self, keys: list[TaskKey], partitions: list[TopicPartition]) -> None:
         """Restorations of ``keys`` (their input ``partitions`` paused): tasks reopened from local
         state first (usually a short catch-up: they start processing while the others restore),
         then those restored from scratch."""
@@ -344,9 +421,9 @@ class TaskManager:
                 tps = [tp for tp in partitions if (self.sub_of_topic[tp.topic], tp.partition) in set(group_keys)]
                 self.restoring.append(Restoration(
                     group_keys, ts, tps, restore_steps(ts, self.restore_consumer_config(), self.stop),
-                    records_processed))
+                    self.records_processed))
 
-    def abort_restoration_of(self, keys: set[TaskKey], records_processed: int) -> None:
+    def abort_restoration_of(self, keys: set[TaskKey]) -> None:
         """Revoked tasks being restored: their restorations stop; the other tasks of those
         restorations start again (from what their databases kept)."""
         hit = [r for r in self.restoring if set(r.keys) & keys]
@@ -362,8 +439,7 @@ class TaskManager:
         rest = [k for r in hit for k in r.keys if k not in keys]
         if rest:
             self._start_restoring(rest, [tp for r in hit for tp in r.partitions
-                                         if (self.sub_of_topic[tp.topic], tp.partition) in set(rest)],
-                                  records_processed)
+                                         if (self.sub_of_topic[tp.topic], tp.partition) in set(rest)])
 
     def _start_offset(self, topic: str, partition: int) -> int:
         """Where a task resumes an input partition: its committed position (a group offset beyond
@@ -379,7 +455,7 @@ class TaskManager:
                 f"and state) to rebuild")
         return start
 
-    def restore_step(self, records_processed: int, budget_s: float = RESTORE_STEP_S) -> None:
+    def restore_step(self, budget_s: float = RESTORE_STEP_S) -> None:
         """Restore for up to ``budget_s`` (whole batches); when done, the tasks are built and
         their partitions sought to their positions and resumed."""
         r = self.restoring[0]
@@ -396,7 +472,7 @@ class TaskManager:
             self.abort_restoration()
             raise
         self.restoring.pop(0)
-        meanwhile = records_processed - r.processed_before
+        meanwhile = self.records_processed - r.processed_before
         try:
             self._build_tasks(r.keys, r.targets)
         except BaseException:
@@ -479,12 +555,6 @@ class TaskManager:
             if task is not None:
                 task.flush()
 
-    def forget_partitions(self, partitions: Iterable[TopicPartition]) -> None:
-        """Revoked or lost partitions: no longer assigned, at their end or just resumed here."""
-        for tp in partitions:
-            self.assigned.discard((tp.topic, tp.partition))
-            self.at_eof.discard((tp.topic, tp.partition))
-            self.resumed.discard((tp.topic, tp.partition))
 
     def close_tasks(self, keys: Iterable[TaskKey]) -> None:
         """Close the open tasks of ``keys`` (revoked, lost, or the worker stops), keeping their

@@ -39,8 +39,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import TopicPartition
-
 from processor.config import StreamsConfig
 from processor.engine.routing import Routing
 from processor.engine.task import dlq_topic_for, max_record_bytes_of
@@ -53,7 +51,6 @@ from processor.kafka.partitioning import determine_partitioners
 from processor.runtime import worker_identity
 from processor.runtime.changelog import RestoreInterrupted
 from processor.runtime.collector import KafkaCollector, ProduceFailed
-from processor.runtime.commit_unit import Committer
 from processor.runtime.dispatch import MessageDispatch
 from processor.runtime.fetch_gaps import FetchGaps
 from processor.runtime.fleet import WorkerFleet, refuse_a_copy
@@ -61,7 +58,7 @@ from processor.runtime.http_endpoint import WorkerHTTPEndpoint, check_advertised
 from processor.runtime.http_security import HTTPSecurity, default_bind_host
 from processor.runtime.interactive_queries import KeyQueryMetadata, StoreQueries, StoreView
 from processor.runtime.state_lock import StateDirLock
-from processor.runtime.task_manager import Restoration, TaskManager
+from processor.runtime.task_manager import TaskManager
 from processor.runtime.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics
 
 if TYPE_CHECKING:
@@ -140,7 +137,7 @@ class Worker:
         self.dlq_topic = dlq_topic_for(application_id)
         self.batch_size = batch_size
         self.startup_timeout_s = startup_timeout_s
-        self._consumer_config = clients.for_kind("consumer")
+        self.consumer_config = clients.for_kind("consumer")
         # for every consumer the worker opens (group, restore, end-of-partition probes)
         self.isolation_level = config.isolation_level
         if processing_guarantee == "exactly_once" and self.isolation_level == "read_uncommitted":
@@ -167,14 +164,13 @@ class Worker:
             raise ConfigError(f"producer setting partitioner={chosen!r}: internal topics (repartition) "
                               f"are placed by murmur2 by every host (worker, driver, backfill); the "
                               f"worker's producer must use murmur2_random (the default)")
-        self._stop = threading.Event()
+        self.stopping = threading.Event()
         self.first_record_at: float | None = None
         self.last_record_at: float | None = None
-        self.records_processed = 0
         # /metrics, /healthz, /readyz, interactive queries (processor/runtime/http_endpoint.py)
         self.metrics_state = WorkerMetrics()
         self.metrics_registry = self.metrics_state.registry
-        self._queries = StoreQueries(self)
+        self.queries = StoreQueries(self)
         self.http_port = http_port
         # None: 127.0.0.1, or 0.0.0.0 for an application server other machines reach
         # (processor/runtime/http_security.py: TLS, credentials, the bind address)
@@ -193,25 +189,23 @@ class Worker:
         kill = os.environ.get("PROCESSOR_TEST_KILL_BEFORE_COMMIT")
         freeze = os.environ.get("PROCESSOR_TEST_STOP_BEFORE_COMMIT")
         self._sent_at_drain_check = 0
-        self._internal_topics = set(topology.internal_topics())
+        self.internal_topics = set(topology.internal_topics())
         # Internal topics are written by this application's producers only, so their offsets are
         # contiguous except for transaction markers; when no transaction writes them (at least
         # once) or the broker writes no markers (exactly once read uncommitted: Tansu), an offset
         # after a task's position means the broker's fetch skipped records (seen on Tansu while
         # another producer's batch was being appended): read them again (``FetchGaps``).
-        self.fetch_gaps = FetchGaps(self._internal_topics if self._stage_internal else frozenset())
+        self.fetch_gaps = FetchGaps(self.internal_topics if self._stage_internal else frozenset())
         self._table_sinks: dict[int, list[str]] = {}
-        self._parts: dict[str, int] = {}
+        self.partition_counts: dict[str, int] = {}
         self.task_manager = TaskManager(
             topology, application_id=application_id, bootstrap_servers=self.bootstrap_servers,
             state_dir=self.state_dir, isolation_level=self.isolation_level, on_error=self.on_error,
             dlq_topic=self.dlq_topic, producer_config=self._producer_config, stage_internal=self._stage_internal,
-            coalesce_fk_records=coalesce_fk_records, max_task_idle_ms=self.max_task_idle_ms, stop=self._stop,
-            restore_step_delay_s=int(delay) / 1000 if delay else 0.0)
-        self._sub_of_topic = self.task_manager.sub_of_topic
-        self.committer = Committer(self.task_manager, self.fetch_gaps, self.metrics_state,
-                                   kill_at_commit=int(kill) if kill else None,
-                                   stop_at_commit=int(freeze) if freeze else None)
+            coalesce_fk_records=coalesce_fk_records, max_task_idle_ms=self.max_task_idle_ms, stop=self.stopping,
+            fetch_gaps=self.fetch_gaps, metrics=self.metrics_state,
+            restore_step_delay_s=int(delay) / 1000 if delay else 0.0,
+            kill_at_commit=int(kill) if kill else None, stop_at_commit=int(freeze) if freeze else None)
 
     # -- the components' state, as the worker's (tests, metrics, interactive queries) -----------
     @property
@@ -223,6 +217,11 @@ class Worker:
     def standby_tasks(self) -> StandbyTasks | None:
         """This worker's standby replicas (while it runs)."""
         return None if self.fleet is None else self.fleet.standby
+
+    @property
+    def records_processed(self) -> int:
+        """Input records processed by this worker's tasks."""
+        return self.task_manager.records_processed
 
     @property
     def restored_records(self) -> int:
@@ -243,30 +242,6 @@ class Worker:
     def fetch_gaps_accepted(self) -> int:
         """Gaps of internal partitions accepted after the broker kept returning them."""
         return self.fetch_gaps.accepted
-
-    @property
-    def _assigned(self) -> set[tuple[str, int]]:
-        return self.task_manager.assigned
-
-    @property
-    def _at_eof(self) -> set[tuple[str, int]]:
-        return self.task_manager.at_eof
-
-    @property
-    def _restoring(self) -> list[Restoration]:
-        return self.task_manager.restoring
-
-    def _restore_consumer_config(self) -> dict:
-        return self.task_manager.restore_consumer_config()
-
-    @property
-    def _kill_at_commit(self) -> int | None:
-        """Test hook (``PROCESSOR_TEST_KILL_BEFORE_COMMIT``): SIGKILL at this commit with records."""
-        return self.committer.kill_at_commit
-
-    @_kill_at_commit.setter
-    def _kill_at_commit(self, n: int | None) -> None:
-        self.committer.kill_at_commit = n
 
     # -- startup checks -----------------------------------------------------------------------
     def check_topics(self) -> dict[str, int]:
@@ -294,15 +269,16 @@ class Worker:
             parts = {**parts, **{t: wanted[t][0] for t in created}}
         # which partitioner placed each source a join depends on (docs/semantics.md "Partitioning")
         choices = determine_partitioners(self.topology, self.bootstrap_servers, parts,
-                                         self._consumer_config, self.application_id)
+                                         self.consumer_config, self.application_id)
         self.topology = self.topology.with_partitioning(choices)
         self.routing = Routing(choices, parts)
-        self._parts = parts
+        self.partition_counts = parts
         self._table_sinks = {sub: sorted(self.topology.table_sinks(sub))
                              for sub in range(len(self.topology.subtopologies))}
         return parts
 
-    def _worker_id(self) -> str:
+    @property
+    def worker_id(self) -> str:
         """A stable id of this state directory (the transactional id's suffix: a restarted
         worker fences its own zombie)."""
         return worker_identity.worker_id(self.state_dir)
@@ -329,79 +305,34 @@ class Worker:
                     break
         self.collector.flush()
         self._sent_at_drain_check = self.collector.sent
-        internal = {tp: tm.tasks[(self._sub_of_topic[tp[0]], tp[1])].positions.get(tp, 0)
-                    for tp in tm.assigned if tp[0] in self._internal_topics}
+        internal = {tp: tm.tasks[(self.task_manager.sub_of_topic[tp[0]], tp[1])].positions.get(tp, 0)
+                    for tp in tm.assigned if tp[0] in self.internal_topics}
         more = kafka.partitions_with_records_from(self.bootstrap_servers, internal,
                                                   isolation_level=self.isolation_level)
         tm.at_eof -= more
         return not more
-
-    # -- the group's callbacks (cooperative: only what moves; from WorkerFleet, inside its poll) ---
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Tasks for the newly assigned partitions (``TaskManager.assign``); an error stops the
-        worker."""
-        try:
-            self.task_manager.assign(consumer, partitions, self.records_processed)
-        except Exception as exc:  # callbacks cannot raise into librdkafka: stop the worker instead
-            self._fatal = self._fatal or exc
-            self._stop.set()
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """The revoked tasks' deferred emissions are flushed and committed, then the tasks are
-        closed and their partitions unassigned (they move to another worker)."""
-        tm = self.task_manager
-        try:
-            keys = tm.keys_of(partitions)
-            if tm.closing or self._fatal is not None:
-                tm.abort_restoration()
-            else:
-                tm.abort_restoration_of(keys, self.records_processed)
-            if not tm.closing and self._fatal is None:
-                tm.flush(keys)
-                self.commit()
-                # the flush's outbox records were sent after that commit: one more unit makes
-                # them durable and confirms them (exactly once: commits their transaction)
-                self.commit()
-            tm.forget_partitions(partitions)
-            self.fetch_gaps.forget((tp.topic, tp.partition) for tp in partitions)
-            tm.close_tasks(keys)
-            consumer.incremental_unassign(partitions)
-            if not tm.closing:
-                log.info("assigned %s; revoked %s (they move to another worker)", tm.describe_assignment(),
-                         ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
-        except Exception as exc:
-            self._fatal = self._fatal or exc
-            self._stop.set()
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Another member may own these now: close without committing (closing a task never
-        writes its pending state), so only what was committed survives."""
-        tm = self.task_manager
-        tm.abort_restoration()
-        tm.forget_partitions(partitions)
-        self.fetch_gaps.forget((tp.topic, tp.partition) for tp in partitions)
-        tm.close_tasks(tm.keys_of(partitions))
-        consumer.incremental_unassign(partitions)
-        collector = getattr(self, "collector", None)
-        if collector is not None and collector.transactional and not tm.closing:
-            # exactly once: the open transaction holds the lost tasks' outputs since their last
-            # commit, which their new owner produces again: abort it (the tasks still here, if
-            # any, are rebuilt from their changelogs, as after any aborted transaction; a producer
-            # the broker fenced on the transaction's timeout is renewed: ``abort_and_rebuild``)
-            self.committer.abort_and_rebuild(rebuild=bool(tm.tasks))
-        log.warning("assigned %s; lost %s (the group gave them to another worker: closed without committing)",
-                    tm.describe_assignment(), ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
 
     def commit(self) -> None:
         """One commit unit for every task that has work (``Committer.commit``). Never after a
         fatal error."""
         if self._fatal is not None:
             return
-        self.committer.commit(self.records_processed)
+        self.task_manager.commit()
 
     # -- main loop ----------------------------------------------------------------------------
     def stop(self) -> None:
-        self._stop.set()
+        self.stopping.set()
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop on ``exc`` (the first one is raised by ``run``): an error where nothing can raise
+        into the main loop (the group's callbacks)."""
+        self._fatal = self._fatal or exc
+        self.stopping.set()
+
+    @property
+    def failed(self) -> bool:
+        """Whether the worker stops on an error."""
+        return self._fatal is not None
 
     def restore_progress(self) -> dict[str, dict]:
         """Tasks being restored: ``{task id: {"restored": n, "remaining": m | None}}`` (remaining
@@ -417,8 +348,8 @@ class Worker:
     def ready(self) -> bool:
         """Assigned, and every task of the assignment restored and running (``/readyz``)."""
         tm = self.task_manager
-        return (tm.ever_assigned and not tm.restoring and self._fatal is None and not self._stop.is_set()
-                and self._queries.loop_thread is not None)
+        return (tm.ever_assigned and not tm.restoring and self._fatal is None and not self.stopping.is_set()
+                and self.queries.loop_thread is not None)
 
     def store(self, name: str) -> StoreView:
         """Interactive queries of a key-value store (a table, an aggregate) while the worker runs,
@@ -447,11 +378,11 @@ class Worker:
                                                         self._http_security).start()
             # does --application-server reach this endpoint? one line if not (the worker runs on)
             check_advertised(self.application_server, self.http_endpoint)
-            self._queries.loop_thread = threading.current_thread()
+            self.queries.loop_thread = threading.current_thread()
             self._run_locked(until_drained, install_signal_handlers, max_seconds)
         finally:
-            self._queries.loop_thread = None
-            self._queries.fail_waiting()   # queries still waiting: "the worker is not running"
+            self.queries.loop_thread = None
+            self.queries.fail_waiting()   # queries still waiting: "the worker is not running"
             if self.http_endpoint is not None:
                 self.http_endpoint.stop()
             self._state_lock.release()
@@ -461,10 +392,10 @@ class Worker:
         self._fatal = None
         self.check_topics()
         # a copied state directory is refused before its transactional id could fence the original
-        refuse_a_copy(self, int(self._consumer_config.get("session.timeout.ms", 10_000)) / 1000)
+        refuse_a_copy(self, int(self.consumer_config.get("session.timeout.ms", 10_000)) / 1000)
         txn_id = None
         if self.processing_guarantee == "exactly_once":
-            txn_id = f"{self.application_id}-{self._worker_id()}"
+            txn_id = f"{self.application_id}-{self.worker_id}"
         self.collector = KafkaCollector({**kafka.producer_defaults(self.bootstrap_servers),
                                          **self._producer_config}, transactional_id=txn_id,
                                         track_ends=any(self._table_sinks.values()))
@@ -479,28 +410,28 @@ class Worker:
         cconf = kafka.consumer_defaults(self.bootstrap_servers)
         cconf.update({"group.id": self.application_id, "session.timeout.ms": 10000,
                       "heartbeat.interval.ms": 1000, "isolation.level": self.isolation_level})
-        cconf.update(self._consumer_config)
+        cconf.update(self.consumer_config)
         if self.topology.global_stores:
             # every global table to its topics' ends before this worker joins the group
             from processor.runtime.global_tables import GlobalTables
 
-            self.global_tables = GlobalTables(self.topology, self.bootstrap_servers, self._consumer_config,
+            self.global_tables = GlobalTables(self.topology, self.bootstrap_servers, self.consumer_config,
                                               self.state_dir / "global")
             self.global_tables.bootstrap()
         # the data consumer reads what the group assigns (assign() only: the group protocol runs in
         # WorkerFleet's membership client); its group.id is the application's (committed offsets)
         self.consumer = kafka.new_consumer(cconf, "the consumer group")
         self.fetch_gaps.consumer = self.consumer
-        self.task_manager.open(self.topology, routing=self.routing, parts=self._parts, table_sinks=self._table_sinks,
-                               consumer=self.consumer, collector=self.collector, global_tables=self.global_tables,
-                               dead_letter_max_bytes=self._dead_letter_max_bytes)
+        self.task_manager.open(self.topology, routing=self.routing, parts=self.partition_counts,
+                               table_sinks=self._table_sinks, consumer=self.consumer, collector=self.collector,
+                               global_tables=self.global_tables, dead_letter_max_bytes=self._dead_letter_max_bytes)
         previous = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, lambda *_: self._stop.set())
+                previous[sig] = signal.signal(sig, lambda *_: self.stopping.set())
         try:
             self.fleet = WorkerFleet(self)
-            self.committer.group = self.fleet
+            self.task_manager.committer.group = self.fleet
             run_started, unsettled_since = time.monotonic(), 0.0
             while True:
                 self._loop(until_drained, max_seconds)
@@ -510,7 +441,7 @@ class Worker:
                 for task in self.tasks.values():
                     task.flush()
                 self.commit()  # sends the flush's internal records (outbox) after persisting them
-                if not until_drained or self._stop.is_set():
+                if not until_drained or self.stopping.is_set():
                     break
                 # Drained, but the flush sent deferred emissions: if some went to internal
                 # topics this worker reads, process them too before stopping. And drained means
@@ -519,7 +450,7 @@ class Worker:
                 if self.collector.sent != sent:
                     unsettled_since = 0.0
                 else:
-                    unsettled = self.committer.unsettled()
+                    unsettled = self.task_manager.committer.unsettled()
                     if unsettled is None:
                         break
                     if max_seconds is not None and time.monotonic() - run_started > max_seconds:
@@ -558,7 +489,7 @@ class Worker:
         consumer = self.consumer
         tm = self.task_manager
         tasks = tm.tasks
-        stop = self._stop
+        stop = self.stopping
         at_eof = tm.at_eof
         restoring = tm.restoring
         assigned = tm.assigned
@@ -571,9 +502,9 @@ class Worker:
         work_since = None
         batch = self.batch_size
         metrics = self.metrics_state
-        queries = self._queries
+        queries = self.queries
         groups = tm.groups
-        dispatch = MessageDispatch(consumer, tm, self._sub_of_topic, self.fetch_gaps, stop).dispatch
+        dispatch = MessageDispatch(consumer, tm, self.fetch_gaps, stop).dispatch
         fleet = self.fleet
         assert fleet is not None
         fleet_polled = 0.0
@@ -592,7 +523,7 @@ class Worker:
                 metrics.publish(self, beat)
             if restoring:
                 try:
-                    tm.restore_step(self.records_processed)
+                    tm.restore_step()
                 except RestoreInterrupted:
                     break
             if tm.initial_commit_due:
@@ -619,7 +550,7 @@ class Worker:
                 # the tasks are rebuilt from their changelogs and sought back to their positions
                 if not self.collector.transactional:
                     raise
-                self.committer.transaction_failed(exc)
+                self.task_manager.committer.transaction_failed(exc)
                 n = 0
             except ProcessorError as exc:
                 if exc.undone_record is None:
@@ -636,7 +567,7 @@ class Worker:
                                 "commit is processed again after a restart", type(commit_exc).__name__, commit_exc)
                 raise
             if n:
-                self.records_processed += n
+                tm.records_processed += n
                 self.last_record_at = time.monotonic()
                 if work_since is None:
                     work_since = self.last_record_at

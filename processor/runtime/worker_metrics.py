@@ -37,17 +37,57 @@ Metric names (docs/operations.md "Metrics, health probes and interactive queries
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
-    from processor.runtime.worker import Worker
+    from processor.engine.task import Task
+    from processor.runtime.standby import StandbyTasks
 
 # the main loop publishes a snapshot this often
 PUBLISH_INTERVAL_S = 1.0
 _COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class TaskManagerState(Protocol):
+    """What the metrics read of the worker's task manager (``processor/runtime/task_manager.py``)."""
+
+    assigned: set[tuple[str, int]]
+    sub_of_topic: dict[str, int]
+    restoring: list          # its restorations (``Restoration``: ``started``)
+    tasks_rebuilt: int
+
+
+class MetricsSource(Protocol):
+    """What the metrics read of a running worker (``processor/runtime/worker.py``), on its main
+    loop."""
+
+    @property
+    def task_manager(self) -> TaskManagerState: ...
+
+    @property
+    def tasks(self) -> dict[tuple[int, int], Task]: ...
+
+    @property
+    def standby_tasks(self) -> StandbyTasks | None: ...
+
+    @property
+    def records_processed(self) -> int: ...
+
+    @property
+    def finished_tasks_metrics(self) -> dict[str, dict[str, dict[str, int]]]: ...
+
+    @property
+    def fetch_gaps_refetched(self) -> int: ...
+
+    @property
+    def fetch_gaps_accepted(self) -> int: ...
+
+    def ready(self) -> bool: ...
+
+    def restore_progress(self) -> dict[str, dict]: ...
 
 
 def add_counters(total: dict[str, dict[str, int]], metrics: dict[str, dict[str, int]]) -> None:
@@ -78,7 +118,7 @@ class WorkerMetrics:
         self.commit_latency.observe(now - started)
         self.last_commit_at = now
 
-    def publish(self, worker: Worker, now: float) -> None:
+    def publish(self, worker: MetricsSource, now: float) -> None:
         """Main loop only: a snapshot of what a scrape reports."""
         self.published_at = now
         tasks: dict[str, dict[str, dict[str, int]]] = {}
@@ -90,8 +130,8 @@ class WorkerMetrics:
         if consumer is not None:
             from confluent_kafka import TopicPartition
 
-            for topic, part in sorted(worker._assigned):
-                task = worker.tasks.get((worker._sub_of_topic[topic], part))
+            for topic, part in sorted(worker.task_manager.assigned):
+                task = worker.tasks.get((worker.task_manager.sub_of_topic[topic], part))
                 if task is None:
                     continue
                 try:
@@ -102,7 +142,7 @@ class WorkerMetrics:
                     lag[(topic, part)] = max(0, high - task.positions.get((topic, part), 0))
         restore = worker.restore_progress()
         restored = sum(p["restored"] for p in restore.values())
-        started = min((r.started for r in worker._restoring), default=None)
+        started = min((r.started for r in worker.task_manager.restoring), default=None)
         self.snapshot = {
             "records_processed": worker.records_processed,
             "tasks_rebuilt": worker.task_manager.tasks_rebuilt,

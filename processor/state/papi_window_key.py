@@ -54,7 +54,7 @@ def segment_interval(retention_ms: int) -> int:
     return max(retention_ms // 2, 60_000)
 
 
-def _check_ts(what: str, ts) -> None:
+def check_ts(what: str, ts) -> None:
     if not isinstance(ts, int) or isinstance(ts, bool) or not 0 <= ts <= MAX_TS:
         raise ValueError(f"a {what} is an int in [0, 2**63) ms, not {ts!r}")
 
@@ -84,7 +84,7 @@ def key_prefix(segment: int, kb: bytes) -> bytes:
 
 # -- window store ------------------------------------------------------------------------------
 def encode_window(kb: bytes, start: int, seq: int, interval: int) -> bytes:
-    _check_ts("window start", start)
+    check_ts("window start", start)
     return key_prefix(start // interval, kb) + _WTAIL.pack(start, seq & SEQ_MASK)
 
 
@@ -110,8 +110,8 @@ def window_bounds(segment: int, kb: bytes, lo: int, hi: int) -> tuple[bytes, byt
 
 # -- session store -----------------------------------------------------------------------------
 def encode_session(kb: bytes, start: int, end: int, interval: int) -> bytes:
-    _check_ts("session start", start)
-    _check_ts("session end", end)
+    check_ts("session start", start)
+    check_ts("session end", end)
     if end < start:
         raise ValueError(f"a session ends at or after its start, not [{start}, {end}]")
     return key_prefix(end // interval, kb) + _STAIL.pack(end, start)

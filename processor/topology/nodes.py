@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from processor.graph import NodeAttrs, ProcessorAttrs, UserProcessorAttrs
 
@@ -44,8 +45,8 @@ class StoreSpec:
     name: str
     owner: str                   # node name
     source_topic: str | None     # the topic a table source reads (its store mirrors it), or None
-    key_serde: object = None
-    value_serde: object = None
+    key_serde: Any = None        # a Serde (a windowed store's: one with ``inner``), bound or not
+    value_serde: Any = None
     kind: str = "kv"             # kv | aggregate | emitted (last-emitted column) |
     #                              windowed-aggregate / session-aggregate (DSL) |
     #                              window / session (Processor API: processor/papi_windowed.py) |

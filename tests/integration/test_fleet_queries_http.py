@@ -85,14 +85,14 @@ def test_forwarding_redirects_stale_reads_and_the_prefix_fan_out(kafka_bootstrap
         produce_with_partitioner(kafka_bootstrap, events, "murmur2_random")
         wait_until_tasks_committed(kafka_bootstrap, workers[0].topology, {inp: PARTS}, "read_uncommitted")
 
-        held = [w._queries.call(lambda w=w: sorted(w.tasks)) for w in workers]
+        held = [w.queries.call(lambda w=w: sorted(w.tasks)) for w in workers]
         assert sorted(held[0] + held[1]) == [(0, p) for p in range(PARTS)], held
         owner_of = {f"0_{p}": servers[i] for i in range(2) for _, p in held[i]}
         w0 = workers[0]
         standby = StandbyTasks(w0.topology, w0.state_dir, w0.task_manager.restore_consumer_config(),
                                threading.Event())
         w0.standby_tasks = standby   # (no pass runs by itself: caught up once, here)
-        w0._queries.call(lambda: (standby.update(held[1]), standby.catch_up()), timeout_s=90)
+        w0.queries.call(lambda: (standby.update(held[1]), standby.catch_up()), timeout_s=90)
         fleet = {servers[0]: {"active": held[0], "standby": held[1]},
                  servers[1]: {"active": held[1], "standby": []}}
         for w, s in zip(workers, servers, strict=True):

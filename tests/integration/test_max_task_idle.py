@@ -49,7 +49,8 @@ def test_max_task_idle_ms_waits_for_a_partition_at_its_end(kafka_bootstrap, uniq
         # 0: it processed the clicks
         def ready():
             if idle_ms:
-                return w.metrics().get("task", {}).get("idle_waits", 0) >= 1 and (t["users"], 0) in w._at_eof
+                return (w.metrics().get("task", {}).get("idle_waits", 0) >= 1
+                        and (t["users"], 0) in w.task_manager.at_eof)
             return w.records_processed >= CLICKS
         while not ready():
             assert time.monotonic() < deadline, "the worker never got its clicks"

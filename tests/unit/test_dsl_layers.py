@@ -9,7 +9,7 @@ from pathlib import Path
 
 DSL = Path(__file__).resolve().parents[2] / "processor" / "dsl"
 LAYERS = [
-    {"emit", "windows", "repartition", "global_table"},
+    {"abstract_stream", "emit", "windows", "repartition", "global_table"},
     {"joins", "stream_join", "grouped"},
     {"kstream", "ktable"},
     {"builder"},

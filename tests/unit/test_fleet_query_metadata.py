@@ -44,8 +44,8 @@ def worker(tmp_path):
     w = Worker(_topology(), "127.0.0.1:1", "iq-meta", tmp_path)
     parts = {"accounts": PARTS, "iq-meta-by-region-repartition": PARTS, "products": 2}
     w.routing = Routing({"accounts": PartitionerChoice("accounts", CONSISTENT, "declared")}, parts)
-    w._parts = parts
-    w._queries.loop_thread = threading.current_thread()
+    w.partition_counts = parts
+    w.queries.loop_thread = threading.current_thread()
     return w
 
 

@@ -14,7 +14,7 @@ from processor.serde import Serdes
 
 
 def _rules(topology, parts: dict[str, int]):
-    host = SimpleNamespace(topology=topology.for_application("rules"), _parts=parts,
+    host = SimpleNamespace(topology=topology.for_application("rules"), partition_counts=parts,
                            config=StreamsConfig(num_standby_replicas=1))
     return fleet_rules(host)
 

@@ -23,4 +23,4 @@ def _worker(tmp_path, **kw):
 def test_isolation_level_per_guarantee_and_override(tmp_path, guarantee, consumer_config, want):
     w = _worker(tmp_path, processing_guarantee=guarantee, consumer_config=consumer_config)
     assert w.isolation_level == want
-    assert w._restore_consumer_config()["isolation.level"] == want
+    assert w.task_manager.restore_consumer_config()["isolation.level"] == want
