@@ -2,7 +2,8 @@
 
 ``WorkerFleet`` joins the application's group through ``FleetMembership``
 (``processor/runtime/membership.py``) and turns what the group decides into the worker's work:
-partitions revoked, assigned or lost go to the worker's callbacks (its ``TaskManager``); the
+partitions revoked, assigned or lost go to the worker's ``TaskManager`` (``handle_revocation``,
+``handle_assignment``, ``handle_lost``); the
 standby replicas and warm-ups the assignment names are kept by ``StandbyTasks``
 (``processor/runtime/standby.py``), stepped between batches; the fleet's map (every worker's
 application server with its tasks) is ``worker.fleet_map``.
@@ -381,7 +382,7 @@ class WorkerFleet(FleetListener):
                 self._closed_sums[key] = sum(writer.ends.values())
 
     def close(self) -> None:
-        """Leave the group (what this worker owns is revoked first: the worker's callbacks run),
+        """Leave the group (what this worker owns is revoked first, by the task manager),
         then close the standbys."""
         try:
             self.membership.close()

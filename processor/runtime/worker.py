@@ -1,15 +1,19 @@
 """The consumer-group worker: the only place that consumes, produces and commits.
 
-This file is the poll loop: consume a batch -> route each record to the Task of (sub-topology,
-partition) -> the task's operators send outputs and internal records through the collector
+This file is the poll loop (Kafka Streams' ``StreamThread``): consume a batch -> route each record
+to the Task of (sub-topology, partition) (``processor/runtime/dispatch.py``) -> the task's
+operators send outputs and internal records through the collector
 (``processor/runtime/collector.py``); stores write into the task's write buffer -> every
-``commit_interval_ms`` one commit unit (``processor/runtime/commit_unit.py``: ``Committer``).
-Between polls it runs the restore of newly assigned tasks in steps
-(``processor/runtime/task_manager.py``: ``TaskManager``, which tasks run here, assignment, restore,
-revocation, closing, time-ordered input). Internal partitions are read through the fetch-gap guard
-(``processor/runtime/fetch_gaps.py``). The ``Worker`` composes these, owns the clients' lifetime and
-answers librdkafka's rebalance callbacks; its invariant: the clients and the components are opened
-in ``run`` and closed by it, whatever happens.
+``commit_interval_ms`` the task manager's commit. Between polls it serves the group
+(``processor/runtime/fleet.py``: its listener hands every change of the assignment to the task
+manager) and runs the restore of newly assigned tasks in steps. The task manager
+(``processor/runtime/task_manager.py``: ``TaskManager``) owns the tasks: assignment, restore,
+revocation, loss, commits (``processor/runtime/commit_unit.py``), closing, time-ordered input.
+Internal partitions are read through the fetch-gap guard (``processor/runtime/fetch_gaps.py``).
+The ``Worker`` composes these and owns the clients' lifetime; the files that serve it read it
+through the protocols they declare (``FleetHost``, ``QueryHost``, ``MetricsSource``,
+``EndpointHost``). Its invariant: the clients and the components are opened in ``run`` and closed
+by it, whatever happens.
 
 Internal topics (repartition, FK subscription/response) and changelog topics (one partition per
 task, ``cleanup.policy=compact``) are created and checked at start-up
