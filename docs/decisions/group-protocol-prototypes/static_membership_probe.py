@@ -8,7 +8,7 @@ Measured: with 2 members the restarted one got its partitions back 2.5 s and 15.
 (2 runs), no revocation elsewhere; with 3 members it waited in SyncGroup for ever (see
 builtin_RESULTS.md).
 
-Run: .venv/bin/python benchmarks/fleet_prototypes/static_membership_probe.py cooperative-sticky 3 [client-id-suffix]
+Run: .venv/bin/python docs/decisions/group-protocol-prototypes/static_membership_probe.py cooperative-sticky 3 [client-id-suffix]
 """
 import os
 import signal
