@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from backfill.items import RowsBatch
+from processor.engine.task_id import TaskId
 
 ITEM_BYTES = 256 << 20
 
@@ -109,7 +110,7 @@ class LocalFiles:
         os.replace(tmp, path)
 
     def state_path(self, task_id: str) -> str:
-        return os.path.join(self.root, "staging", "state", f"task-{task_id}")
+        return os.path.join(self.root, "staging", "state", TaskId.parse(task_id).dirname)
 
     def write_state(self, task_id: str, blob: bytes) -> None:
         self._write(self.state_path(task_id), blob)

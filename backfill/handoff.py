@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from processor.engine.task_id import TaskId
 from processor.errors import ConfigError
 
 log = logging.getLogger("processor.backfill")
@@ -100,9 +101,9 @@ def write_task(ctx, sub, partition, stores, t0) -> dict:
     out: dict[str, Any] = {"entries": {name: len(v) for name, v in contents.items() if not name.startswith("__")}}
     if ctx.build_databases:
         if ctx.local_root is not None:   # a local master: the database built where it is installed from
-            from backfill.sst import build_task_database, task_dir_name
+            from backfill.sst import build_task_database
 
-            build_task_database(Path(ctx.local_root) / task_dir_name(sub, partition), contents, checkpoint)
+            build_task_database(Path(ctx.local_root) / TaskId(sub, partition).dirname, contents, checkpoint)
             out["built"] = 1
         else:
             out["db"] = bytes([DB_FORMAT]) + pickle.dumps((sub, partition, contents, checkpoint),
@@ -166,13 +167,13 @@ def produce_all(producer, writes: dict) -> dict:
 def build_database(build_root, item: bytes) -> tuple[int, int]:
     """A ``db`` item (``write_task``) -> the task's database under ``build_root`` (on the driver),
     built through SST files (``backfill.sst.build_task_database``). Returns (sub, partition)."""
-    from backfill.sst import build_task_database, task_dir_name
+    from backfill.sst import build_task_database
 
     if not item or item[0] != DB_FORMAT:
         raise ConfigError(f"backfill: a task's stores came back in format {item[:1]!r}, not {DB_FORMAT} "
                           f"(executors running another version of the backfill?)")
     sub, partition, contents, checkpoint = pickle.loads(item[1:])
-    build_task_database(Path(build_root) / task_dir_name(sub, partition), contents, checkpoint)
+    build_task_database(Path(build_root) / TaskId(sub, partition).dirname, contents, checkpoint)
     return sub, partition
 
 

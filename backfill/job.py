@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING, Any
 from backfill.compaction import compaction_plan, last_changes  # noqa: F401 (the job's public names)
 from backfill.items import RunRecord
 from processor.config import StreamsConfig
+from processor.engine.task_id import DIR_GLOB
 from processor.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ def _refuse_existing(bootstrap_servers, application_id, state_dir: Path | None, 
     from processor.kafka import clients as kafka
 
     target = state_dir / application_id if state_dir is not None else None
-    existing = sorted(p.name for p in target.glob("task-*")) if target is not None and target.exists() else []
+    existing = sorted(p.name for p in target.glob(DIR_GLOB)) if target is not None and target.exists() else []
     if existing:
         raise ConfigError(f"state directory {target} already holds state of application "
                           f"{application_id!r} ({', '.join(existing[:4])}{'...' if len(existing) > 4 else ''}); "

@@ -28,6 +28,7 @@ from backfill.context import RunSpec, raise_task_errors
 from backfill.items import ResultItem, RunRecord, TaskStats, as_input, is_piece
 from backfill.plan import defers_emissions, receivers, run_order
 from backfill.progress import StageProgress
+from processor.engine.task_id import DIR_GLOB
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -156,7 +157,7 @@ class Runs:
 
             for scratch in ("staging", "progress"):
                 shutil.rmtree(os.path.join(self.files.root, scratch), ignore_errors=True)
-            for d in glob.glob(os.path.join(self.files.root, "task-*")):
+            for d in glob.glob(os.path.join(self.files.root, DIR_GLOB)):
                 shutil.rmtree(d, ignore_errors=True)
 
     def close(self) -> None:

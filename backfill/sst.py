@@ -31,7 +31,6 @@ those a worker restores every changelog from offset 0 over the built state: corr
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import uuid
 from collections.abc import Iterable, Mapping
@@ -39,6 +38,7 @@ from pathlib import Path
 
 import rocksdict
 
+from processor.engine.task_id import TaskId
 from processor.errors import ConfigError, StateDirLocked, StateError
 from processor.runtime.state_lock import StateDirLock
 from processor.state.rocksdb import RocksDBDatabase, _options
@@ -46,17 +46,11 @@ from processor.state.store import TASK_STORE
 
 # Column families the database itself owns (written through RocksDBDatabase, never ingested).
 RESERVED_COLUMN_FAMILIES = frozenset({"default", "__meta", "__checkpoint"})
-TASK_DIR = re.compile(r"task-\d+_\d+")
 BUILD_ROOT_SUFFIX = ".backfill-tmp-"
 _PARTIAL = ".partial"
 _STAGING = ".sst-staging"
 
 Entries = Iterable[tuple[bytes, bytes]]
-
-
-def task_dir_name(sub: int, partition: int) -> str:
-    """The worker's directory name of task ``<sub>_<partition>`` (``processor/runtime/worker.py``)."""
-    return f"task-{sub}_{partition}"
 
 
 def new_build_root(state_dir: str | os.PathLike, application_id: str) -> Path:
@@ -171,7 +165,7 @@ def build_task_database(tmp_dir: str | os.PathLike, column_families: Mapping[str
 def _task_dirs(path: Path) -> list[Path]:
     if not path.is_dir():
         return []
-    return sorted(p for p in path.iterdir() if p.is_dir() and TASK_DIR.fullmatch(p.name))
+    return sorted(p for p in path.iterdir() if p.is_dir() and TaskId.of_dirname(p.name) is not None)
 
 
 def _fsync_dir(path: Path) -> None:

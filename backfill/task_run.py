@@ -26,6 +26,7 @@ import time
 
 from backfill.context import error_info, executor_logging
 from backfill.items import PIECE, Piece, ResultItem, RowsBatch, TaskStats, is_piece
+from processor.engine.task_id import TaskId
 
 log = logging.getLogger("processor.backfill")
 
@@ -176,7 +177,7 @@ class TaskRun:
         if files is None:
             state, rows = _split_inputs(items)
         else:   # a local master: what the task's previous runs left, from the build root
-            task_id = f"{self.spec.sub}_{partition}"
+            task_id = str(TaskId(self.spec.sub, partition))
             state = files.read_state(task_id)
             rows = files.read_rows(self.spec.pending, self.spec.reads, partition)
         # No cyclic garbage collection during a run: the task's rows and stores are hundreds of
@@ -202,7 +203,7 @@ class TaskRun:
         from processor.engine.task import Task, max_record_bytes_of
 
         ctx, spec = self.ctx, self.spec
-        task_id = f"{spec.sub}_{partition}"
+        task_id = str(TaskId(spec.sub, partition))
         started = time.monotonic()
         streams, read, replayed = self._input(partition, row_items, compact)
         t_read = time.monotonic()
@@ -291,7 +292,7 @@ class TaskRun:
         streams: dict = {}
         read, replayed = 0, 0
         unordered = self.unordered = []   # compacted partitions whose timestamps go backwards
-        counter = RowCounter(ctx.progress_dir(spec.run_no), f"{spec.sub}_{partition}")
+        counter = RowCounter(ctx.progress_dir(spec.run_no), str(TaskId(spec.sub, partition)))
 
         def counted(batches):
             for msgs in batches:
@@ -366,7 +367,7 @@ class FinalizeTask:
 
         executor_logging(self.ctx.log_level, getattr(self.ctx, "log_json", False))
         files = self.ctx.files
-        state = _split_inputs(items)[0] if files is None else files.read_state(f"{self.sub}_{partition}")
+        state = _split_inputs(items)[0] if files is None else files.read_state(str(TaskId(self.sub, partition)))
         try:
             t0 = time.monotonic()
             stores, _ = decode_state(state)

@@ -80,6 +80,7 @@ from processor.engine.record_size import wire_size as _wire_size
 from processor.engine.replay_filter import Mark, ReplayFilter
 from processor.engine.routing import KeyPlacementCheck, Routing
 from processor.engine.sink_convergence import SinkConvergence
+from processor.engine.task_id import TaskId
 from processor.errors import (
     DeserializationError,
     OutputError,
@@ -116,7 +117,7 @@ class Task:
             raise ValueError(f"on_error must be one of {ERROR_POLICIES}, not {on_error!r}")
         if on_error == "dlq" and not dlq_topic:
             raise ValueError("on_error='dlq' needs a dead-letter topic")
-        self.id = f"{sub_id}_{partition}"
+        self.id = str(TaskId(sub_id, partition))
         self.sub_id = sub_id
         self.partition = partition
         self.topology = topology

@@ -44,6 +44,7 @@ from typing import TypeVar, cast
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from processor import provenance
+from processor.engine.task_id import TaskId
 from processor.errors import ChangelogMismatch, KafkaIOError
 from processor.kafka import clients as kafka
 from processor.kafka.read_to_end import PartitionsToEnd
@@ -232,7 +233,7 @@ class RestoreTarget:
 def restore_target(topology, db, sub: int, partition: int) -> RestoreTarget:
     """The ``RestoreTarget`` of task ``sub_partition`` of ``topology`` over its database ``db``
     (an active task's and a standby replica's alike)."""
-    return RestoreTarget(db, f"{sub}_{partition}", partition, topology.changelogs_of(sub),
+    return RestoreTarget(db, str(TaskId(sub, partition)), partition, topology.changelogs_of(sub),
                          topology.source_changelogs_of(sub), topology.table_source_stores_of(sub),
                          {name: topology.changelog_topic(name) for name in topology.source_changelogs_of(sub)})
 

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from processor.engine.task_id import TaskId
 from processor.errors import CopiedStateDir
 from processor.runtime.changelog import RestoreInterrupted
 from processor.runtime.membership import (
@@ -44,8 +45,6 @@ from processor.runtime.membership import (
 )
 from processor.runtime.standby import StandbyTasks
 from processor.runtime.worker_identity import copied_state_dir_message, is_gone, on_this_host, process_instance
-from processor.state.rocksdb import RocksDBDatabase
-from processor.state.task_owner import claim_task_dir, owner_of
 
 if TYPE_CHECKING:
     from processor.config import StreamsConfig
@@ -116,33 +115,6 @@ def fleet_rules(worker: FleetHost) -> FleetRules:
                       acceptable_recovery_lag=cfg.acceptable_recovery_lag, max_warmups=cfg.max_warmup_replicas)
 
 
-def local_offset_sums(state_dir: Path, worker: FleetHost, keys: set[TaskKey]) -> dict[TaskKey, int]:
-    """The changelog offset sum of each task directory under ``state_dir`` among ``keys`` (their
-    checkpoints); a directory that cannot be opened is named in a log line and left out, and so
-    is one another application or topology wrote (put out of the way: ``state/task_owner.py``)."""
-    out = {}
-    for path in sorted(state_dir.glob("task-*_*")):
-        try:
-            sub, part = (int(x) for x in path.name[len("task-"):].split("_"))
-        except ValueError:
-            continue
-        if (sub, part) not in keys:
-            continue
-        changelogs = {(t, part) for t in worker.topology.changelogs_of(sub).values()}
-        try:
-            if claim_task_dir(path, owner_of(worker.topology, sub, part)) in ("moved", "wiped"):
-                continue   # another writer's: nothing of this task's state here
-            db = RocksDBDatabase(path)
-        except Exception as exc:
-            log.warning("local state of task %d_%d not reported to the group (%s)", sub, part, exc)
-            continue
-        try:
-            out[(sub, part)] = sum(v for tp, v in db.read_checkpoint().items() if tp in changelogs)
-        finally:
-            db.close()
-    return out
-
-
 def refuse_a_copy(worker: FleetHost, session_timeout_s: float) -> None:
     """At start-up, before anything fences anything (membership invariant 7): stop with one line
     (``CopiedStateDir``) when a live member of the group, another process, claims this worker's
@@ -201,8 +173,9 @@ class WorkerFleet(FleetListener):
         self._probe_at: float | None = None
         self._last_probe = 0.0
         self._reported_at = 0.0
-        self._closed_sums: dict[TaskKey, int] = local_offset_sums(worker.state_dir, worker,
-                                                                  set(self.rules.stateful))
+        # (the task manager's state directory: the topology it names is the worker's)
+        self._closed_sums: dict[TaskKey, int] = dict(
+            worker.task_manager.state_directory.offset_sums(self.rules.stateful))
         instance, claimed_at = process_instance()
         self._report = Subscription(server=worker.config.application_server, process=worker.worker_id,
                                     instance=instance, claimed_at=claimed_at)
@@ -238,8 +211,7 @@ class WorkerFleet(FleetListener):
         sums = dict(self._closed_sums)
         sums.update(self.standby.offset_sums())
         running = set(tm.tasks) | {k for r in tm.restoring for k in r.keys}
-        for key, writer in tm.writers.items():
-            sums[key] = sum(writer.ends.values())
+        sums.update(tm.offset_sums())
         self._reported_at = time.monotonic()
         self._report = Subscription(server=self._report.server, process=self._report.process,
                                     sums={k: v for k, v in sums.items() if k in self.rules.stateful},
@@ -296,7 +268,7 @@ class WorkerFleet(FleetListener):
             if a is not None and a.warmup and time.monotonic() - self._last_probe >= PROBING_INTERVAL_S:
                 self._last_probe = time.monotonic()
                 log.info("warm-up replicas %s caught up: asking the group for a probing rebalance",
-                         ", ".join(f"{s}_{p}" for s, p in a.warmup))
+                         ", ".join(str(TaskId(*k)) for k in a.warmup))
                 self.membership.request_rejoin()
 
     def in_doubt(self) -> bool:
@@ -376,10 +348,10 @@ class WorkerFleet(FleetListener):
 
     def _remember_sums(self, partitions: list[tuple[str, int]]) -> None:
         tm = self.worker.task_manager
+        running = tm.offset_sums()
         for key in tm.keys_of(partitions):
-            writer = tm.writers.get(key)
-            if writer is not None and key in self.rules.stateful:
-                self._closed_sums[key] = sum(writer.ends.values())
+            if key in running and key in self.rules.stateful:
+                self._closed_sums[key] = running[key]
 
     def close(self) -> None:
         """Leave the group (what this worker owns is revoked first, by the task manager),

@@ -54,6 +54,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from processor.engine.task_id import TaskId
 from processor.errors import ProcessorError
 from processor.runtime.state_inspect import decode_entry
 from processor.state.store import prefix_upper_bound
@@ -351,7 +352,7 @@ class StoreView:
             return KeyQueryMetadata(me, sorted(s for s in fleet_map if s != me), None, GLOBAL_TASK)
         assert part is not None
         active, standbys = task_holders(fleet_map, (self.sub, part))
-        return KeyQueryMetadata(active, standbys, part, f"{self.sub}_{part}")
+        return KeyQueryMetadata(active, standbys, part, str(TaskId(self.sub, part)))
 
     def prefix(self, prefix, limit: int = DEFAULT_LIMIT, timeout_s: float = SCAN_TIMEOUT_S) -> list[dict]:
         """Entries whose key bytes start with ``prefix``'s (a ``str`` is taken as UTF-8, ``bytes``
@@ -418,7 +419,7 @@ class StoreView:
         sub = self.sub
         assert sub is not None   # a task store's view (a global one returned above)
         part = self._partition_of(kb)
-        task_id = f"{sub}_{part}"
+        task_id = str(TaskId(sub, part))
         where = {"partition": part, "task": task_id}
         task = w.tasks.get((sub, part))
         stores: Any = None if task is None else task.stores
@@ -491,7 +492,8 @@ class StoreView:
                     if read >= SCAN_SLICE:
                         last = k
                         break
-                    where = (None, GLOBAL_TASK) if part is None else (part, f"{self.sub}_{part}")
+                    where = ((None, GLOBAL_TASK) if part is None or self.sub is None
+                             else (part, str(TaskId(self.sub, part))))
                     page.entries.append({**decode_entry(self.spec, k, v), "partition": where[0], "task": where[1]})
                     page.cursors.append(Cursor(part, k))
                     read += 1

@@ -71,7 +71,8 @@ from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, Consume
 from kafka.structs import OffsetAndMetadata
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
-from processor.runtime.placement import RUNNING, Placement, TaskId, place
+from processor.engine.task_id import TaskId
+from processor.runtime.placement import RUNNING, Placement, TaskKey, place
 
 log = logging.getLogger("processor.membership")
 
@@ -81,13 +82,13 @@ TopicPart = tuple[str, int]
 VERSION = 1
 
 
-def _task_key(t: TaskId) -> str:
-    return f"{t[0]}_{t[1]}"
+def _task_key(t: TaskKey) -> str:
+    return str(TaskId(*t))
 
 
-def _task_of(key: str) -> TaskId:
-    a, b = key.split("_")
-    return int(a), int(b)
+def _task_of(key: str) -> TaskKey:
+    sub, partition = TaskId.parse(key)
+    return sub, partition   # (a plain pair, as the rest of the runtime's keys)
 
 
 def _check_version(data: bytes, what: str) -> bytes:
@@ -112,8 +113,8 @@ class Subscription:
 
     server: str | None
     process: str
-    sums: dict[TaskId, int] = field(default_factory=dict)
-    running: list[TaskId] = field(default_factory=list)
+    sums: dict[TaskKey, int] = field(default_factory=dict)
+    running: list[TaskKey] = field(default_factory=list)
     instance: str | None = None
     claimed_at: int | None = None
 
@@ -160,11 +161,11 @@ class Assignment:
     holds a key's task. ``claimed_by`` (optional): this member is refused, its worker id being
     claimed by that live instance first (invariant 7); it gets no task."""
 
-    active: list[TaskId] = field(default_factory=list)
-    standby: list[TaskId] = field(default_factory=list)
-    warmup: list[TaskId] = field(default_factory=list)
+    active: list[TaskKey] = field(default_factory=list)
+    standby: list[TaskKey] = field(default_factory=list)
+    warmup: list[TaskKey] = field(default_factory=list)
     probing: bool = False
-    fleet: dict[str, dict[str, list[TaskId]]] = field(default_factory=dict)
+    fleet: dict[str, dict[str, list[TaskKey]]] = field(default_factory=dict)
     claimed_by: tuple[str, int | None] | None = None
 
 
@@ -190,13 +191,13 @@ def decode_assignment(data: bytes) -> Assignment:
                       claimed_by=None if claimed is None else (claimed["instance"], claimed.get("claimed_at")))
 
 
-def lags_of(subs: Mapping[str, Subscription]) -> dict[str, dict[TaskId, int]]:
+def lags_of(subs: Mapping[str, Subscription]) -> dict[str, dict[TaskKey, int]]:
     """``member -> {task: lag}`` from the reported offset sums (invariant 2)."""
-    top: dict[TaskId, int] = {}
+    top: dict[TaskKey, int] = {}
     for s in subs.values():
         for t, v in s.sums.items():
             top[t] = max(top.get(t, v), v)
-    out: dict[str, dict[TaskId, int]] = {}
+    out: dict[str, dict[TaskKey, int]] = {}
     for m, s in subs.items():
         # no state of a task: behind by all of it (a small task moves at once, as in KIP-441)
         lag = dict(top)
@@ -224,12 +225,12 @@ def lags_of(subs: Mapping[str, Subscription]) -> dict[str, dict[TaskId, int]]:
     return out
 
 
-def withhold_moving(active: Mapping[str, list[TaskId]], owned: Mapping[str, Iterable[tuple[str, int]]],
-                    partitions_of_task: Mapping[TaskId, Iterable[tuple[str, int]]]) -> dict[str, list[TaskId]]:
+def withhold_moving(active: Mapping[str, list[TaskKey]], owned: Mapping[str, Iterable[tuple[str, int]]],
+                    partitions_of_task: Mapping[TaskKey, Iterable[tuple[str, int]]]) -> dict[str, list[TaskKey]]:
     """The active tasks each member gets this generation (invariant 3): a task with a partition
     another member reported owning is withheld."""
     owner_of = {tp: m for m, tps in owned.items() for tp in tps}
-    out: dict[str, list[TaskId]] = {}
+    out: dict[str, list[TaskKey]] = {}
     for m, ts in active.items():
         out[m] = [t for t in ts if all(owner_of.get(tp, m) == m for tp in partitions_of_task.get(t, ()))]
     return out
@@ -255,8 +256,8 @@ class FleetRules:
     """What the leader needs besides the members' reports: every task with its source
     partitions, which tasks have state, and the placement settings."""
 
-    partitions_of_task: dict[TaskId, list[TopicPart]]
-    stateful: set[TaskId]
+    partitions_of_task: dict[TaskKey, list[TopicPart]]
+    stateful: set[TaskKey]
     num_standbys: int = 0
     acceptable_recovery_lag: int = 10_000
     max_warmups: int = 2
@@ -280,7 +281,7 @@ def assign_fleet(rules: FleetRules, subs: Mapping[str, Subscription],
                                  process={m: s.process for m, s in subs.items()})
     active = withhold_moving(placement.active, owned, rules.partitions_of_task)
     withheld = sum(len(placement.active[m]) - len(active[m]) for m in active)
-    fleet: dict[str, dict[str, list[TaskId]]] = {}
+    fleet: dict[str, dict[str, list[TaskKey]]] = {}
     for m, s in subs.items():
         if s.server:
             # the map names the owner the placement wants: a task withheld for one round is
@@ -290,7 +291,7 @@ def assign_fleet(rules: FleetRules, subs: Mapping[str, Subscription],
     # a task withheld for a round stays a standby where it goes, if a copy is there (invariant 3);
     # never a standby or warm-up where another member of the same process runs or owns it
     # (invariant 6: it is the same state directory)
-    held_by: dict[TaskId, set[str]] = {}
+    held_by: dict[TaskKey, set[str]] = {}
     for m, ts in placement.active.items():
         for t in ts:
             held_by.setdefault(t, set()).add(m)
@@ -298,7 +299,7 @@ def assign_fleet(rules: FleetRules, subs: Mapping[str, Subscription],
     for t, tps in rules.partitions_of_task.items():
         held_by.setdefault(t, set()).update(owner_of[tp] for tp in tps if tp in owner_of)
 
-    def beside_its_holder(m: str, t: TaskId) -> bool:
+    def beside_its_holder(m: str, t: TaskKey) -> bool:
         return any(h != m and h in subs and subs[h].process == subs[m].process for h in held_by.get(t, ()))
 
     standby = {m: sorted(t for t in set(placement.standby.get(m, []))

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-TaskId = tuple[int, int]   # (sub-topology, partition)
+TaskKey = tuple[int, int]   # (sub-topology, partition)
 
 RUNNING = -1               # the lag a member reports for a task it runs as active now
 NO_STATE = 1 << 62         # the lag of a task a member holds no state of
@@ -50,18 +50,18 @@ class Placement:
     to it once it caught up). ``probing``: some task waits on a warm-up, so the leader asks for
     another rebalance later."""
 
-    active: dict[str, list[TaskId]] = field(default_factory=dict)
-    standby: dict[str, list[TaskId]] = field(default_factory=dict)
-    warmup: dict[str, list[TaskId]] = field(default_factory=dict)
+    active: dict[str, list[TaskKey]] = field(default_factory=dict)
+    standby: dict[str, list[TaskKey]] = field(default_factory=dict)
+    warmup: dict[str, list[TaskKey]] = field(default_factory=dict)
     probing: bool = False
 
-    def owner(self) -> dict[TaskId, str]:
+    def owner(self) -> dict[TaskKey, str]:
         """``task -> member`` running it."""
         return {t: m for m, ts in self.active.items() for t in ts}
 
 
-def place(tasks: Iterable[TaskId], lags: Mapping[str, Mapping[TaskId, int]], *,
-          stateful: Iterable[TaskId] = (), num_standbys: int = 0, acceptable_recovery_lag: int = 10_000,
+def place(tasks: Iterable[TaskKey], lags: Mapping[str, Mapping[TaskKey, int]], *,
+          stateful: Iterable[TaskKey] = (), num_standbys: int = 0, acceptable_recovery_lag: int = 10_000,
           max_warmups: int = 2, process: Mapping[str, str] | None = None) -> Placement:
     """The placement of ``tasks`` over the members of ``lags`` (``member -> {task: lag}``; a
     task missing from a member's map: no state there). ``stateful``: the tasks with stores (only
@@ -78,13 +78,13 @@ def place(tasks: Iterable[TaskId], lags: Mapping[str, Mapping[TaskId, int]], *,
         return result
     stateful_set = set(stateful)
 
-    def lag(m: str, t: TaskId) -> int:
+    def lag(m: str, t: TaskKey) -> int:
         v = lags[m].get(t)
         if v is None or t not in stateful_set and v != RUNNING:
             return NO_STATE
         return v
 
-    def caught_up(m: str, t: TaskId) -> bool:
+    def caught_up(m: str, t: TaskKey) -> bool:
         v = lag(m, t)
         return v == RUNNING or v <= acceptable_recovery_lag
 
@@ -95,7 +95,7 @@ def place(tasks: Iterable[TaskId], lags: Mapping[str, Mapping[TaskId, int]], *,
     load = {m: 0 for m in members}
     for m in active.values():
         load[m] += 1
-    intended: dict[TaskId, str] = {}
+    intended: dict[TaskKey, str] = {}
     for t in sorted(stateful_set & set(active)):
         dest = active[t]
         if caught_up(dest, t):
@@ -146,16 +146,16 @@ def place(tasks: Iterable[TaskId], lags: Mapping[str, Mapping[TaskId, int]], *,
     return result
 
 
-def _balanced_target(tasks: list[TaskId], members: list[str], lag: Callable[[str, TaskId], int],
-                     caught_up: Callable[[str, TaskId], bool], stateful: set[TaskId]) -> dict[TaskId, str]:
+def _balanced_target(tasks: list[TaskKey], members: list[str], lag: Callable[[str, TaskKey], int],
+                     caught_up: Callable[[str, TaskKey], bool], stateful: set[TaskKey]) -> dict[TaskKey, str]:
     """Rules 2 and 3: per sub-topology, every member gets its quota (the remainder to the members
     with the fewest tasks so far); a member keeps the tasks it runs up to its quota, the others go
     to the members with room whose state is closest."""
-    by_sub: dict[int, list[TaskId]] = {}
+    by_sub: dict[int, list[TaskKey]] = {}
     for t in tasks:
         by_sub.setdefault(t[0], []).append(t)
     total = {m: 0 for m in members}
-    owner: dict[TaskId, str] = {}
+    owner: dict[TaskKey, str] = {}
     for sub in sorted(by_sub):
         ts = by_sub[sub]
         base, extra = divmod(len(ts), len(members))

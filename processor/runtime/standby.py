@@ -36,6 +36,7 @@ from collections.abc import Generator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from processor.engine.task_id import TaskId
 from processor.runtime.changelog import (
     RestoreInterrupted,
     RestoreTarget,
@@ -44,7 +45,7 @@ from processor.runtime.changelog import (
     restore_target,
 )
 from processor.state.rocksdb import RocksDBDatabase
-from processor.state.task_owner import claim_task_dir, owner_of
+from processor.state.state_directory import StateDirectory
 
 if TYPE_CHECKING:
     from processor.topology.core import Topology
@@ -63,6 +64,7 @@ class StandbyTasks:
                  interval_s: float = 1.0, retry_s: float = RETRY_S) -> None:
         self.topology = topology
         self.state_dir = Path(state_dir)
+        self.state_directory = StateDirectory(self.state_dir, topology)
         self.consumer_config = consumer_config   # assign() only, never commits (the restore's)
         self.stop = stop
         self.interval_s = interval_s
@@ -100,7 +102,7 @@ class StandbyTasks:
         for key in sorted(added):
             self._open(key)
         self._next_pass_at = 0.0
-        log.info("standby replicas: %s", ", ".join(f"{s}_{p}" for s, p in sorted(self.wanted)) or "none")
+        log.info("standby replicas: %s", ", ".join(str(TaskId(*k)) for k in sorted(self.wanted)) or "none")
 
     def release(self, key: TaskKey) -> None:
         """Stop keeping ``key`` (it becomes an active task here, or goes): its database closes,
@@ -121,10 +123,8 @@ class StandbyTasks:
         self._reasons.pop(key, None)
 
     def _open(self, key: TaskKey) -> None:
-        sub, partition = key
         try:
-            claim_task_dir(self.state_dir / f"task-{sub}_{partition}", owner_of(self.topology, sub, partition))
-            self.dbs[key] = RocksDBDatabase(self.state_dir / f"task-{sub}_{partition}")
+            self.dbs[key] = self.state_directory.open(key)
         except Exception as exc:
             self._put_aside(key, exc)
             return
@@ -260,11 +260,7 @@ class StandbyTasks:
     def offset_sums(self) -> dict[TaskKey, int]:
         """Per standby, the sum of its changelog checkpoint: how far its state reaches (what a
         member reports to the group's leader, which compares it with the other members')."""
-        out = {}
-        for (sub, partition), db in self.dbs.items():
-            changelogs = {(t, partition) for t in self.topology.changelogs_of(sub).values()}
-            out[(sub, partition)] = sum(v for tp, v in db.read_checkpoint().items() if tp in changelogs)
-        return out
+        return {key: self.state_directory.offset_sum(key, db.read_checkpoint()) for key, db in self.dbs.items()}
 
     def _abort_pass(self) -> None:
         if self._pass is not None:

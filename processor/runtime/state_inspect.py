@@ -23,6 +23,7 @@ from pathlib import Path
 
 import rocksdict
 
+from processor.engine.task_id import DIR_GLOB, TaskId
 from processor.errors import ConfigError
 from processor.runtime.state_lock import StateDirLock
 from processor.state import emitted as emitted_codec
@@ -33,7 +34,8 @@ def task_dirs(state_dir, application_id: str) -> list[Path]:
     root = Path(state_dir) / application_id
     if not root.is_dir():
         raise ConfigError(f"no state of application {application_id!r} in {state_dir} (no directory {root})")
-    return sorted(p for p in root.glob("task-*") if p.is_dir() and (p / "CURRENT").exists())
+    return sorted(p for p in root.glob(DIR_GLOB)
+                  if TaskId.of_dirname(p.name) is not None and p.is_dir() and (p / "CURRENT").exists())
 
 
 def _read_only(path: Path):
@@ -48,7 +50,7 @@ def _entries(topology, application_id, state_dir, store=None, task=None):
     """``(task id, column family, spec or None, key bytes, value bytes)`` of every entry: the
     tasks' databases, then the global tables' (``<state-dir>/<app>/global``, task ``global``)."""
     topology = topology.for_application(application_id)
-    dirs = [(d, d.name[len("task-"):], topology.stores) for d in task_dirs(state_dir, application_id)]
+    dirs = [(d, str(TaskId.of_dirname(d.name)), topology.stores) for d in task_dirs(state_dir, application_id)]
     global_dir = Path(state_dir) / application_id / "global"
     if (global_dir / "CURRENT").exists():
         dirs.append((global_dir, "global", topology.global_stores))

@@ -52,7 +52,8 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from processor.engine.task import Task, max_record_bytes_of
-from processor.errors import ChangelogMismatch, StateError
+from processor.engine.task_id import TaskId
+from processor.errors import ChangelogMismatch
 from processor.kafka import clients as kafka
 from processor.runtime import sink_tails
 from processor.runtime.changelog import (
@@ -66,8 +67,7 @@ from processor.runtime.commit_unit import Committer
 from processor.runtime.fetch_gaps import FetchGaps
 from processor.runtime.partition_group import PartitionGroup
 from processor.runtime.worker_metrics import WorkerMetrics, add_counters
-from processor.state.rocksdb import RocksDBDatabase
-from processor.state.task_owner import claim_task_dir, owner_of
+from processor.state.state_directory import StateDirectory
 
 if TYPE_CHECKING:
     from processor.engine.routing import Routing
@@ -108,6 +108,7 @@ class TaskManager:
         self.application_id = application_id
         self.bootstrap_servers = bootstrap_servers
         self.state_dir = state_dir
+        self.state_directory = StateDirectory(state_dir, topology)
         self.isolation_level = isolation_level
         self.on_error = on_error
         self.dlq_topic = dlq_topic
@@ -165,7 +166,7 @@ class TaskManager:
         """The worker runs: the topology as partitioned at start-up, and the clients tasks use;
         ``dead_letter_max_bytes``: the dead-letter topic's own limit (None: the producer's)."""
         self.dead_letter_max_bytes = dead_letter_max_bytes
-        self.topology = topology
+        self.topology = self.state_directory.topology = topology
         self.routing = routing
         self.parts = parts
         self.table_sinks = table_sinks
@@ -226,42 +227,15 @@ class TaskManager:
         topology = self.topology
         try:
             for sub, partition in keys:
-                path = self.state_dir / f"task-{sub}_{partition}"
-                claim_task_dir(path, owner_of(topology, sub, partition))   # another writer's: rebuilt
-                db = self._open_db(path)
+                # (another writer's directory is put aside: rebuilt; one this process still has open,
+                # another worker's task not closed yet, is waited for)
+                db = self.state_directory.open((sub, partition), DB_LOCK_WAIT_S, self.stop)
                 targets.append(restore_target(topology, db, sub, partition))
         except BaseException:
             for t in targets:
                 t.db.close()
             raise
         return targets
-
-    def _open_db(self, path: Path) -> RocksDBDatabase:
-        """The task's database. RocksDB refuses a database this process has open already: several
-        workers in one process (threads sharing a state directory, as Kafka Streams' stream threads
-        do) hand a task over while its old owner has not closed it yet (it does, in its own main
-        loop, when the group takes the task from it: a revocation, or a session lost under load).
-        That refusal is waited out (``DB_LOCK_WAIT_S``), as Kafka Streams retries a task directory's
-        lock; any other failure, or a lock still held then, fails as before."""
-        deadline = time.monotonic() + DB_LOCK_WAIT_S
-        waited = False
-        while True:
-            try:
-                db = RocksDBDatabase(path)
-            except StateError as exc:
-                if "lock hold by current process" not in str(exc) or time.monotonic() >= deadline \
-                        or self.stop.is_set():
-                    raise
-                if not waited:
-                    waited = True
-                    log.info("task database %s is still open in this process (another worker's task): "
-                             "waiting up to %.0f s for it to close", path, DB_LOCK_WAIT_S)
-                time.sleep(0.05)
-                continue
-            if waited:
-                log.info("task database %s opened after waiting %.1f s", path,
-                         DB_LOCK_WAIT_S - (deadline - time.monotonic()))
-            return db
 
     def _discard_targets(self, keys: list[TaskKey], targets: list[RestoreTarget]) -> None:
         for key, t in zip(keys, targets, strict=False):
@@ -347,7 +321,7 @@ class TaskManager:
             consumer.pause(waiting)
         added = {(tp.topic, tp.partition): "restoring" if tp in waiting else str(tp.offset) for tp in partitions}
         log.info("assigned %s%s", self.describe_assignment(added),
-                 f"; restoring task(s) {', '.join(f'{a}_{b}' for a, b in new)} first" if new else "")
+                 f"; restoring task(s) {', '.join(str(TaskId(*k)) for k in new)} first" if new else "")
 
     def handle_revocation(self, revoked: list[TopicPart], *, commit: bool = True) -> None:
         """The revoked tasks move to another worker: their restorations stop, their deferred
@@ -598,6 +572,11 @@ class TaskManager:
                 self.resumed.add(tp)   # records fetched before the seek must not reach the task
                 self.at_eof.discard(tp)   # read again from there
         self.resumed_at = time.monotonic()
+
+    def offset_sums(self) -> dict[TaskKey, int]:
+        """The changelog offset sum of every open task (its writer's ends): how far its state
+        reaches, for the fleet's report."""
+        return {key: sum(writer.ends.values()) for key, writer in self.writers.items()}
 
     def retire_metrics(self, task: Task) -> None:
         """Keep a closing task's counters (summed into its id's entry)."""

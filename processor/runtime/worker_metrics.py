@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from processor.engine.task_id import TaskId
+
 if TYPE_CHECKING:
     from processor.engine.task import Task
     from processor.runtime.standby import StandbyTasks
@@ -153,7 +155,7 @@ class WorkerMetrics:
             "restore_rate": restored / max(now - started, 1e-3) if started is not None else 0.0,
             "assigned": len(worker.tasks),
             "ready": worker.ready(),
-            "standby": {f"{s}_{p}": lag for (s, p), lag in sorted(standby.lags().items())}
+            "standby": {str(TaskId(*k)): lag for k, lag in sorted(standby.lags().items())}
             if (standby := worker.standby_tasks) is not None else {},
             "standby_tasks": 0 if standby is None else len(standby.dbs),
         }

@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from processor.engine.task_id import TaskId
+
 if TYPE_CHECKING:
     from processor.topology.core import Topology
 
@@ -84,7 +86,7 @@ def owner_of(topology: Topology, sub: int, partition: int) -> TaskOwner | None:
     application: nothing to record)."""
     if topology.application_id is None:
         return None
-    return TaskOwner(topology.application_id, f"{sub}_{partition}", tuple(sorted(topology.source_topics(sub))),
+    return TaskOwner(topology.application_id, str(TaskId(sub, partition)), tuple(sorted(topology.source_topics(sub))),
                      tuple(sorted(s.name for s in topology.stores_of(sub))))
 
 

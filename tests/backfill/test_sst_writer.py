@@ -14,9 +14,9 @@ from backfill.sst import (
     build_task_database,
     install_task_databases,
     new_build_root,
-    task_dir_name,
     write_sst,
 )
+from processor.engine.task_id import TaskId
 from processor.errors import ConfigError, StateDirLocked
 from processor.state.rocksdb import FORMAT_VERSION, RocksDBDatabase
 from processor.state.store import TASK_STORE
@@ -48,7 +48,7 @@ def read_all(db: RocksDBDatabase, names) -> dict[str, list[tuple[bytes, bytes]]]
 
 def build_and_install(state_dir, cfs, checkpoint=CHECKPOINT, app="app", task=(0, 3), force=False):
     root = new_build_root(state_dir, app)
-    build_task_database(root / task_dir_name(*task), {n: iter(e) for n, e in cfs.items()}, checkpoint)
+    build_task_database(root / TaskId(*task).dirname, {n: iter(e) for n, e in cfs.items()}, checkpoint)
     return install_task_databases(root, state_dir, app, force=force)
 
 

@@ -1,6 +1,7 @@
 """A task database another worker of this process still has open (workers in threads sharing a
 state directory: the task moved, its old owner closes it in its own main loop) is waited for
-(``TaskManager._open_db``, up to ``DB_LOCK_WAIT_S``), not a fatal error; other failures are not."""
+(``StateDirectory.open``, up to the task manager's ``DB_LOCK_WAIT_S``), not a fatal error; other
+failures are not."""
 
 from __future__ import annotations
 
@@ -23,13 +24,18 @@ def _manager(state, stop=None) -> TaskManager:
                        stop=stop or threading.Event())
 
 
+def _open(tm: TaskManager) -> RocksDBDatabase:
+    """Task 0_1's database, opened as the task manager opens an active task's."""
+    return tm.state_directory.open((0, 1), tm_module.DB_LOCK_WAIT_S, tm.stop)
+
+
 def test_a_database_still_open_in_this_process_is_waited_for(tmp_path):
     path = tmp_path / "orders" / "task-0_1"
     held = RocksDBDatabase(path)   # the old owner's
     closer = threading.Timer(0.5, held.close)
     closer.start()
     t0 = time.monotonic()
-    db = _manager(tmp_path / "orders")._open_db(path)
+    db = _open(_manager(tmp_path / "orders"))
     try:
         assert 0.4 < time.monotonic() - t0 < 10
     finally:
@@ -43,6 +49,6 @@ def test_a_lock_held_past_the_wait_fails(tmp_path, monkeypatch):
     held = RocksDBDatabase(path)
     try:
         with pytest.raises(StateError, match="lock hold by current process"):
-            _manager(tmp_path / "orders")._open_db(path)
+            _open(_manager(tmp_path / "orders"))
     finally:
         held.close()

@@ -11,17 +11,16 @@ import json
 import logging
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from processor import StreamsBuilder
-from processor.runtime.fleet import local_offset_sums
 from processor.runtime.standby import StandbyTasks
 from processor.runtime.task_manager import TaskManager
 from processor.serde import Serdes
 from processor.state import task_owner
 from processor.state.rocksdb import RocksDBDatabase
+from processor.state.state_directory import StateDirectory
 from processor.state.task_owner import MARKER, TaskOwner, claim_task_dir, owner_of
 
 
@@ -175,7 +174,7 @@ def test_every_opener_checks(tmp_path, caplog):
         claim_task_dir(path, foreign if p == 0 else owner_of(APP, 0, p))
         fill(path, {b"a": b"1"}, {("orders-counts-changelog", p): 5, ("events", p): 9})
     # the offset sums a member reports: task 0_0's directory is another application's
-    sums = local_offset_sums(state, SimpleNamespace(topology=APP), {(0, 0), (0, 1), (0, 2)})
+    sums = StateDirectory(state, APP).offset_sums({(0, 0), (0, 1), (0, 2)})
     assert sums == {(0, 1): 5, (0, 2): 5}
     assert len(warnings_of(caplog)) == 1
     # a standby replica
