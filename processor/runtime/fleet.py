@@ -34,15 +34,10 @@ from typing import TYPE_CHECKING, Protocol
 from processor.engine.task_id import TaskId
 from processor.errors import CopiedStateDir
 from processor.runtime.changelog import RestoreInterrupted
-from processor.runtime.membership import (
-    Assignment,
-    FleetListener,
-    FleetMembership,
-    FleetRules,
-    Subscription,
-    kafka_python_settings,
-    live_claims,
-)
+from processor.runtime.fleet_assignor import FleetRules
+from processor.runtime.fleet_codecs import Assignment, Subscription
+from processor.runtime.membership import FleetListener, FleetMembership, live_claims
+from processor.runtime.membership_settings import kafka_python_settings
 from processor.runtime.standby import StandbyTasks
 from processor.runtime.worker_identity import copied_state_dir_message, is_gone, on_this_host, process_instance
 
@@ -116,7 +111,7 @@ def fleet_rules(worker: FleetHost) -> FleetRules:
 
 
 def refuse_a_copy(worker: FleetHost, session_timeout_s: float) -> None:
-    """At start-up, before anything fences anything (membership invariant 7): stop with one line
+    """At start-up, before anything fences anything (fleet_assignor.py invariant 5): stop with one line
     (``CopiedStateDir``) when a live member of the group, another process, claims this worker's
     id. A member whose process is gone (this host, its pid not running the process that
     reported, or this very pid: a restarted container) is a dead member the group has not
@@ -179,7 +174,7 @@ class WorkerFleet(FleetListener):
         instance, claimed_at = process_instance()
         self._report = Subscription(server=worker.config.application_server, process=worker.worker_id,
                                     instance=instance, claimed_at=claimed_at)
-        # refused as a copy by the leader (membership invariant 7): by whom, and since when
+        # refused as a copy by the leader (fleet_assignor.py invariant 5): by whom, and since when
         self.claimed_by: tuple[str, int | None] | None = None
         self._refused_since: float | None = None
         self._session_timeout_s = int(worker.consumer_config.get("session.timeout.ms", 10_000)) / 1000

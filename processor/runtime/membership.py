@@ -1,65 +1,31 @@
-"""Fleet membership (issue 36, step 2): the codecs and the leader's computation (pure part).
+"""The fleet's group membership client: the group protocol through kafka-python.
 
-The group protocol runs through kafka-python with our assignor (protocol ``processor-fleet``);
-this module holds what that assignor exchanges and computes, independent of any broker.
+confluent-kafka offers only librdkafka's built-in assignors, which carry no user data
+(docs/fleet.md "Why the group protocol runs through kafka-python"), so the group protocol
+(``processor-fleet``, cooperative, KIP-429) runs through kafka-python's group client, with
+``FleetAssignor`` as its assignor hook: the leader's computation is
+``processor/runtime/fleet_assignor.py``, what it exchanges ``processor/runtime/fleet_codecs.py``,
+the settings ``processor/runtime/membership_settings.py``. Every use of kafka-python's private
+attributes (its coordinator, its network client's loop) is confined to this file.
 
-Invariants:
-
-1. **Versioned user data.** Subscription and assignment user data start with a version byte
-   (``1``); any other version is refused with a ``ValueError`` naming it.
-2. **Lags from reported sums.** A member's lag for a task = the highest changelog offset sum any
-   member reported for it (the running owner's included) minus its own (all of it when it
-   reports none: a task small enough moves at once, KIP-441); ``RUNNING`` stays ``RUNNING``; a
-   task nobody reports a sum for is absent (no state anywhere).
-3. **Two-phase moves (KIP-429).** A task whose partitions another member reported in
-   ``owned_partitions`` this round is not given to its new member in this generation: it stays
-   unassigned, its owner revokes it, and the follow-up rebalance gives it over. Meanwhile, where
-   its new member holds a copy of its state (a warm-up that caught up, a standby), the task is a
-   standby there: the copy stays open and follows the owner's last commits, so the next round
-   finds it current and moves the task, rather than finding it closed a round's processing
-   behind (beyond ``acceptable_recovery_lag`` on a busy task) and sending the task back to a new
-   warm-up.
-
-4. **The protocol's partitions follow the tasks.** A member's assignment names, as Kafka
-   partitions, exactly the source partitions of the active tasks it is given; standbys, warm-ups
-   and the fleet's map travel only in the user data.
-5. **The owner's state, on the owner's thread.** ``FleetMembership`` runs kafka-python's group
-   client (a ``KafkaConsumer`` whose partitions are always paused: it never fetches) on a thread
-   of its own; its rebalance callbacks are run by the owner (``serve``, the worker's main loop
-   between two batches) while the group client's callback, a coroutine on its IO loop, waits
-   (heartbeats go on meanwhile), so a revocation or an assignment never lands during a batch.
-   Offsets committed through it carry its generation, and the group fences a stale one. (The
-   group client is polled continuously: kafka-python 3.0.12 forgets a join that completed
-   between two polls with a zero timeout and joins again, forever.)
-6. **One process, one state directory.** Members reporting the same ``process`` (workers in
-   threads of one process, sharing its state directory, as the stream threads of one Kafka
-   Streams instance) are each as current as the most current of them for every task, and no
-   member keeps a standby or warm-up of a task another member of its process runs or owns:
-   it would be the same database (Kafka Streams places standbys per client, not per thread).
-
-7. **One live process per worker id.** Members reporting one ``process`` (worker id) but
-   different ``instance``s are live processes sharing a copied state directory: the leader keeps
-   the instance that claimed the id first and gives every other one nothing but ``claimed_by``;
-   the refused member stops (``CopiedStateDir``) once the refusal outlasts a session timeout
-   (``WorkerFleet``: the claimant may be a dead member the group has not expired yet); the
-   others are placed as if it were not there.
-
-``FleetAssignor`` is the assignor (protocol ``processor-fleet``, cooperative, KIP-429): the
-leader decodes every member's subscription, computes the lags, places the tasks
-(``placement.place``), withholds what another member still owns, and answers each member with
-its tasks and the fleet's map.
+Invariant (the owner's state, on the owner's thread): ``FleetMembership`` runs kafka-python's
+group client (a ``KafkaConsumer`` whose partitions are always paused: it never fetches) on a
+thread of its own; its rebalance callbacks are run by the owner (``serve``, the worker's main
+loop between two batches) while the group client's callback, a coroutine on its IO loop, waits
+(heartbeats go on meanwhile), so a revocation or an assignment never lands during a batch.
+Offsets committed through it carry its generation, and the group fences a stale one. (The group
+client is polled continuously: kafka-python 3.0.12 forgets a join that completed between two
+polls with a zero timeout and joins again, forever.)
 """
+
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import KafkaConsumer
@@ -71,246 +37,21 @@ from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, Consume
 from kafka.structs import OffsetAndMetadata
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
-from processor.engine.task_id import TaskId
-from processor.runtime.placement import RUNNING, Placement, TaskKey, place
+from processor.runtime.fleet_assignor import FleetRules, assign_fleet
+from processor.runtime.fleet_codecs import (
+    PROTOCOL,
+    Assignment,
+    Subscription,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
+    group_metadata_bytes,
+)
 
 log = logging.getLogger("processor.membership")
 
-PROTOCOL = "processor-fleet"
 TopicPart = tuple[str, int]
-
-VERSION = 1
-
-
-def _task_key(t: TaskKey) -> str:
-    return str(TaskId(*t))
-
-
-def _task_of(key: str) -> TaskKey:
-    sub, partition = TaskId.parse(key)
-    return sub, partition   # (a plain pair, as the rest of the runtime's keys)
-
-
-def _check_version(data: bytes, what: str) -> bytes:
-    if not data:
-        raise ValueError(f"{what} user data is empty (expected version byte {VERSION})")
-    if data[0] != VERSION:
-        raise ValueError(f"{what} user data has version {data[0]}, this worker reads only version {VERSION}")
-    return data[1:]
-
-
-@dataclass
-class Subscription:
-    """What a member reports.
-
-    Layout: ``[version u8 = 1][UTF-8 JSON {"server": "host:port"|null, "process": str,
-    "sums": {"<sub>_<partition>": int}, "running": ["<sub>_<partition>", ...],
-    "instance": str, "claimed_at": int}]``. ``process``: the worker id of its state directory;
-    ``sums``: changelog offset sum of the local state per task (where known); ``running``: the
-    tasks it runs as active now (their lag is ``RUNNING``); ``instance`` and ``claimed_at`` (ms):
-    the live process claiming the worker id and since when (``worker_identity.py``; optional:
-    absent from a worker of an older build, which then is never refused as a copy)."""
-
-    server: str | None
-    process: str
-    sums: dict[TaskKey, int] = field(default_factory=dict)
-    running: list[TaskKey] = field(default_factory=list)
-    instance: str | None = None
-    claimed_at: int | None = None
-
-
-def encode_subscription(s: Subscription) -> bytes:
-    body: dict[str, Any] = {"server": s.server, "process": s.process,
-                            "sums": {_task_key(t): v for t, v in sorted(s.sums.items())},
-                            "running": [_task_key(t) for t in sorted(s.running)]}
-    if s.instance is not None:
-        body["instance"], body["claimed_at"] = s.instance, s.claimed_at
-    return bytes([VERSION]) + json.dumps(body, separators=(",", ":")).encode()
-
-
-def decode_subscription(data: bytes) -> Subscription:
-    body = json.loads(_check_version(data, "subscription"))
-    return Subscription(server=body["server"], process=body["process"],
-                        sums={_task_of(k): int(v) for k, v in body["sums"].items()},
-                        running=[_task_of(k) for k in body["running"]],
-                        instance=body.get("instance"), claimed_at=body.get("claimed_at"))
-
-
-def copies_of(subs: Mapping[str, Subscription]) -> dict[str, Subscription]:
-    """Members refused as copies (invariant 7): member -> the subscription of the member whose
-    instance keeps the worker id (the one that claimed it first; on a tie the smaller instance)."""
-    first: dict[str, Subscription] = {}
-    for s in subs.values():
-        if s.instance is None:
-            continue
-        kept = first.get(s.process)
-        if kept is None or (s.claimed_at or 0, s.instance) < (kept.claimed_at or 0, kept.instance or ""):
-            first[s.process] = s
-    return {m: first[s.process] for m, s in subs.items()
-            if s.instance is not None and first[s.process].instance != s.instance}
-
-
-@dataclass
-class Assignment:
-    """What the leader tells a member.
-
-    Layout: ``[version u8 = 1][UTF-8 JSON {"active": [...], "standby": [...], "warmup": [...],
-    "probing": bool, "fleet": {"host:port": {"active": [...], "standby": [...]}},
-    "claimed_by": {"instance": str, "claimed_at": int}}]``, tasks as ``"<sub>_<partition>"``.
-    ``fleet``: every member's application server with its tasks, so any worker can answer who
-    holds a key's task. ``claimed_by`` (optional): this member is refused, its worker id being
-    claimed by that live instance first (invariant 7); it gets no task."""
-
-    active: list[TaskKey] = field(default_factory=list)
-    standby: list[TaskKey] = field(default_factory=list)
-    warmup: list[TaskKey] = field(default_factory=list)
-    probing: bool = False
-    fleet: dict[str, dict[str, list[TaskKey]]] = field(default_factory=dict)
-    claimed_by: tuple[str, int | None] | None = None
-
-
-def encode_assignment(a: Assignment) -> bytes:
-    body: dict[str, Any] = {
-        "active": [_task_key(t) for t in a.active], "standby": [_task_key(t) for t in a.standby],
-        "warmup": [_task_key(t) for t in a.warmup], "probing": a.probing,
-        "fleet": {srv: {k: [_task_key(t) for t in v] for k, v in roles.items()}
-                  for srv, roles in sorted(a.fleet.items())}}
-    if a.claimed_by is not None:
-        body["claimed_by"] = {"instance": a.claimed_by[0], "claimed_at": a.claimed_by[1]}
-    return bytes([VERSION]) + json.dumps(body, separators=(",", ":")).encode()
-
-
-def decode_assignment(data: bytes) -> Assignment:
-    body = json.loads(_check_version(data, "assignment"))
-    claimed = body.get("claimed_by")
-    return Assignment(active=[_task_of(k) for k in body["active"]],
-                      standby=[_task_of(k) for k in body["standby"]],
-                      warmup=[_task_of(k) for k in body["warmup"]], probing=bool(body["probing"]),
-                      fleet={srv: {k: [_task_of(x) for x in v] for k, v in roles.items()}
-                             for srv, roles in body["fleet"].items()},
-                      claimed_by=None if claimed is None else (claimed["instance"], claimed.get("claimed_at")))
-
-
-def lags_of(subs: Mapping[str, Subscription]) -> dict[str, dict[TaskKey, int]]:
-    """``member -> {task: lag}`` from the reported offset sums (invariant 2)."""
-    top: dict[TaskKey, int] = {}
-    for s in subs.values():
-        for t, v in s.sums.items():
-            top[t] = max(top.get(t, v), v)
-    out: dict[str, dict[TaskKey, int]] = {}
-    for m, s in subs.items():
-        # no state of a task: behind by all of it (a small task moves at once, as in KIP-441)
-        lag = dict(top)
-        lag.update({t: top[t] - v for t, v in s.sums.items()})
-        for t in s.running:
-            lag[t] = RUNNING
-        out[m] = lag
-    # members of one process share its state directory (workers in threads, as the stream threads
-    # of one Kafka Streams instance): each is as current as the most current of them (invariant 6)
-    by_process: dict[str, list[str]] = {}
-    for m, s in subs.items():
-        by_process.setdefault(s.process, []).append(m)
-    for members in by_process.values():
-        if len(members) < 2:
-            continue
-        for m in members:
-            for other in members:
-                if other == m:
-                    continue
-                for t, v in out[other].items():
-                    shared = 0 if v == RUNNING else v
-                    mine = out[m].get(t)
-                    if mine is None or mine != RUNNING and shared < mine:
-                        out[m][t] = shared
-    return out
-
-
-def withhold_moving(active: Mapping[str, list[TaskKey]], owned: Mapping[str, Iterable[tuple[str, int]]],
-                    partitions_of_task: Mapping[TaskKey, Iterable[tuple[str, int]]]) -> dict[str, list[TaskKey]]:
-    """The active tasks each member gets this generation (invariant 3): a task with a partition
-    another member reported owning is withheld."""
-    owner_of = {tp: m for m, tps in owned.items() for tp in tps}
-    out: dict[str, list[TaskKey]] = {}
-    for m, ts in active.items():
-        out[m] = [t for t in ts if all(owner_of.get(tp, m) == m for tp in partitions_of_task.get(t, ()))]
-    return out
-
-
-def group_metadata_bytes(group: str, generation: int, member_id: str, group_instance_id: str | None = None) -> bytes:
-    """librdkafka's serialized consumer group metadata (rd_kafka_consumer_group_metadata_write):
-    ``b"CGMDv2:"``, native int32 generation, NUL-terminated group id, NUL-terminated member id,
-    then ``0x01`` (no group instance id) or ``0x00`` and the NUL-terminated group instance id (a
-    static member: Kafka checks a transactional offset commit's instance id against the group's,
-    and fences a replaced one). Internal format: tests compare it with confluent-kafka's own, for
-    (-1, "") and for a static member that joined a group."""
-    head = b"CGMDv2:" + struct.pack("=i", generation) + group.encode() + b"\0" + member_id.encode() + b"\0"
-    if group_instance_id is None:
-        return head + b"\x01"
-    return head + b"\x00" + group_instance_id.encode() + b"\0"
-
-
-# -- the assignor and the membership client (kafka-python) ---------------------------------------
-
-@dataclass
-class FleetRules:
-    """What the leader needs besides the members' reports: every task with its source
-    partitions, which tasks have state, and the placement settings."""
-
-    partitions_of_task: dict[TaskKey, list[TopicPart]]
-    stateful: set[TaskKey]
-    num_standbys: int = 0
-    acceptable_recovery_lag: int = 10_000
-    max_warmups: int = 2
-
-
-def assign_fleet(rules: FleetRules, subs: Mapping[str, Subscription],
-                 owned: Mapping[str, Iterable[TopicPart]]) -> dict[str, Assignment]:
-    """The leader's whole computation (pure): member id -> its assignment (invariants 2-4, 7)."""
-    refused = copies_of(subs)
-    if refused:
-        kept = assign_fleet(rules, {m: s for m, s in subs.items() if m not in refused},
-                            {m: tps for m, tps in owned.items() if m not in refused})
-        others = next(iter(kept.values())).fleet if kept else {}
-        for m, first in refused.items():
-            kept[m] = Assignment(fleet=others, claimed_by=(first.instance or "", first.claimed_at))
-        return kept
-    placement: Placement = place(sorted(rules.partitions_of_task), lags_of(subs), stateful=rules.stateful,
-                                 num_standbys=rules.num_standbys,
-                                 acceptable_recovery_lag=rules.acceptable_recovery_lag,
-                                 max_warmups=rules.max_warmups,
-                                 process={m: s.process for m, s in subs.items()})
-    active = withhold_moving(placement.active, owned, rules.partitions_of_task)
-    withheld = sum(len(placement.active[m]) - len(active[m]) for m in active)
-    fleet: dict[str, dict[str, list[TaskKey]]] = {}
-    for m, s in subs.items():
-        if s.server:
-            # the map names the owner the placement wants: a task withheld for one round is
-            # still run by its previous owner, which answers for it until it revokes
-            fleet[s.server] = {"active": sorted(placement.active.get(m, [])),
-                               "standby": sorted(set(placement.standby.get(m, [])) - set(placement.warmup.get(m, [])))}
-    # a task withheld for a round stays a standby where it goes, if a copy is there (invariant 3);
-    # never a standby or warm-up where another member of the same process runs or owns it
-    # (invariant 6: it is the same state directory)
-    held_by: dict[TaskKey, set[str]] = {}
-    for m, ts in placement.active.items():
-        for t in ts:
-            held_by.setdefault(t, set()).add(m)
-    owner_of = {tp: m for m, tps in owned.items() for tp in tps}
-    for t, tps in rules.partitions_of_task.items():
-        held_by.setdefault(t, set()).update(owner_of[tp] for tp in tps if tp in owner_of)
-
-    def beside_its_holder(m: str, t: TaskKey) -> bool:
-        return any(h != m and h in subs and subs[h].process == subs[m].process for h in held_by.get(t, ()))
-
-    standby = {m: sorted(t for t in set(placement.standby.get(m, []))
-                         | (set(placement.active.get(m, [])) - set(active[m])) & rules.stateful & set(s.sums)
-                         if not beside_its_holder(m, t))
-               for m, s in subs.items()}
-    warmup = {m: [t for t in placement.warmup.get(m, []) if t in standby[m]] for m in subs}
-    return {m: Assignment(active=sorted(active.get(m, [])), standby=standby[m],
-                          warmup=sorted(warmup[m]),
-                          probing=placement.probing or withheld > 0, fleet=fleet)
-            for m in subs}
 
 
 class FleetListener:
@@ -746,51 +487,3 @@ class FleetMembership:
             self.consumer.close(autocommit=False, timeout_ms=int(timeout_s * 1000))
         finally:
             log.debug("left group %s in %.2f s", self.group, time.monotonic() - started)
-
-
-# librdkafka setting -> kafka-python's: the user's client settings reach the membership client too
-_KAFKA_PYTHON_SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "security.protocol": ("security_protocol", str.upper),
-    "ssl.ca.location": ("ssl_cafile", str),
-    "ssl.certificate.location": ("ssl_certfile", str),
-    "ssl.key.location": ("ssl_keyfile", str),
-    "ssl.key.password": ("ssl_password", str),
-    "sasl.mechanism": ("sasl_mechanism", str.upper),
-    "sasl.mechanisms": ("sasl_mechanism", str.upper),
-    "sasl.username": ("sasl_plain_username", str),
-    "sasl.password": ("sasl_plain_password", str),
-    "client.id": ("client_id", str),
-    "session.timeout.ms": ("session_timeout_ms", int),
-    "heartbeat.interval.ms": ("heartbeat_interval_ms", int),
-    "max.poll.interval.ms": ("max_poll_interval_ms", int),
-    "group.instance.id": ("group_instance_id", str),
-    "request.timeout.ms": ("request_timeout_ms", int),
-    "reconnect.backoff.ms": ("reconnect_backoff_ms", int),
-    "reconnect.backoff.max.ms": ("reconnect_backoff_max_ms", int),
-    "retry.backoff.ms": ("retry_backoff_ms", int),
-    "metadata.max.age.ms": ("metadata_max_age_ms", int),
-    "enable.ssl.certificate.verification": ("ssl_check_hostname", lambda v: str(v).lower() == "true"),
-}
-# librdkafka settings with no bearing on group membership (or handled by the data clients only)
-_NOT_FOR_MEMBERSHIP = ("bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset",
-                       "isolation.level", "enable.partition.eof", "fetch.", "queued.", "socket.",
-                       "statistics.", "debug", "log", "partition.assignment.strategy", "api.version",
-                       "broker.version", "topic.metadata", "client.dns.lookup", "enable.auto.offset.store",
-                       "check.crcs", "error_cb", "logger", "on_commit", "stats_cb", "throttle_cb")
-
-
-def kafka_python_settings(conf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The consumer settings (librdkafka's names) as kafka-python options, and the names of
-    settings that matter to a connection but kafka-python cannot take (to be named in a log
-    line, never dropped silently)."""
-    out: dict[str, Any] = {}
-    unsupported = []
-    for k, v in conf.items():
-        if k in _KAFKA_PYTHON_SETTINGS:
-            name, convert = _KAFKA_PYTHON_SETTINGS[k]
-            out[name] = convert(v)
-        elif not any(k == p or (p.endswith(".") and k.startswith(p)) for p in _NOT_FOR_MEMBERSHIP):
-            unsupported.append(k)
-    if out.get("security_protocol", "PLAINTEXT") in ("SSL", "SASL_SSL") and "ssl_cafile" in out:
-        out.setdefault("ssl_check_hostname", True)
-    return out, sorted(unsupported)

@@ -15,14 +15,9 @@ import time
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
 from processor.kafka import clients as kafka
-from processor.runtime.membership import (
-    Assignment,
-    FleetListener,
-    FleetMembership,
-    FleetRules,
-    Subscription,
-    group_coordinator,
-)
+from processor.runtime.fleet_assignor import FleetRules
+from processor.runtime.fleet_codecs import Assignment, Subscription
+from processor.runtime.membership import FleetListener, FleetMembership, group_coordinator
 from tests.integration.helpers import wait_for
 
 TOPICS = ("a", "b")       # two sub-topologies of 4 partitions each: 8 tasks

@@ -99,7 +99,7 @@ def test_a_static_members_transactional_commits_carry_its_instance_id(apache_kaf
     (Kafka checks a transactional offset commit's instance id against the group's)."""
     from confluent_kafka import Consumer
 
-    from processor.runtime.membership import group_metadata_bytes
+    from processor.runtime.fleet_codecs import group_metadata_bytes
 
     kafka_bootstrap = apache_kafka_bootstrap   # (Apache Kafka's static members, whatever the run's broker)
     topic, group, instance = f"static-meta-{unique}", f"static-meta-{unique}", f"inst-{unique}"

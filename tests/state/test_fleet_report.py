@@ -13,7 +13,8 @@ import time
 from types import SimpleNamespace
 
 from processor.runtime.fleet import WorkerFleet
-from processor.runtime.membership import Assignment, FleetRules, Subscription
+from processor.runtime.fleet_assignor import FleetRules
+from processor.runtime.fleet_codecs import Assignment, Subscription
 from processor.runtime.standby import StandbyTasks
 from tests.state.test_task_owner import APP, fill
 
@@ -21,7 +22,7 @@ from tests.state.test_task_owner import APP, fill
 def _fleet(state) -> WorkerFleet:
     """A ``WorkerFleet`` without its group client: the report and the standbys only."""
     fleet = WorkerFleet.__new__(WorkerFleet)
-    fleet.worker = SimpleNamespace(task_manager=SimpleNamespace(tasks={}, restoring=[], writers={}), fleet_map={})
+    fleet.worker = SimpleNamespace(task_manager=SimpleNamespace(tasks={}, restoring=[], offset_sums=dict), fleet_map={})
     fleet.rules = FleetRules(partitions_of_task={(0, p): [("events", p)] for p in range(3)},
                              stateful={(0, p) for p in range(3)})
     fleet.standby = StandbyTasks(APP, state, {}, threading.Event())

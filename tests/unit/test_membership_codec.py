@@ -1,14 +1,13 @@
 import pytest
 
-from processor.runtime.membership import (
+from processor.runtime.fleet_assignor import lags_of, withhold_moving
+from processor.runtime.fleet_codecs import (
     Assignment,
     Subscription,
     decode_assignment,
     decode_subscription,
     encode_assignment,
     encode_subscription,
-    lags_of,
-    withhold_moving,
 )
 from processor.runtime.placement import RUNNING
 
@@ -49,7 +48,7 @@ def test_two_phase_withholds_owned_elsewhere():
 
 
 def test_assign_fleet_partitions_follow_tasks_and_a_move_waits_a_round():
-    from processor.runtime.membership import FleetRules, assign_fleet
+    from processor.runtime.fleet_assignor import FleetRules, assign_fleet
 
     rules = FleetRules(partitions_of_task={(0, p): [("a", p), ("b", p)] for p in range(4)}, stateful=set())
     subs = {"m1": Subscription(server="h1:1", process="p1", running=[(0, p) for p in range(4)]),
@@ -73,7 +72,7 @@ def test_assign_fleet_partitions_follow_tasks_and_a_move_waits_a_round():
 def test_group_metadata_bytes_equal_librdkafkas_own():
     from confluent_kafka import Consumer
 
-    from processor.runtime.membership import group_metadata_bytes
+    from processor.runtime.fleet_codecs import group_metadata_bytes
 
     c = Consumer({"bootstrap.servers": "127.0.0.1:9", "group.id": "g-meta"})
     try:
@@ -87,7 +86,7 @@ def test_a_task_withheld_for_a_round_stays_a_standby_where_it_goes():
     but withheld while its owner revokes it; the warm copy stays a standby there for that round
     (so it follows the owner's last commits, and the next round finds it current), and is
     withheld from nobody else's standbys."""
-    from processor.runtime.membership import FleetRules, assign_fleet
+    from processor.runtime.fleet_assignor import FleetRules, assign_fleet
 
     tasks = [(0, p) for p in range(4)]
     rules = FleetRules(partitions_of_task={t: [("s", t[1])] for t in tasks}, stateful=set(tasks))
@@ -111,7 +110,7 @@ def test_members_of_one_process_share_their_state_and_keep_no_standby_beside_eac
     current as the one running every task, so half the tasks move to it without a warm-up, and
     neither keeps a standby of a task the other runs or still owns (the same database); a
     member of another process still gets its standbys."""
-    from processor.runtime.membership import FleetRules, assign_fleet
+    from processor.runtime.fleet_assignor import FleetRules, assign_fleet
 
     tasks = [(0, p) for p in range(4)]
     rules = FleetRules(partitions_of_task={t: [("s", t[1])] for t in tasks}, stateful=set(tasks), num_standbys=1)

@@ -129,7 +129,8 @@ def test_the_copy_check_s_admin_client_logs_no_secret(caplog):
 
     import pytest
 
-    from processor.runtime.membership import kafka_python_settings, live_claims
+    from processor.runtime.membership import live_claims
+    from processor.runtime.membership_settings import kafka_python_settings
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,5 +1,5 @@
 """A worker's identity (processor/runtime/worker_identity.py) and the leader's refusal of a copied
-state directory (membership invariant 7), on real files and the pure assignor."""
+state directory (fleet_assignor.py invariant 5), on real files and the pure assignor."""
 
 import os
 import socket
@@ -9,12 +9,10 @@ import time
 import pytest
 
 from processor.errors import StateDirUnusable
-from processor.runtime.membership import (
+from processor.runtime.fleet_assignor import FleetRules, assign_fleet, copies_of
+from processor.runtime.fleet_codecs import (
     Assignment,
-    FleetRules,
     Subscription,
-    assign_fleet,
-    copies_of,
     decode_assignment,
     decode_subscription,
     encode_assignment,
