@@ -41,6 +41,8 @@ COMPILED_MODULES = (
     "processor.runtime.collector",
     "processor.runtime.dispatch",
     "processor.runtime.changelog",
+    "processor.runtime.changelog_reader",
+    "processor.kafka.read_to_end",
     "processor.records",
     "processor.operators.foreign_key_join",
     "processor.operators.group_by",

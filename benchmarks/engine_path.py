@@ -44,7 +44,8 @@ from confluent_kafka import Producer  # noqa: E402
 import processor  # noqa: E402
 from processor import StreamsBuilder  # noqa: E402
 from processor.engine.task import Task  # noqa: E402
-from processor.runtime.changelog import ChangelogWriter, restore_target  # noqa: E402
+from processor.runtime.changelog import ChangelogWriter  # noqa: E402
+from processor.runtime.changelog_reader import restore_target  # noqa: E402
 from processor.runtime.collector import KafkaCollector  # noqa: E402
 from processor.serde import Serdes  # noqa: E402
 from processor.state.rocksdb import RocksDBDatabase  # noqa: E402

@@ -7,7 +7,7 @@ Builds the state of a 4-partition table of N distinct keys (~80-byte JSON values
 worker, so its store changelog holds N records, then restores it twice into empty state
 directories:
 
-1. ``restore_tasks`` (the restore alone: read every changelog to its end, write RocksDB);
+1. ``ChangelogReader.restore`` (the restore alone: read every changelog to its end, write RocksDB);
 2. a ``Worker`` started on the wiped state directory: the restore as the main loop runs it, in
    steps between polls of the group consumer, with the tasks paused until it is done (time from
    the assignment to the tasks resumed, from the worker's own log line).
@@ -33,7 +33,7 @@ from confluent_kafka import Producer  # noqa: E402
 
 from processor import StreamsBuilder  # noqa: E402
 from processor.kafka import clients as kafka  # noqa: E402
-from processor.runtime.changelog import RestoreTarget, restore_tasks  # noqa: E402
+from processor.runtime.changelog_reader import ChangelogReader, RestoreTarget  # noqa: E402
 from processor.runtime.worker import Worker  # noqa: E402
 from processor.serde import Serdes  # noqa: E402
 from processor.state.rocksdb import RocksDBDatabase  # noqa: E402
@@ -90,7 +90,11 @@ def main():
             targets = [RestoreTarget(RocksDBDatabase(Path(tmp) / "direct" / f"task-0_{p}"), f"0_{p}", p,
                                      bound.changelogs_of(0)) for p in range(PARTS)]
             t0 = time.monotonic()
-            restore_tasks(targets, conf)
+            reader = ChangelogReader(conf)
+            try:
+                reader.restore(targets)
+            finally:
+                reader.close()
             direct_s = time.monotonic() - t0
             direct_n = sum(t.restored for t in targets)
             for t in targets:
@@ -102,7 +106,8 @@ def main():
             w.run(until_drained=True, install_signal_handlers=False)
             loop_s = sum(handler.seconds)
             loop_n = w.restored_records
-        print(f"restore_tasks: {direct_n:,} records in {direct_s:.2f} s = {direct_n / direct_s:,.0f} records/s")
+        print(f"ChangelogReader.restore: {direct_n:,} records in {direct_s:.2f} s = "
+              f"{direct_n / direct_s:,.0f} records/s")
         print(f"worker main-loop restore: {loop_n:,} records in {loop_s:.2f} s = {loop_n / loop_s:,.0f} records/s "
               f"(target >= 200,000)")
 

@@ -20,6 +20,11 @@ transient one (``clients.is_transient``: the broker down or paused, a leader mov
 librdkafka retries (one warning line every few seconds); not finishing within ``timeout_s``
 raises the caller's error naming the partitions still pending.
 The consumer is the caller's to open and close.
+
+``steps()`` is the same read without a time limit, with a None after each fetch: a caller that
+reads in steps between other work (a restore, ``processor/runtime/changelog_reader.py``) keeps
+its own clock, and may lend the consumer to another read meanwhile: ``assign()`` assigns the
+partitions still pending again, each where it is read from next.
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 from processor.kafka import clients as kafka
 
 TopicPartitionKey = tuple[str, int]
-# (topic, partition), the error event's text -> the error to raise
-ReadFailed = Callable[[TopicPartitionKey, str], Exception]
+# (topic, partition), the error event -> the error to raise
+ReadFailed = Callable[[TopicPartitionKey, KafkaError], Exception]
 # the partitions not finished, sorted -> the error to raise
 EndNotReached = Callable[[list[TopicPartitionKey]], Exception]
 # a transient error event is named in the log at most this often
@@ -43,20 +48,33 @@ TRANSIENT_WARN_EVERY_S = 5.0
 
 class PartitionsToEnd:
     """The partitions ``starts`` (``{(topic, partition): start offset}``) of ``consumer``, read to
-    their ends (see the module docstring). Assigns them when made."""
+    their ends (see the module docstring). Assigns them when made. ``exact``: a start of 0 is
+    offset 0, not the beginning (a broker that deleted the records there answers out of range,
+    where ``OFFSET_BEGINNING`` would skip them silently)."""
 
     def __init__(self, consumer: Consumer, starts: Mapping[TopicPartitionKey, int],
-                 ends: Mapping[TopicPartitionKey, int] | None = None) -> None:
+                 ends: Mapping[TopicPartitionKey, int] | None = None, *, exact: bool = False) -> None:
         self.consumer = consumer
         self.ends: Mapping[TopicPartitionKey, int] = ends or {}
+        self.exact = exact
         self.pending: set[TopicPartitionKey] = set(starts)
+        # partition -> where it is read from next: its start, then after each record yielded
+        self.next: dict[TopicPartitionKey, int] = dict(starts)
         # partition -> the offset of its EOF event (the end), for the partitions finished by one
         self.eof: dict[TopicPartitionKey, int] = {}
-        kafka.assign(consumer, [TopicPartition(t, p, off if off > 0 else OFFSET_BEGINNING)
-                                for (t, p), off in starts.items()])
+        self.assign()
         for tp, end in self.ends.items():
             if tp in self.pending and end <= starts[tp]:
                 self.finish(tp)
+
+    def assign(self) -> None:
+        """Assign the partitions still pending, each where it is read from next, and resume them
+        (librdkafka keeps a partition paused across an unassign and a new assign: one an earlier
+        read of the same consumer finished would stay paused)."""
+        tps = [TopicPartition(t, p, off if off > 0 or self.exact else OFFSET_BEGINNING)
+               for (t, p), off in self.next.items() if (t, p) in self.pending]
+        kafka.assign(self.consumer, tps)
+        self.consumer.resume(tps)
 
     def finish(self, tp: TopicPartitionKey) -> None:
         """Read no further in ``tp``."""
@@ -68,12 +86,20 @@ class PartitionsToEnd:
                 batch: int = 1000, wait_s: float = 0.2) -> Iterator[Message]:
         """The records (see the module docstring), fetched ``batch`` at a time, each fetch
         waiting up to ``wait_s`` (``consume`` waits all of it unless the batch fills)."""
-        pending, ends = self.pending, self.ends
         deadline = time.monotonic() + timeout_s
+        for m in self.steps(error=error, batch=batch, wait_s=wait_s):
+            if m is not None:
+                yield m
+            elif self.pending and time.monotonic() > deadline:
+                raise timeout(sorted(self.pending))
+
+    def steps(self, *, error: ReadFailed | None, batch: int = 1000,
+              wait_s: float = 0.2) -> Iterator[Message | None]:
+        """The records, and None after each fetch, until every partition is finished (no time
+        limit: the caller's)."""
+        pending, ends, next_offset = self.pending, self.ends, self.next
         warned = float("-inf")
         while pending:
-            if time.monotonic() > deadline:
-                raise timeout(sorted(pending))
             for m in self.consumer.consume(batch, wait_s):
                 # (confluent_kafka types topic, partition and offset optional: set on these events)
                 tp = cast(TopicPartitionKey, (m.topic(), m.partition()))
@@ -90,15 +116,16 @@ class PartitionsToEnd:
                             kafka.RETRY_LOGGER.warning("reading partitions to their end: %s (transient: "
                                                        "librdkafka retries)", err.str())
                     elif error is not None:
-                        raise error(tp, err.str())
+                        raise error(tp, err)
                     continue
                 if tp not in pending:
                     continue
+                off = cast(int, m.offset())
                 end = ends.get(tp)
-                if end is not None:
-                    off = cast(int, m.offset())
-                    if off >= end - 1:
-                        self.finish(tp)
-                        if off >= end:
-                            continue
+                if end is not None and off >= end - 1:
+                    self.finish(tp)
+                    if off >= end:
+                        continue
+                next_offset[tp] = off + 1
                 yield m
+            yield None

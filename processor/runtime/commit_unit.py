@@ -34,8 +34,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from processor.errors import ConfigError, KafkaIOError
 from processor.kafka import clients as kafka
-from processor.runtime.changelog import RestoreInterrupted
-from processor.runtime.collector import SendOffsetsHung
+from processor.runtime.changelog_reader import RestoreInterrupted
+from processor.runtime.collector import ProduceFailed, SendOffsetsHung
 
 if TYPE_CHECKING:
     from processor.runtime.fetch_gaps import FetchGaps
@@ -134,13 +134,22 @@ class Committer:
         delivered = collector.delivered_ends
         now = time.monotonic()
         writers = tm.writers
-        for key, task in tm.tasks.items():
-            pos, outbox = task.prepare_commit()
-            writer = writers[key]
-            if writer.has_work(pos) or outbox or task.converged_in_unit or \
-                    writer.sink_ends_stale(delivered, now, SINK_ENDS_REFRESH_S):
-                task.converged_in_unit = False
-                units.append((task, writer, pos, outbox))
+        try:
+            for key, task in tm.tasks.items():
+                # (a task's held foreign-key records are sent here: into the open transaction)
+                pos, outbox = task.prepare_commit()
+                writer = writers[key]
+                if writer.has_work(pos) or outbox or task.converged_in_unit or \
+                        writer.sink_ends_stale(delivered, now, SINK_ENDS_REFRESH_S):
+                    task.converged_in_unit = False
+                    units.append((task, writer, pos, outbox))
+        except ProduceFailed as exc:
+            # exactly once: the producer refuses records once its transaction failed (its records
+            # timed out while the broker did not answer): aborted, the tasks rebuilt
+            if not collector.transactional:
+                raise
+            self.transaction_failed(exc)
+            return
         if not units:
             self._retry_skipped_offsets()
             return
@@ -177,8 +186,16 @@ class Committer:
         for tp in offsets:
             group_offsets[(tp.topic, tp.partition)] = tp.offset
         collector.begin()               # outbox records below go into the next transaction
-        for task, writer, pos, outbox in units:
-            task.finish_commit(pos, outbox, writer.committed_ends(pos))
+        try:
+            for task, writer, pos, outbox in units:
+                task.finish_commit(pos, outbox, writer.committed_ends(pos))
+        except ProduceFailed as exc:
+            # exactly once: the next transaction failed at once (this unit is committed: every task
+            # is rebuilt from its changelogs, this unit's commit records included)
+            if not collector.transactional:
+                raise
+            self.transaction_failed(exc)
+            return
         self.metrics.observe_commit(started)
 
     def _signal_hooks(self) -> None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from processor.engine.task_id import TaskId
 from processor.errors import CopiedStateDir
-from processor.runtime.changelog import RestoreInterrupted
+from processor.runtime.changelog_reader import RestoreInterrupted
 from processor.runtime.fleet_assignor import FleetRules
 from processor.runtime.fleet_codecs import Assignment, Subscription
 from processor.runtime.membership import FleetListener, FleetMembership, live_claims
@@ -159,8 +159,9 @@ class WorkerFleet(FleetListener):
     def __init__(self, worker: FleetHost) -> None:
         self.worker = worker
         self.rules = fleet_rules(worker)
-        self.standby = StandbyTasks(worker.topology, worker.state_dir, worker.task_manager.restore_consumer_config(),
-                                    worker.stopping)
+        tm = worker.task_manager
+        self.standby = StandbyTasks(worker.topology, worker.state_dir, tm.restore_consumer_config(), worker.stopping,
+                                    reader=tm.changelog_reader)
         self.assignment: Assignment | None = None
         self.generation = -1
         self.rebalances = 0

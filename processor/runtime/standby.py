@@ -18,7 +18,8 @@ promoting a standby is ``release`` then opening the task as usual.
 
 Passes run in steps (``step``, a budget of whole restore batches), between the worker's polls,
 like the active tasks' restores; a pass starts ``interval_s`` after the previous one ended. Every
-pass reads through the same consumer (assigned what the pass reads, unassigned after it).
+pass reads through the worker's one restore consumer, the task manager's ``ChangelogReader``
+(``processor/runtime/changelog_reader.py``: its reads take turns between batches).
 
 A standby whose database cannot be opened, or whose pass fails on it (its local state does not
 match its changelogs: ``ChangelogMismatch``), is set aside: one log line, the other standbys go
@@ -37,13 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from processor.engine.task_id import TaskId
-from processor.runtime.changelog import (
-    RestoreInterrupted,
-    RestoreTarget,
-    new_restore_consumer,
-    restore_steps,
-    restore_target,
-)
+from processor.runtime.changelog_reader import ChangelogReader, RestoreInterrupted, RestoreTarget, restore_target
 from processor.state.rocksdb import RocksDBDatabase
 from processor.state.state_directory import StateDirectory
 
@@ -61,7 +56,7 @@ class StandbyTasks:
     """This worker's standby replicas: which tasks, their databases, the pass under way."""
 
     def __init__(self, topology: Topology, state_dir: Path, consumer_config: dict, stop: threading.Event,
-                 interval_s: float = 1.0, retry_s: float = RETRY_S) -> None:
+                 interval_s: float = 1.0, retry_s: float = RETRY_S, reader: ChangelogReader | None = None) -> None:
         self.topology = topology
         self.state_dir = Path(state_dir)
         self.state_directory = StateDirectory(self.state_dir, topology)
@@ -73,8 +68,9 @@ class StandbyTasks:
         self.dbs: dict[TaskKey, RocksDBDatabase] = {}
         self.set_aside: dict[TaskKey, float] = {}   # -> when to try again (time.monotonic())
         self._reasons: dict[TaskKey, str] = {}      # why each was set aside, as last logged
-        self._consumer = None                       # the passes' consumer, opened by the first one
-        self.consumers_opened = 0
+        # the passes read through the worker's restore consumer (its task manager's), or their own
+        self.reader = reader or ChangelogReader(consumer_config, stop)
+        self._own_reader = reader is None
         self.records_read: dict[TaskKey, int] = {}   # changelog records applied, per task, in all passes
         self.passes = 0
         self._lag: dict[TaskKey, int] = {}   # as the last pass found it (0 when it caught up)
@@ -103,6 +99,11 @@ class StandbyTasks:
             self._open(key)
         self._next_pass_at = 0.0
         log.info("standby replicas: %s", ", ".join(str(TaskId(*k)) for k in sorted(self.wanted)) or "none")
+
+    @property
+    def consumers_opened(self) -> int:
+        """Restore consumers opened for the passes (one, unless a pass failed for no one task)."""
+        return self.reader.consumers_opened
 
     def release(self, key: TaskKey) -> None:
         """Stop keeping ``key`` (it becomes an active task here, or goes): its database closes,
@@ -173,12 +174,8 @@ class StandbyTasks:
                     self._put_aside(key, exc)
             if not targets:
                 return False
-            if self._consumer is None:
-                self._consumer = new_restore_consumer(self.consumer_config)
-                self.consumers_opened += 1
             self._targets = targets
-            self._pass = restore_steps(list(targets.values()), self.consumer_config, self.stop, quiet=True,
-                                       consumer=self._consumer)
+            self._pass = self.reader.restore_steps(list(targets.values()), quiet=True)
         deadline = time.monotonic() + budget_s
         try:
             while time.monotonic() < deadline:
@@ -211,22 +208,14 @@ class StandbyTasks:
         """The pass failed: the standby it names is set aside (``exc.task_id``), or every standby
         of the pass when it names none (the consumer too is opened anew); the others go on at once."""
         task_id = getattr(exc, "task_id", None)
-        named = [key for key in self._targets if f"{key[0]}_{key[1]}" == task_id]
+        named = [key for key in self._targets if str(TaskId(*key)) == task_id]
         keys = named or list(self._targets)
         self._abort_pass()
         if not named:
-            self._close_consumer()
+            self.reader.reset()
         for key in keys:
             self._put_aside(key, exc)
         self._next_pass_at = 0.0
-
-    def _close_consumer(self) -> None:
-        if self._consumer is not None:
-            consumer, self._consumer = self._consumer, None
-            try:
-                consumer.close()
-            except Exception as exc:
-                log.debug("closing the standby passes' consumer: %s", exc)
 
     def catch_up(self, timeout_s: float = 60.0) -> None:
         """One whole pass from now (tests, and a worker about to report its standbys)."""
@@ -281,7 +270,8 @@ class StandbyTasks:
                 store.clear_pending()
 
     def close(self) -> None:
-        """Close every standby's database and the passes' consumer (the worker stops)."""
+        """Close every standby's database, and the passes' consumer if it is their own (the worker
+        stops; the task manager closes its own)."""
         try:
             self._abort_pass()
             for db in self.dbs.values():
@@ -292,4 +282,4 @@ class StandbyTasks:
             self.set_aside.clear()
             self._reasons.clear()
             self._lag.clear()
-            self._close_consumer()
+            self.reader.reset()

@@ -56,13 +56,8 @@ from processor.engine.task_id import TaskId
 from processor.errors import ChangelogMismatch
 from processor.kafka import clients as kafka
 from processor.runtime import sink_tails
-from processor.runtime.changelog import (
-    ChangelogWriter,
-    RestoreTarget,
-    restore_steps,
-    restore_target,
-    restore_tasks,
-)
+from processor.runtime.changelog import ChangelogWriter
+from processor.runtime.changelog_reader import ChangelogReader, RestoreTarget, restore_target
 from processor.runtime.commit_unit import Committer
 from processor.runtime.fetch_gaps import FetchGaps
 from processor.runtime.partition_group import PartitionGroup
@@ -141,6 +136,8 @@ class TaskManager:
         # worker through many rebalances keeps one entry per task, not one per closing)
         self.finished_tasks_metrics: dict[str, dict[str, dict[str, int]]] = {}
         self.restored_records = 0
+        # every restore of this worker's (its tasks', its standbys') reads through this one consumer
+        self.changelog_reader = ChangelogReader(self.restore_consumer_config(), stop)
         # input records processed by the tasks of this worker (the main loop counts them)
         self.records_processed = 0
         # internal partitions read through the fetch-gap guard (processor/runtime/fetch_gaps.py)
@@ -216,7 +213,7 @@ class TaskManager:
         now: the rebuild after an aborted transaction), build the tasks."""
         targets = self._restore_targets(keys)
         try:
-            restore_tasks(targets, self.restore_consumer_config(), self.stop)
+            self.changelog_reader.restore(targets)
             self._build_tasks(keys, targets)
         except BaseException:
             self._discard_targets(keys, targets)
@@ -394,7 +391,7 @@ class TaskManager:
                 ts = [t for _, t in group]
                 tps = [tp for tp in partitions if (self.sub_of_topic[tp.topic], tp.partition) in set(group_keys)]
                 self.restoring.append(Restoration(
-                    group_keys, ts, tps, restore_steps(ts, self.restore_consumer_config(), self.stop),
+                    group_keys, ts, tps, self.changelog_reader.restore_steps(ts),
                     self.records_processed))
 
     def abort_restoration_of(self, keys: set[TaskKey]) -> None:
@@ -550,7 +547,10 @@ class TaskManager:
     def close_all(self) -> None:
         """The worker stops: every restore and open task closed."""
         self.abort_restoration()
-        self.close_tasks(list(self.tasks))
+        try:
+            self.close_tasks(list(self.tasks))
+        finally:
+            self.changelog_reader.close()
 
     def reopen_all(self) -> None:
         """Exactly once, after an aborted transaction: every open task closed without writing its
@@ -633,7 +633,7 @@ class TaskManager:
 
 class Restoration:
     """Tasks of an assignment being restored by the main loop: their keys, restore targets,
-    paused input partitions and the restore's steps (``changelog.restore_steps``)."""
+    paused input partitions and the restore's steps (``ChangelogReader.restore_steps``)."""
 
     def __init__(self, keys: list[TaskKey], targets: list[RestoreTarget], partitions: list[TopicPartition],
                  steps: Generator[Any, None, None], processed_before: int) -> None:

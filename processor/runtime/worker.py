@@ -53,7 +53,7 @@ from processor.kafka import internal_topics, startup_checks
 from processor.kafka.client_config import ClientConfig
 from processor.kafka.partitioning import determine_partitioners
 from processor.runtime import worker_identity
-from processor.runtime.changelog import RestoreInterrupted
+from processor.runtime.changelog_reader import RestoreInterrupted
 from processor.runtime.collector import KafkaCollector, ProduceFailed
 from processor.runtime.dispatch import MessageDispatch
 from processor.runtime.fetch_gaps import FetchGaps

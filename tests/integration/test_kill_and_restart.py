@@ -31,7 +31,7 @@ import time
 import pytest
 
 from processor.kafka import clients as kafka
-from processor.runtime.changelog import RestoreTarget, restore_tasks
+from processor.runtime.changelog_reader import ChangelogReader, RestoreTarget
 from processor.serde import Serdes
 from processor.state.rocksdb import RocksDBDatabase
 from processor.testing import TopologyTestDriver
@@ -187,7 +187,11 @@ def test_five_sigkills_two_workers_tables_equal_driver(kafka_bootstrap, unique, 
     assert bool(topo.source_changelogs_of(0)) == reuse
     conf = kafka.consumer_defaults(kafka_bootstrap)
     conf.update({"group.id": f"{app}-check", "isolation.level": iso})
-    restore_tasks(targets, conf)
+    reader = ChangelogReader(conf)
+    try:
+        reader.restore(targets)
+    finally:
+        reader.close()
     fresh_records = sum(t.restored for t in targets)
     for t in targets:
         assert t.db.read_checkpoint() == live_checkpoints[f"task-{t.task_id}"], t.task_id

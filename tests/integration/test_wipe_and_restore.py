@@ -9,7 +9,7 @@ import re
 import shutil
 
 from processor.kafka import clients as kafka
-from processor.runtime import changelog
+from processor.runtime import changelog_reader
 from processor.runtime.worker import Worker
 from processor.state.rocksdb import RocksDBDatabase
 from tests.conftest import TEST_CONSUMER_CONFIG
@@ -54,7 +54,7 @@ def test_wiped_state_dir_restores_identical_databases(kafka_bootstrap, unique, t
     entries = sum(len(v) for cfs in before.values() for v in cfs.values())
 
     shutil.rmtree(tmp_path / "state")
-    monkeypatch.setattr(changelog, "PROGRESS_EVERY_S", 0.0)   # a progress line per batch read
+    monkeypatch.setattr(changelog_reader, "PROGRESS_EVERY_S", 0.0)   # a progress line per batch read
     caplog.set_level(logging.INFO, logger="processor.restore")
     second = run()
     after = snapshot(tmp_path / "state" / app)

@@ -21,7 +21,7 @@ import threading
 import pytest
 
 from processor.kafka import clients as kafka
-from processor.runtime import changelog
+from processor.runtime import changelog_reader
 from processor.runtime.standby import StandbyTasks
 from processor.runtime.worker import Worker
 from processor.state.rocksdb import RocksDBDatabase
@@ -128,7 +128,7 @@ def test_passes_cut_short_anywhere_stay_consistent_and_the_directory_serves_both
     full = sum(len(v) for v in logs.values())
 
     # 1. passes cut short after 1, 2, 3, ... steps (the standby set changes: every database closes)
-    monkeypatch.setattr(changelog, "RESTORE_COMMIT_EVERY", 400)
+    monkeypatch.setattr(changelog_reader, "RESTORE_COMMIT_EVERY", 400)
     standby = StandbyTasks(app_topology, standby_dir / app, w.task_manager.restore_consumer_config(),
                            threading.Event(), interval_s=0.0)
     reaches: list[int] = []

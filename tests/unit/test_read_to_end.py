@@ -45,6 +45,9 @@ class _Consumer:
     def pause(self, tps):
         self.paused += [(tp.topic, tp.partition) for tp in tps]
 
+    def resume(self, tps):
+        self.paused = [tp for tp in self.paused if tp not in {(x.topic, x.partition) for x in tps}]
+
     def consume(self, n, timeout):
         return self.batches.pop(0) if self.batches else []
 

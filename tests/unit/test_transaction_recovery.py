@@ -116,7 +116,7 @@ def test_failing_without_a_commit_for_too_long_is_fatal():
 
 
 def test_a_stop_during_the_rebuild_leaves_the_tasks_closed():
-    from processor.runtime.changelog import RestoreInterrupted
+    from processor.runtime.changelog_reader import RestoreInterrupted
 
     c = _Collector()
     committer, tasks = _committer(c)

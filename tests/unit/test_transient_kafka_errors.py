@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from processor.errors import KafkaIOError
 from processor.kafka import clients as kafka
 from processor.kafka.read_to_end import PartitionsToEnd
-from processor.runtime.changelog import _Reader
+from processor.runtime.changelog_reader import ChangelogReader, _Reader
 
 TIMED_OUT = KafkaError(KafkaError._TIMED_OUT, "Failed to get metadata: Local: Timed out")
 DENIED = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Broker: Topic authorization failed")
@@ -65,6 +65,9 @@ class _Consumer:
         self.assigned = None
 
     def pause(self, partitions):
+        pass
+
+    def resume(self, partitions):
         pass
 
     def consume(self, n, timeout):
@@ -152,7 +155,7 @@ def test_restore_reader_goes_on_through_transient_errors(caplog):
     eof = KafkaError(KafkaError._PARTITION_EOF)
     c = _Consumer([[_Msg(None, -1, -1, KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))],
                    [_Msg("cl", 0, 0), _Msg("cl", 0, 1, eof)]])
-    reader = _Reader(c, {("cl", 0): "0_0"}, threading.Event(), {})
+    reader = _Reader(ChangelogReader({}, consumer=c), {("cl", 0): "0_0"}, threading.Event(), {})
     with caplog.at_level(logging.WARNING, "processor.restore"):
         got = [x for x in reader.read_many({("cl", 0): 0}) if x is not None]
     assert [off for _, off, *_ in got] == [0]
@@ -161,7 +164,7 @@ def test_restore_reader_goes_on_through_transient_errors(caplog):
 
 def test_restore_reader_other_errors_fail():
     c = _Consumer([[_Msg("cl", 0, -1, DENIED)]])
-    reader = _Reader(c, {("cl", 0): "0_0"}, threading.Event(), {})
+    reader = _Reader(ChangelogReader({}, consumer=c), {("cl", 0): "0_0"}, threading.Event(), {})
     with pytest.raises(KafkaIOError, match="restoring task 0_0 from cl\\[0\\]: Broker: Topic authorization"):
         list(reader.read_many({("cl", 0): 0}))
 
