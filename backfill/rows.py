@@ -21,6 +21,7 @@ import pickle
 from collections.abc import Iterator
 
 from backfill.items import ResultItem, RowsBatch
+from processor.engine.record_order import next_record_key
 
 ROW_FIELDS = ["kind", "topic", "partition", "key", "value", "ts", "headers", "origin", "seq", "phase"]
 OUTPUT_FIELDS = ROW_FIELDS + ["run"]
@@ -186,7 +187,8 @@ def input_rows(batch):
 def merge(streams: dict, event_time=None) -> Iterator:
     """A task's rows of one run, from ``{(phase, topic, partition, origin): [rows in stream
     order]}``: each stream as it came; across streams phase 0 before phase 1 (records of a
-    flush), then the lowest timestamp first (ties: topic, partition, origin). ``event_time``
+    flush), then ``next_record_key`` (``processor/engine/record_order.py``: the lowest timestamp
+    first, ties by topic and partition), then the origin. ``event_time``
     (``Task.event_time``, for a task with timestamp extractors): the time an input row is
     ordered by, as the worker's ``PartitionGroup`` orders it."""
     def time_of(r):
@@ -196,14 +198,14 @@ def merge(streams: dict, event_time=None) -> Iterator:
     heap = []
     for key, rs in streams.items():
         if rs:
-            heap.append((key[0], time_of(rs[0]), key[1], key[2], key[3], 0))
+            heap.append((key[0], next_record_key(time_of(rs[0]), key[1], key[2]), key[3], 0))
     heapq.heapify(heap)
     while heap:
-        phase, _, topic, part, origin, i = heapq.heappop(heap)
+        phase, (_, topic, part), origin, i = heapq.heappop(heap)
         rs = streams[(phase, topic, part, origin)]
         yield rs[i]
         if i + 1 < len(rs):
-            heapq.heappush(heap, (phase, time_of(rs[i + 1]), topic, part, origin, i + 1))
+            heapq.heappush(heap, (phase, next_record_key(time_of(rs[i + 1]), topic, part), origin, i + 1))
 
 
 def add_stream_rows(streams: dict, rows) -> None:

@@ -8,7 +8,8 @@ them to the task by Kafka Streams' rule (``PartitionGroup``, KIP-353, KIP-695):
 
 - each partition in offset order;
 - across the task's partitions, the record whose partition head has the lowest timestamp
-  first (ties: the topic name, as the backfill's ``backfill.rows.merge`` breaks them);
+  first, ties by topic and partition (``processor/engine/record_order.py``, the backfill's
+  ``backfill.rows.merge`` too);
 - a partition with nothing buffered that is not known to be at its end (no end-of-partition
   event since its last fetched record: it has data on the broker, or its first fetch has not
   answered yet) is waited for: the task processes nothing until it is fetched;
@@ -40,6 +41,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from processor.engine.record_order import next_record_key
 from processor.engine.task import UNORDERED
 
 # a partition whose buffer holds this many records is paused until the task caught up
@@ -54,7 +56,6 @@ class PartitionGroup:
     def __init__(self, task, partitions, max_idle_ms: int, at_eof: set,
                  limit: int = BUFFERED_RECORDS_PER_PARTITION):
         self.task = task
-        # (topic, partition) in tie-break order: the topic name
         self.partitions = sorted(partitions)
         self.buffers: dict[tuple[str, int], deque[tuple[int, Any]]] = {tp: deque() for tp in self.partitions}
         self.max_idle_ms = max_idle_ms
@@ -130,11 +131,12 @@ class PartitionGroup:
             if ready is None:
                 task.enforced_processing += 1
             best: Any = None   # (topic, partition): some buffer holds a record (buffered > 0)
-            best_ts = 0
+            best_key: Any = None
             for tp, buf in buffers.items():
-                if buf and (best is None or buf[0][0] < best_ts):
-                    best = tp
-                    best_ts = buf[0][0]
+                if buf:
+                    key = next_record_key(buf[0][0], tp[0], tp[1])
+                    if best is None or key < best_key:
+                        best, best_key = tp, key
             buf = buffers[best]
             ts, m = buf.popleft()
             self.buffered -= 1
