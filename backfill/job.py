@@ -88,6 +88,7 @@ if TYPE_CHECKING:
     from backfill.context import JobContext
     from backfill.runs import Runs
     from backfill.session import WarmUp
+    from processor.kafka.startup_checks import TopicPlan
 
 log = logging.getLogger("processor.backfill")
 
@@ -281,6 +282,7 @@ class BackfillJob:
         self.counts: dict[str, int] = {}
         self.sources: list[str] = []
         self.internal_counts: dict[str, int] = {}
+        self.plan: TopicPlan | None = None   # (check)
         self.changelog_topics: dict = {}
         self.dlq = ""
         self.spark = None
@@ -294,17 +296,17 @@ class BackfillJob:
         with ``emit_outputs``), the archives, co-partitioning; unless ``force``, no state of the
         application in the state directory and no committed offsets of its group. A killed run's
         build root is removed."""
-        from processor.kafka import clients as kafka
         from processor.kafka import startup_checks
 
         topo, bootstrap_servers, application_id = self.topo, self.bootstrap_servers, self.application_id
         emit_outputs, archives, state_dir = self.emit_outputs, self.archives, self.state_dir
         topo.check_serde_settings()
-        counts = self.counts = kafka.topic_partitions(bootstrap_servers)
+        # the start-up routine's first step, as the worker's (processor/kafka/startup_checks.py):
+        # topics, existing internal topics, co-partitioning; nothing changes on the broker
+        plan = self.plan = startup_checks.check_topics(bootstrap_servers, topo, application_id, "backfilling",
+                                                       sinks=emit_outputs)
+        counts = self.counts = plan.counts
         sources = self.sources = list(dict.fromkeys(topo.external_source_topics()))
-        wanted = sources + (topo.sink_topics(internal=False) if emit_outputs else [])
-        wanted += topo.global_topics()
-        startup_checks.require_topics(bootstrap_servers, counts, wanted, application_id, "backfilling")
         for topic, path in (archives or {}).items():
             if topic not in sources:
                 raise ConfigError(f"archive given for topic {topic!r}, which this topology does not read "
@@ -315,8 +317,6 @@ class BackfillJob:
                 raise ConfigError(f"archive given for topic {topic!r}, which is a table's changelog "
                                   f"(reuse_source_topics): a restore from the topic could not rebuild the "
                                   f"archived history; build the topology without reuse_source_topics")
-        # (the external sources: internal topics are created to match, below)
-        startup_checks.check_co_partitioning(topo, {t: counts[t] for t in sources})
         if not self.force:
             _refuse_existing(bootstrap_servers, application_id, state_dir, sources, counts, self.consumer_config)
         if state_dir is not None:
@@ -374,22 +374,19 @@ class BackfillJob:
             self.warm_up.join()
 
     def create_topics(self, replication_factor: int | None, topic_configs: dict | None) -> None:
-        """1. The internal topics as the worker creates them (and checks them), the dead-letter
-        topic under ``on_error="dlq"``; their partition counts join ``counts``."""
+        """1. The internal topics as the worker creates them (the start-up routine's second step,
+        ``processor/kafka/startup_checks.py``), the dead-letter topic under ``on_error="dlq"``;
+        their partition counts join ``counts``."""
         from processor.engine.task import dlq_topic_for
-        from processor.kafka import internal_topics, startup_checks
+        from processor.kafka import startup_checks
 
-        topo, bootstrap_servers, application_id, counts = self.topo, self.bootstrap_servers, \
-            self.application_id, self.counts
-        on_error = self.on_error
-        wanted = internal_topics.wanted_topics(topo, counts)
-        internal_topics.ensure(bootstrap_servers, application_id, wanted, counts, replication_factor, topic_configs)
-        internal_topics.warn_deleting_sources(bootstrap_servers, sorted(topo.reused_source_topics()))
-        internal_counts = self.internal_counts = {t: n for t, (n, kind) in wanted.items() if kind != "changelog"}
-        counts.update(internal_counts)
-        dlq = self.dlq = dlq_topic_for(application_id)
-        startup_checks.ensure_dead_letter_topic(bootstrap_servers, on_error, dlq, counts, replication_factor)
-        self.changelog_topics = topo.changelog_topic_partitions(counts)
+        dlq = self.dlq = dlq_topic_for(self.application_id)
+        assert self.plan is not None, "check() comes first"
+        self.counts = startup_checks.create_topics(self.bootstrap_servers, self.topo, self.plan,
+                                                   replication_factor=replication_factor, topic_configs=topic_configs,
+                                                   on_error=self.on_error, dead_letter_topic=dlq)
+        self.internal_counts = dict(self.plan.internal)
+        self.changelog_topics = self.topo.changelog_topic_partitions(self.counts)
 
     def take_snapshot(self) -> Snapshot:
         """One snapshot of every partition involved: the sources' history, and where the internal

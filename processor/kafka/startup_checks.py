@@ -4,7 +4,13 @@ Invariant: a host that passes them reads topics that exist, co-partitioned topic
 partition counts, and (under ``on_error="dlq"``) has a dead-letter topic it may write to; a host that
 fails them has changed nothing on the broker and stops with one ``ConfigError`` naming the topics
 and the application (exit code 2). Internal topics are created and checked by
-``processor.kafka.internal_topics``; the hosts call the two in the same order.
+``processor.kafka.internal_topics``.
+
+The start-up routine of both hosts, in two steps (the backfill starts Spark between them):
+``check_topics`` (nothing changes on the broker: the topics read and written exist, existing
+internal topics have the partitions and policy wanted, co-partitioned topics, internal ones
+included, have equal counts), then ``create_topics`` (the missing internal topics, the
+dead-letter topic; a warning for a source topic that is a table's changelog).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from processor.errors import ConfigError, KafkaIOError
@@ -143,3 +150,49 @@ def dead_letter_record_limit(cluster: Any, topic: str, producer_limit: int) -> i
         topic_limit = producer_limit
     return min(producer_limit, topic_limit)
 
+
+
+@dataclass
+class TopicPlan:
+    """What ``check_topics`` found: the partitions of every topic on the broker (``counts``), the
+    internal and changelog topics the topology wants (``wanted``: topic -> (partitions, kind)),
+    and the internal ones a sub-topology reads (``internal``: topic -> partitions)."""
+
+    counts: dict[str, int]
+    wanted: dict[str, tuple[int, str]]
+    internal: dict[str, int]
+
+
+def check_topics(cluster: Any, topology: Any, application_id: str, before: str, *, sinks: bool = True,
+                 timeout_s: float = 10.0) -> TopicPlan:
+    """The first step of a host's start-up (see the module docstring); ``sinks``: whether the
+    host writes the topology's output topics (they must exist)."""
+    from processor.kafka import clients as kafka
+    from processor.kafka import internal_topics
+
+    counts = kafka.topic_partitions(cluster, timeout_s)
+    required = list(dict.fromkeys(topology.external_source_topics()))
+    if sinks:
+        required += topology.sink_topics(internal=False)
+    require_topics(cluster, counts, required + topology.global_topics(), application_id, before)
+    wanted = internal_topics.wanted_topics(topology, counts)
+    internal = {t: n for t, (n, kind) in wanted.items() if kind != "changelog"}
+    # existing internal topics first (one with another partition count is named as such), then
+    # co-partitioning (internal sources included); only then is anything created
+    internal_topics.check_existing(cluster, application_id, wanted, counts)
+    check_co_partitioning(topology, {**internal, **counts})
+    return TopicPlan(counts, wanted, internal)
+
+
+def create_topics(cluster: Any, topology: Any, plan: TopicPlan, *, replication_factor: int | None,
+                  topic_configs: Mapping[str, dict] | None, on_error: str, dead_letter_topic: str) -> dict[str, int]:
+    """The second step: the missing internal and changelog topics (``replication_factor``, None:
+    min(3, brokers); ``topic_configs`` per kind), the dead-letter topic under ``on_error="dlq"``;
+    returns the partitions of every topic, those created included."""
+    from processor.kafka import internal_topics
+
+    created = internal_topics.create_missing(cluster, plan.wanted, plan.counts, replication_factor,
+                                             dict(topic_configs or {}))
+    internal_topics.warn_deleting_sources(cluster, sorted(topology.reused_source_topics()))
+    ensure_dead_letter_topic(cluster, on_error, dead_letter_topic, plan.counts, replication_factor)
+    return {**plan.counts, **{t: plan.wanted[t][0] for t in created}}

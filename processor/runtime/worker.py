@@ -49,7 +49,7 @@ from processor.engine.task import dlq_topic_for, max_record_bytes_of
 from processor.errors import ConfigError, KafkaIOError, ProcessorError
 from processor.graph import AggregateAttrs, UserProcessorAttrs
 from processor.kafka import clients as kafka
-from processor.kafka import internal_topics, startup_checks
+from processor.kafka import startup_checks
 from processor.kafka.client_config import ClientConfig
 from processor.kafka.partitioning import determine_partitioners
 from processor.runtime import worker_identity
@@ -250,27 +250,16 @@ class Worker:
     # -- startup checks -----------------------------------------------------------------------
     def check_topics(self) -> dict[str, int]:
         """Refuse to start, with one clear message, on a missing topic or a partition mismatch."""
-        parts = kafka.topic_partitions(self.bootstrap_servers, self.startup_timeout_s)
+        # (processor/kafka/startup_checks.py: the start-up routine of the worker and the backfill)
         topo = self.topology
-        startup_checks.require_topics(
-            self.bootstrap_servers, parts,
-            topo.external_source_topics() + topo.sink_topics(internal=False) + topo.global_topics(),
-            self.application_id, "starting")
-        wanted = internal_topics.wanted_topics(topo, parts)
-        internal = {t: n for t, (n, kind) in wanted.items() if kind != "changelog"}
-        # existing internal topics first (one with another partition count is named as such),
-        # then co-partitioning (internal sources included); only then is anything created
-        internal_topics.check_existing(self.bootstrap_servers, self.application_id, wanted, parts)
-        startup_checks.check_co_partitioning(self.topology, {**internal, **parts})
-        created = internal_topics.create_missing(self.bootstrap_servers, wanted, parts,
-                                                 self.replication_factor, self.topic_configs)
-        internal_topics.warn_deleting_sources(self.bootstrap_servers, sorted(topo.reused_source_topics()))
-        startup_checks.ensure_dead_letter_topic(self.bootstrap_servers, self.on_error, self.dlq_topic, parts,
-                                                self.replication_factor)
+        plan = startup_checks.check_topics(self.bootstrap_servers, topo, self.application_id, "starting",
+                                           timeout_s=self.startup_timeout_s)
+        parts = startup_checks.create_topics(self.bootstrap_servers, topo, plan,
+                                             replication_factor=self.replication_factor,
+                                             topic_configs=self.topic_configs, on_error=self.on_error,
+                                             dead_letter_topic=self.dlq_topic)
         self._dead_letter_max_bytes = None if self.on_error != "dlq" else startup_checks.dead_letter_record_limit(
             self.bootstrap_servers, self.dlq_topic, max_record_bytes_of(self._producer_config))
-        if created:
-            parts = {**parts, **{t: wanted[t][0] for t in created}}
         # which partitioner placed each source a join depends on (docs/semantics.md "Partitioning")
         choices = determine_partitioners(self.topology, self.bootstrap_servers, parts,
                                          self.consumer_config, self.application_id)
