@@ -265,8 +265,8 @@ def last_changes(rows, key_serde=None, value_serde=None):
     every record does. Poison (what the table source would not apply: no key, or bytes that do
     not deserialize with the given serdes) is kept whatever follows it, so the task
     dead-letters it (or fails, or skips it) exactly as a full replay does."""
-    keep = keep_last_changes((([r[3] for r in rows], [r[4] for r in rows], rows),), key_serde, value_serde)
-    keep.sort(key=lambda r: r[8])
+    keep = keep_last_changes((([r.key for r in rows], [r.value for r in rows], rows),), key_serde, value_serde)
+    keep.sort(key=lambda r: r.seq)
     return keep
 
 def keep_last_changes(batches, key_serde, value_serde) -> list:
@@ -336,7 +336,7 @@ def last_changes_of_messages(batches, key_serde, value_serde) -> tuple[int, list
     except _OutOfTimeOrder:   # (no need to read on: the partition is read again, whole)
         return count[0], None
     keep = [message_row(m) for m in kept]
-    keep.sort(key=lambda r: r[8])
+    keep.sort(key=lambda r: r.seq)
     return count[0], keep
 
 

@@ -74,7 +74,7 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +128,18 @@ class BackfillReport:
     # driver's, and per distinct executor line the task runs that reported it
     driver_build: str = field(default_factory=lambda: _build_info())
     executor_builds: dict[str, int] = field(default_factory=dict)
+
+    # what one attempt at processing records (``backfill.runs.process``); a retry starts them over
+    # (``start_over``). ``executor_builds`` is not among them: it counts every task run of the job.
+    ATTEMPT_FIELDS = ("rows_read", "rows_replayed", "records_processed", "rows_per_store", "runs",
+                      "fk_records_superseded", "unordered", "finalized", "failed_in_processing")
+
+    def start_over(self) -> None:
+        """Forget what an attempt at processing recorded: each of ``ATTEMPT_FIELDS`` back to its
+        default (the retry that replays every record fills them again)."""
+        for f in fields(self):
+            if f.name in self.ATTEMPT_FIELDS:
+                setattr(self, f.name, f.default_factory() if f.default_factory is not MISSING else f.default)
 
     def build_line(self) -> str:
         """``build: driver <line>; executors <line> (<n> task runs)``; executors whose line names a
@@ -479,12 +491,7 @@ class BackfillJob:
             ctx.compacted = set()
             report.compaction = {t: f"every record replayed (records failed in processing: {failed})"
                                  for t in sources}
-            report.rows_read = report.rows_replayed = 0
-            report.runs, report.finalized, report.failed_in_processing = [], set(), {}
-            report.records_processed = 0
-            report.fk_records_superseded = 0
-            report.unordered = []
-            report.rows_per_store = {}
+            report.start_over()
             spark_runs = self.spark_runs = runs.Runs(spark, ctx)
             runs.process(spark_runs, snapshot, archives, consumer_config, report)
         self.seconds["process"] = time.monotonic() - t1

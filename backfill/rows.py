@@ -1,9 +1,9 @@
 """Rows: what a backfill task reads and sends, and the order it processes them in.
 
-A row is ``(kind, topic, partition, key, value, timestamp ms, headers, origin, seq, phase)``:
+A row (``Row``: ``kind, topic, partition, key, value, timestamp, headers, origin, seq, phase``) is
 an ``input`` record of a source partition (``seq`` its offset) or an ``internal`` record a task
 sent to an internal topic (``origin`` the sending task, ``seq`` its send order, ``phase`` 1 for
-what a commit or flush sent after the run's records). Between runs, internal rows travel as
+what a commit or flush sent after the run's records); ``timestamp`` in ms. Between runs, internal rows travel as
 Spark data (``backfill.runs``): one pickled list per (run, destination topic partition, origin
 task), in send order.
 
@@ -19,12 +19,28 @@ from __future__ import annotations
 import heapq
 import pickle
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from backfill.items import ResultItem, RowsBatch
 from processor.engine.record_order import next_record_key
 
 ROW_FIELDS = ["kind", "topic", "partition", "key", "value", "ts", "headers", "origin", "seq", "phase"]
 OUTPUT_FIELDS = ROW_FIELDS + ["run"]
+
+
+class Row(NamedTuple):
+    """One row (see the module docstring)."""
+
+    kind: str                    # "input" | "internal"
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int | None        # ms
+    headers: list | None
+    origin: str                  # the sending task ("" for an input row)
+    seq: int                     # an input row's offset; an internal row's send order
+    phase: int                   # 1: sent by a commit or flush after the run's records
 
 
 class RowCollector:
@@ -70,8 +86,8 @@ class RowCollector:
             if kind is not None:
                 self._supersede(self._pair_of(kind, topic, key, value, headers, partition), topic, rows)
             self.internal_counts[topic] = self.internal_counts.get(topic, 0) + 1
-            rows.append(("internal", topic, partition, key, value, timestamp, list(headers) if headers else None,
-                         self.origin, self.seq, self.phase))
+            rows.append(Row("internal", topic, partition, key, value, timestamp, list(headers) if headers else None,
+                            self.origin, self.seq, self.phase))
             self.seq += 1
             return
         if topic != self.ctx.dlq and not self.ctx.emit_outputs:
@@ -159,8 +175,8 @@ def output_schema():
 
 def message_row(m):
     """A confluent-kafka Message -> an input row."""
-    return ("input", m.topic(), m.partition(), m.key(), m.value(), m.timestamp()[1], m.headers() or None,
-            "", m.offset(), 0)
+    return Row("input", m.topic(), m.partition(), m.key(), m.value(), m.timestamp()[1], m.headers() or None,
+               "", m.offset(), 0)
 
 
 def input_rows(batch):
@@ -169,10 +185,12 @@ def input_rows(batch):
     import pyarrow as pa
 
     n = batch.num_rows
+    if not n:
+        return []
     keys = batch.column("key").to_pylist()
     values = batch.column("value").to_pylist()
-    topic = batch.column("topic")[0].as_py() if n else None
-    part = batch.column("partition")[0].as_py() if n else None
+    topic = batch.column("topic")[0].as_py()
+    part = batch.column("partition")[0].as_py()
     offsets = batch.column("offset").to_pylist()
     # epoch milliseconds whatever unit the Parquet file holds (Spark writes INT96 by default,
     # which Arrow reads as nanoseconds; TIMESTAMP_MICROS as microseconds)
@@ -181,7 +199,7 @@ def input_rows(batch):
     headers = batch.column("headers")
     hs = [None] * n if headers.null_count == n else [
         None if h is None else [(x["key"], x["value"]) for x in h] for h in headers.to_pylist()]
-    return [("input", topic, part, keys[i], values[i], ts[i], hs[i], "", offsets[i], 0) for i in range(n)]
+    return [Row("input", topic, part, keys[i], values[i], ts[i], hs[i], "", offsets[i], 0) for i in range(n)]
 
 
 def merge(streams: dict, event_time=None) -> Iterator:
@@ -192,8 +210,8 @@ def merge(streams: dict, event_time=None) -> Iterator:
     (``Task.event_time``, for a task with timestamp extractors): the time an input row is
     ordered by, as the worker's ``PartitionGroup`` orders it."""
     def time_of(r):
-        ts = r[5] if r[5] is not None else 0
-        return ts if event_time is None or r[0] != "input" else event_time(r[1], r[3], r[4], ts)
+        ts = r.timestamp if r.timestamp is not None else 0
+        return ts if event_time is None or r.kind != "input" else event_time(r.topic, r.key, r.value, ts)
 
     heap = []
     for key, rs in streams.items():
@@ -212,7 +230,7 @@ def add_stream_rows(streams: dict, rows) -> None:
     """Append ``rows`` (one stream's, in its order) to ``streams`` by (phase, topic, partition,
     origin)."""
     for r in rows:
-        key = (r[9], r[1], r[2], r[7])
+        key = (r.phase, r.topic, r.partition, r.origin)
         s = streams.get(key)
         if s is None:
             s = streams[key] = []

@@ -334,10 +334,10 @@ class TaskRun:
             for msgs in batches:
                 for m in msgs:
                     got.append(message_row(m))
-            got.sort(key=lambda r: r[8])
+            got.sort(key=lambda r: r.seq)
             read += len(got)
             if topic in compacted and name not in unordered:
-                if not got or in_time_order([r[5] or 0 for r in got]):   # (as merge takes a missing one)
+                if not got or in_time_order([r.timestamp or 0 for r in got]):   # (as merge takes a missing one)
                     got = last_changes(got, src.key_serde, src.value_serde)
                 else:
                     unordered.append(name)
