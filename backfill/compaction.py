@@ -4,10 +4,23 @@ reduction itself (docs/backfill.md "What it does", step 4).
 Invariant: a source is reduced only when every store and output downstream of it provably ends
 the same from each key's last two real changes as from the whole history (``compaction_plan``
 names the reason per source); the reduction keeps every poison record, so the on-error policy
-meets exactly what a full replay meets.
+meets exactly what a full replay meets. What each operator is to a reduced replay is what its
+class declares (``replay``: ``processor/operators/replay.py``), not a list of types kept here.
 """
 
 from __future__ import annotations
+
+from processor.operators import replay as R
+
+
+def operator_of(node):
+    """The operator a graph node builds (one instance, to read what its class declares)."""
+    return node.factory(node)
+
+
+def replay_of(node) -> str:
+    """What ``node``'s operator is to a reduced replay (``processor/operators/replay.py``)."""
+    return node.factory(node).replay
 
 
 def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals: dict | None = None
@@ -45,20 +58,7 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     one before, so the timestamp of a sink's last record may come from a change the reduction
     drops). A key the reduction leaves absent then needs no tombstone: the topic never held it.
     ``refusals`` receives, for each table source refused, the reader that needs every record."""
-    from processor.operators.filter import TableFilter
-    from processor.operators.foreign_key_join import (
-        ForeignKeyJoinResponder,
-        ForeignKeyJoinResponseResolver,
-        ForeignKeyJoinSubscriptionReceiver,
-        ForeignKeyJoinSubscriptionSender,
-    )
-    from processor.operators.map_values import TableMapValues
-    from processor.operators.sink import PassThrough, Sink, TableToStream
-    from processor.operators.source import TableSource
-    from processor.operators.user_processor import UserProcessor
-
-    def op(n):
-        return type(n.factory(n))
+    op = replay_of
 
     lookers: dict[int, list] = {}
     for n in topo.nodes:
@@ -68,7 +68,7 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
     for src in topo.nodes:
         if src.attrs.internal if hasattr(src.attrs, "internal") else False:
             continue
-        if not src.source_topic or op(src) is not TableSource:
+        if not src.source_topic or op(src) != R.TABLE_SOURCE:
             continue
         if src.attrs.timestamp_extractor is not None:
             # the reduction keeps the last changes in offset order, which are the last ones in
@@ -83,38 +83,38 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
         while stack and why is None:
             n, mapped = stack.pop()
             for reader in lookers.get(id(n), ()):
-                if op(reader) in (ForeignKeyJoinSubscriptionReceiver, ForeignKeyJoinResponseResolver):
+                if op(reader) in (R.FK_SUBSCRIPTION_RECEIVER, R.FK_RESPONSE_RESOLVER):
                     via.add("foreign-key join")
                 else:
                     why = why or f"{reader.name} looks the table up: its results depend on the history"
             for c in n.children:
                 t = op(c)
-                if t in (TableFilter, TableMapValues):
-                    stack.append((c, mapped or t is TableMapValues))
-                elif t is TableToStream:
+                if t in (R.TABLE_STEP, R.TABLE_MAP):
+                    stack.append((c, mapped or t == R.TABLE_MAP))
+                elif t == R.TO_STREAM:
                     stateful = _stateful_after_to_stream(topo, c, lookers, op)
                     if stateful is not None:
-                        why = why or (f"{stateful.name} ({op(stateful).kind}) reads the table's changes as a "
-                                      f"stream: each change is an event to it")
-                    via.add("table sink" if all(op(x) is Sink for x in c.children) else
+                        why = why or (f"{stateful.name} ({operator_of(stateful).kind}) reads the table's changes "
+                                      f"as a stream: each change is an event to it")
+                    via.add("table sink" if all(op(x) == R.SINK for x in c.children) else
                             "stateless stream steps to sinks")
-                elif t is Sink and not c.attrs.internal:
+                elif t == R.SINK and not c.attrs.internal:
                     via.add("table sink")
                 elif id(c) in transparent:
                     via.add("foreign-key join")
-                elif t is ForeignKeyJoinSubscriptionSender and mapped:
+                elif t == R.FK_SUBSCRIPTION_SENDER and mapped:
                     # the version store would name the record of a change map_values skipped
                     why = why or (f"{c.name} (a foreign-key join's left side) follows a map_values, "
                                   f"which skips unchanged results")
-                elif t in (ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponder):
+                elif t in (R.FK_SUBSCRIPTION_SENDER, R.FK_RESPONDER):
                     via.add("foreign-key join")
                     # the join's result table is read by the same rule: what reads it must end
                     # the same from the results of the last changes (an aggregation does not: a
                     # group only an intermediate left row reached keeps its count of 0)
                     stack.extend((x, False) for x in downstream(topo, c, lookers)
-                                 if op(x) is PassThrough and getattr(x.attrs, "result_store", None))
+                                 if op(x) == R.PASS_THROUGH and getattr(x.attrs, "result_store", None))
                 else:
-                    why = why or (f"{c.name} ({t.kind}): its state depends on the history (a group, "
+                    why = why or (f"{c.name} ({operator_of(c).kind}): its state depends on the history (a group, "
                                   f"a window or a join row that only an intermediate change reached)")
         if why is None:
             # every input record of a task moves the stream time its user processors punctuate
@@ -122,7 +122,7 @@ def compaction_plan(topo, emit_outputs: bool = False, held_outputs=(), refusals:
             # foreign-key subscriptions too: found in review)
             reached = {id(x) for x in [src] + downstream(topo, src, lookers)}
             subs = [sub for sub in topo.subtopologies if any(id(x) in reached for x in sub)]
-            user = next((n for sub in subs for n in sub if op(n) is UserProcessor), None)
+            user = next((n for sub in subs for n in sub if op(n) == R.USER_PROCESSOR), None)
             if user is not None:
                 why = (f"{user.name} (a user processor in a sub-topology its records reach) punctuates on "
                        f"the task's stream time")
@@ -143,28 +143,14 @@ def _stateful_after_to_stream(topo, to_stream, lookers, op):
     receives (a store, a lookup, a repartition, a user processor), or None when only stateless
     stream steps and user sinks follow: then the stores end the same from the last changes, and
     the outputs are settled by ``--emit-outputs``' own rule (a stream sink needs every record)."""
-    from processor.operators.filter import StreamFilter
-    from processor.operators.map_values import StreamMapValues
-    from processor.operators.sink import PassThrough, Sink
-    from processor.operators.stream_map import (
-        StreamBranch,
-        StreamFlatMap,
-        StreamFlatMapValues,
-        StreamMap,
-        StreamPeek,
-        StreamSelectKey,
-    )
-
-    stateless = (StreamFilter, StreamMapValues, StreamMap, StreamSelectKey, StreamFlatMap, StreamFlatMapValues,
-                 StreamPeek, StreamBranch, PassThrough)
     for x in downstream(topo, to_stream, lookers):
         t = op(x)
         if x.stores or x.lookups or lookers.get(id(x)):
             return x
-        if t is Sink:
+        if t == R.SINK:
             if x.attrs.internal:
                 return x
-        elif t not in stateless:
+        elif t not in (R.STATELESS, R.PASS_THROUGH):
             return x
     return None
 
@@ -188,19 +174,11 @@ def transparent_joins(src, lookers) -> set[int]:
     (``in_time_order``; found in review). (Through a filter or a map_values the changes a join
     sees are no longer the source's, and a left join resolves an intermediate left row without
     a foreign key at once: those joins are not transparent.)"""
-    from processor.operators.foreign_key_join import (
-        ForeignKeyJoinResponder,
-        ForeignKeyJoinResponseResolver,
-        ForeignKeyJoinSubscriptionReceiver,
-        ForeignKeyJoinSubscriptionSender,
-    )
-
     out = set()
     for n in list(src.children) + lookers.get(id(src), []):
-        o = n.factory(n)
-        if isinstance(o, (ForeignKeyJoinResponder, ForeignKeyJoinSubscriptionReceiver)) or (
-                isinstance(o, (ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponseResolver))
-                and o.how == "inner"):
+        o = operator_of(n)
+        if o.replay in (R.FK_RESPONDER, R.FK_SUBSCRIPTION_RECEIVER) or (
+                o.replay in (R.FK_SUBSCRIPTION_SENDER, R.FK_RESPONSE_RESOLVER) and o.how == "inner"):
             out.add(id(n))
     return out
 
@@ -236,15 +214,13 @@ def _outputs_need_history(topo, src, lookers, held: set, op, transparent=frozens
     """Why the user sinks downstream of table source ``src`` (up to its ``transparent`` joins)
     need every record of it under ``--emit-outputs`` (None: they do not)."""
     from backfill.outputs import table_sinks
-    from processor.operators.foreign_key_join import ForeignKeyJoinResponder, ForeignKeyJoinSubscriptionSender
-    from processor.operators.map_values import TableMapValues
 
     tables = table_sinks(topo)
     for n in downstream(topo, src, lookers, stop=transparent):
-        if op(n) is TableMapValues:
+        if op(n) == R.TABLE_MAP:
             return (f"{n.name} (a table map_values) skips unchanged results, so a sink's last "
                     f"timestamp may come from a change the reduction drops")
-        if op(n) in (ForeignKeyJoinSubscriptionSender, ForeignKeyJoinResponder):
+        if op(n) in (R.FK_SUBSCRIPTION_SENDER, R.FK_RESPONDER):
             return (f"{n.name} (a foreign-key join) skips unchanged results, so a sink's last "
                     f"timestamp may come from a change the reduction drops")
         if n.kind == "sink" and not n.attrs.internal:

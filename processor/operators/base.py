@@ -14,6 +14,7 @@ from typing import Any, cast
 from processor import provenance
 from processor.engine.routing import Routing
 from processor.errors import ConfigError, ProcessorError, SerializationError, UserFunctionError
+from processor.operators import replay as replay_semantics
 
 
 def describe_function(fn: Callable) -> str:
@@ -125,6 +126,7 @@ class Processor:
     """Base operator: a named node with children. Subclasses override ``process``."""
 
     kind = "processor"
+    replay = replay_semantics.HISTORY
 
     def __init__(self, name: str):
         self.name = name

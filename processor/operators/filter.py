@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from processor.operators import replay as replay_semantics
 from processor.operators.base import Processor, user_function_error
 from processor.operators.value_getter import Row, ValueGetter
 from processor.records import Change
@@ -52,6 +53,7 @@ class TableFilterRule:
 
 class StreamFilter(Processor):
     kind = "filter"
+    replay = replay_semantics.STATELESS
 
     def __init__(self, name, predicate, negate=False):
         super().__init__(name)
@@ -75,6 +77,7 @@ class StreamFilter(Processor):
 
 class TableFilter(Processor):
     kind = "table-filter"
+    replay = replay_semantics.TABLE_STEP
 
     def __init__(self, name: str, predicate: Predicate, negate: bool = False):
         super().__init__(name)

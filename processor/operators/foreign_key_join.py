@@ -49,6 +49,7 @@ import inspect
 
 from processor import provenance
 from processor.errors import ProcessingError, SerializationError
+from processor.operators import replay as replay_semantics
 from processor.operators.base import Processor, describe_function
 from processor.operators.sink import Routed, Sink, reads_old_values
 from processor.operators.table_join import MaterializedResult
@@ -122,6 +123,7 @@ class ForeignKeyJoinSubscriptionSender(_LeftSide):
     """Left side: a left change -> subscriptions, or a result resolved locally."""
 
     kind = "fk-join-subscription-sender"
+    replay = replay_semantics.FK_SUBSCRIPTION_SENDER
 
     def __init__(self, name, fk_extractor, left_key_serde, right_key_serde, joiner, how,
                  version_store, result_store, result_serde):
@@ -216,6 +218,7 @@ class ForeignKeyJoinSubscriptionReceiver(_RespondingOperator):
     """Right side: a subscription -> the subscription store, and a response with the right row."""
 
     kind = "fk-join-subscription-receiver"
+    replay = replay_semantics.FK_SUBSCRIPTION_RECEIVER
 
     def __init__(self, name, right_node, subscription_store, right_key_serde, right_value_serde):
         super().__init__(name, subscription_store, right_key_serde, right_value_serde)
@@ -260,6 +263,7 @@ class ForeignKeyJoinResponder(_RespondingOperator):
     prefix scan of the subscription store, so in primary-key byte order."""
 
     kind = "fk-join-responder"
+    replay = replay_semantics.FK_RESPONDER
 
     def process(self, key, change, timestamp):
         fkb = self.serialize(self.right_key_serde, key, "key")
@@ -280,6 +284,7 @@ class ForeignKeyJoinResponseResolver(_LeftSide):
     """Left side: a response -> the result for the left row it answers, if still current."""
 
     kind = "fk-join-response-resolver"
+    replay = replay_semantics.FK_RESPONSE_RESOLVER
 
     def __init__(self, name, left_node, fk_extractor, left_key_serde, right_key_serde, right_value_serde,
                  joiner, how, version_store, result_store, result_serde):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from processor.operators import replay as replay_semantics
 from processor.operators.base import MapperOperator, Processor, user_function_error
 from processor.operators.value_getter import Row, ValueGetter
 from processor.records import Change
@@ -42,6 +43,7 @@ class TableMapValuesRule:
 
 class StreamMapValues(MapperOperator):
     kind = "map-values"
+    replay = replay_semantics.STATELESS
 
     def process(self, key, value, timestamp):
         try:
@@ -53,6 +55,7 @@ class StreamMapValues(MapperOperator):
 
 class TableMapValues(Processor):
     kind = "table-map-values"
+    replay = replay_semantics.TABLE_MAP
 
     def __init__(self, name: str, mapper: ValueMapper, value_serde=None):
         super().__init__(name)

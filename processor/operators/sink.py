@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from processor import provenance
 from processor.errors import OutputError, is_operational
+from processor.operators import replay as replay_semantics
 from processor.operators.base import Processor, describe_function
 
 
@@ -42,6 +43,7 @@ class PassThrough(Processor):
     """Forwards what it receives (the merge point of several parents)."""
 
     kind = "pass-through"
+    replay = replay_semantics.PASS_THROUGH
 
     def process(self, key, value, timestamp):
         self.forward(key, value, timestamp)
@@ -49,6 +51,7 @@ class PassThrough(Processor):
 
 class TableToStream(Processor):
     kind = "to-stream"
+    replay = replay_semantics.TO_STREAM
 
     def process(self, key, change, timestamp):
         self.forward(key, change.new, timestamp)
@@ -77,6 +80,7 @@ def _without_internal(headers) -> list:
 
 class Sink(Processor):
     kind = "sink"
+    replay = replay_semantics.SINK
 
     def __init__(self, name, topic, key_serde, value_serde, passthrough=False, internal=False,
                  route_like: str | None = None, carries_table: bool = False, extractor=None):

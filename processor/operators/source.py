@@ -13,6 +13,7 @@ from __future__ import annotations
 import numbers
 
 from processor.errors import DeserializationError, UserFunctionError, is_operational
+from processor.operators import replay as replay_semantics
 from processor.operators.base import Processor, describe_function
 from processor.records import Change
 from processor.state import timestamped
@@ -117,6 +118,7 @@ class RequireKey(Processor):
 
 class TableSource(StreamSource):
     kind = "table-source"
+    replay = replay_semantics.TABLE_SOURCE
 
     def __init__(self, name, topic, key_serde, value_serde, store_name, timestamp_extractor=None):
         super().__init__(name, topic, key_serde, value_serde, timestamp_extractor)

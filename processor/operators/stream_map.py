@@ -14,6 +14,7 @@ so a bad element never leaves half of a record's outputs behind.
 from __future__ import annotations
 
 from processor.errors import UserFunctionError
+from processor.operators import replay as replay_semantics
 from processor.operators.base import MapperOperator, Processor, describe_function
 
 
@@ -47,6 +48,7 @@ class StreamMap(MapperOperator):
     """``mapper(key, value) -> (key2, value2)``."""
 
     kind = "map"
+    replay = replay_semantics.STATELESS
 
     def process(self, key, value, timestamp):
         try:
@@ -61,6 +63,7 @@ class StreamSelectKey(MapperOperator):
     """``mapper(key, value) -> key2``; the value is forwarded as it came."""
 
     kind = "select-key"
+    replay = replay_semantics.STATELESS
 
     def process(self, key, value, timestamp):
         try:
@@ -74,6 +77,7 @@ class StreamFlatMap(MapperOperator):
     """``mapper(key, value)`` -> an iterable of ``(key2, value2)``."""
 
     kind = "flat-map"
+    replay = replay_semantics.STATELESS
 
     def process(self, key, value, timestamp):
         try:
@@ -90,6 +94,7 @@ class StreamFlatMapValues(MapperOperator):
     """``mapper(value)`` -> an iterable of values, each forwarded with the input's key."""
 
     kind = "flat-map-values"
+    replay = replay_semantics.STATELESS
 
     def process(self, key, value, timestamp):
         try:
@@ -105,6 +110,7 @@ class StreamPeek(Processor):
     peek with no child)."""
 
     kind = "peek"
+    replay = replay_semantics.STATELESS
 
     def __init__(self, name, action):
         super().__init__(name)
@@ -124,6 +130,7 @@ class StreamBranch(Processor):
     nowhere (counted in ``unbranched``)."""
 
     kind = "branch"
+    replay = replay_semantics.STATELESS
 
     def __init__(self, name, predicates, has_default: bool):
         super().__init__(name)

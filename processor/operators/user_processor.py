@@ -20,6 +20,7 @@ from typing import Any
 
 from processor import papi
 from processor.errors import ProcessingError, TopologyError
+from processor.operators import replay as replay_semantics
 from processor.operators.base import Processor, describe_function
 from processor.records import Record
 from processor.state.store import BOOKKEEPING_STORE
@@ -46,6 +47,7 @@ class _Schedule:
 
 class UserProcessor(Processor):
     kind = "user-processor"
+    replay = replay_semantics.USER_PROCESSOR
 
     def __init__(self, name, factory, stores: dict, read_only: dict | None = None):
         super().__init__(name)
