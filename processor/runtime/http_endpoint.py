@@ -24,7 +24,8 @@ Routes:
   servers hold the key (``StoreView.metadata``).
 
 Queries across the fleet (``worker.fleet_map`` from the group's assignment, each member's
-``--application-server``):
+``--application-server``; the policy below is ``processor/runtime/fleet_queries.py``, apart from
+HTTP: this file parses a request and writes the policy's answer):
 - A key whose task this worker does not run is forwarded, once (with this worker's credentials:
   ``http_security.py`` invariant 3), to the server the fleet map
   names as its task's active (the request carries ``X-Processor-Forwarded: 1``; a forwarded
@@ -90,32 +91,26 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from processor.config import check_application_server
 from processor.errors import ConfigError, ProcessorError
+from processor.runtime.fleet_queries import FORWARDED, FleetQueries, key_of
 from processor.runtime.http_security import LOOPBACK, NO_SECURITY, HTTPSecurity
 from processor.runtime.interactive_queries import (
-    DEFAULT_LIMIT,
-    MAX_LIMIT,
-    SCAN_TIMEOUT_S,
-    Cursor,
     KeyNotHosted,
     QueryBusy,
     QueryError,
     QueryHost,
-    StoreNotReady,
     StoreView,
 )
-from processor.serde import StringSerde
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -125,8 +120,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("processor.http")
 
 DEFAULT_HEALTH_TIMEOUT_S = 60.0
-FORWARDED = "X-Processor-Forwarded"   # a request one worker sends another: answered here only
-FORWARD_TIMEOUT_S = 5.0               # how long a worker waits for another's answer
 INSTANCE = "X-Processor-Instance"     # on every answer: the id of the endpoint that answered
 PROBE_TIMEOUT_S = 5.0                 # how long the probe of the advertised address waits
 ROUTES = "/metrics /healthz /readyz /stores/<store>/<key> /metadata/<store>/<key>"
@@ -147,15 +140,6 @@ class EndpointHost(QueryHost, Protocol):
     metrics_registry: CollectorRegistry
 
     def ready(self) -> bool: ...
-
-
-class PeerUnanswered(Exception):
-    """Another worker of the fleet did not answer a forwarded request."""
-
-    def __init__(self, server: str, reason: str):
-        super().__init__(f"{server} did not answer: {reason}")
-        self.server = server
-        self.reason = reason
 
 
 class HTTPRefusal(Exception):
@@ -218,29 +202,6 @@ def encode_json(obj) -> bytes:
         return orjson.dumps(obj, default=repr, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
     except (TypeError, orjson.JSONEncodeError):
         return (json.dumps(obj, default=repr) + "\n").encode()
-
-
-def ask_peer(server: str, path: str, security: HTTPSecurity = NO_SECURITY,
-             timeout_s: float = FORWARD_TIMEOUT_S) -> tuple[int, dict]:
-    """``(status, JSON body)`` of ``GET path`` on worker ``server`` (``host:port``), asked as a
-    forwarded request with this worker's credentials (``http_security.py`` invariant 3);
-    ``PeerUnanswered`` when it cannot be reached, times out or answers something that is not a
-    JSON object."""
-    req = urllib.request.Request(f"{security.scheme}://{server}{path}",
-                                 headers={FORWARDED: "1", **security.peer_headers()})
-    try:
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s, context=security.client_context) as r:
-                status, raw = r.status, r.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        body = json.loads(raw)
-    except (OSError, ValueError) as exc:   # refused, timed out, reset, TLS; a body that is not JSON
-        reason = getattr(exc, "reason", exc)
-        raise PeerUnanswered(server, f"{type(reason).__name__}: {reason}") from None
-    if not isinstance(body, dict):
-        raise PeerUnanswered(server, f"a {type(body).__name__} instead of a JSON object")
-    return status, body
 
 
 def probe_application_server(server: str, instance: str, timeout_s: float = PROBE_TIMEOUT_S,
@@ -359,6 +320,8 @@ class WorkerHTTPEndpoint:
         self.instance = uuid.uuid4().hex   # X-Processor-Instance of every answer
         self.health_timeout_s = health_timeout_s
         self.security = security or NO_SECURITY
+        # who answers for a key, and a scan across the fleet (processor/runtime/fleet_queries.py)
+        self.queries = FleetQueries(worker, self.security)
         self.host = host
         handler = type("Handler", (_Handler,), {"endpoint": self})
         try:
@@ -499,7 +462,7 @@ class _Handler(BaseHTTPRequestHandler):
                 view = StoreView(ep.worker, target.store)
                 if target.key is None:
                     raise QueryError(f"/metadata/{target.store}: no key (GET /metadata/<store>/<key>)")
-                self._json(200, dataclasses.asdict(view.metadata(_key(view, target.key))))
+                self._json(200, dataclasses.asdict(view.metadata(key_of(view, target.key))))
             else:
                 self._json(404, {"error": f"no route {loggable(target.path)}; routes: {ROUTES}"})
         except HTTPRefusal as exc:
@@ -518,198 +481,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(500, {"error": f"{type(exc).__name__}: {exc}"})
 
     def _store(self, target: Target) -> None:
+        """A key's row or a prefix scan: the fleet's query policy answers
+        (``processor/runtime/fleet_queries.py``), this writes its answer."""
         assert target.store is not None
         view = StoreView(self.endpoint.worker, target.store)
-        query = target.query
-        if target.key is None:
-            self._prefix(view, query)
-            return
-        key = _key(view, target.key)
-        worker = self.endpoint.worker
-        stale, redirect, forwarded = _flag(query, "stale"), _flag(query, "redirect"), bool(self.headers.get(FORWARDED))
-        try:
-            entry, where = view.lookup(key, stale=stale)
-        except KeyNotHosted as exc:
-            if worker.application_server is None and not worker.fleet_map:
-                raise   # not in a fleet that answers for any key: answered here only (404)
-            if not worker.fleet_map:
-                raise StoreNotReady(f"{exc} (this worker has no assignment from its group yet: ask again)") from None
-            if forwarded:
-                # the asking worker's map named this one, which does not run the task (any more, or
-                # not yet): the task is moving, so ask again (never forwarded twice)
-                raise StoreNotReady(f"{exc} (the task is moving between workers: ask again)") from None
-            self._forward(view, target, key, redirect, stale)
-            return
-        except StoreNotReady:
-            # restoring here, or a standby here that never caught up: another copy may answer
-            # (a global store's tables are bootstrapping: every worker's are, or were, so here)
-            if forwarded or not worker.fleet_map or view.is_global:
-                raise
-            self._forward(view, target, key, redirect, stale)
-            return
-        if entry is None and where.get("stale"):
-            # a standby without the row is no proof the key has none: the active answers
-            if forwarded:
-                raise StoreNotReady(f"store {view.name!r}: the standby replica of task {where['task']} here has "
-                                    f"no row for the key, which is no proof that the task has none")
-            self._forward(view, target, key, redirect, stale=True)
-            return
-        if entry is None:
-            self._json(404, {"error": f"no row for key {target.key!r} in store {view.name!r}",
-                             **where, "hosted_here": True})
-        else:
-            self._json(200, entry)
-
-    def _forward(self, view: StoreView, target: Target, key, redirect: bool, stale: bool) -> None:
-        """Answer for a key whose task this worker cannot answer for: relay its active owner's
-        answer (or send the caller there); with ``stale``, when the active cannot answer (down,
-        restoring, the task between owners), a standby's. 503 only when no copy answers."""
-        meta = view.metadata(key)
-        security = self.endpoint.security
-        me = self.endpoint.worker.application_server
-        path = f"/stores/{quote(view.name, safe='')}/{quote(target.key or '', safe='')}"
-        params = [(k, v) for k, v in target.query.items() if k not in ("stale", "redirect")]
-        failures = []
-        if meta.active is None:
-            failures.append(f"store {view.name!r}: task {meta.task} (partition {meta.partition}) has no active "
-                            f"worker in the fleet's assignment")
-        elif meta.active == me:
-            failures.append(f"store {view.name!r}: task {meta.task} is assigned to this worker ({me}) but not "
-                            f"open here yet")
-        elif redirect:
-            query = urlencode([(k, v) for k, v in target.query.items() if k != "redirect"], doseq=True)
-            location = f"{security.scheme}://{meta.active}{path}" + (f"?{query}" if query else "")
-            self._json(307, {"location": location, "task": meta.task}, headers={"Location": location})
-            return
-        else:
-            try:
-                # (without ?stale: the active answers from its task, never from a standby it may keep)
-                query = urlencode(params, doseq=True)
-                status, body = ask_peer(meta.active, path + (f"?{query}" if query else ""), security)
-                if status != 503 or not stale:
-                    self._json(status, {**body, "served_by": meta.active})
-                    return
-                failures.append(f"{meta.active} answered 503: {body.get('error', body)}")
-            except PeerUnanswered as exc:
-                failures.append(f"store {view.name!r}: task {meta.task} is active on {exc.server}, which did not "
-                                f"answer: {exc.reason}")
-        if stale:
-            query = urlencode(params + [("stale", ["true"])], doseq=True)
-            for server in meta.standbys:
-                if server == me:
-                    continue   # (this worker's own copy was asked first)
-                try:
-                    status, body = ask_peer(server, path + f"?{query}", security)
-                except PeerUnanswered as exc:
-                    failures.append(str(exc))
-                    continue
-                if status == 200:   # (stale from its replica; fresh if the task runs there by now)
-                    self._json(status, {**body, "served_by": server})
-                    return
-                failures.append(f"standby {server} answered {status}: {body.get('error', body)}")
-        raise StoreNotReady("; ".join(failures))
-
-    def _prefix(self, view: StoreView, query: dict) -> None:
-        """A page of this worker's entries, and (unless asked by another worker) every other
-        server's, merged (module docstring)."""
-        worker = self.endpoint.worker
-        text = query.get("limit", [str(DEFAULT_LIMIT)])[-1]
-        if not text.isdigit() or int(text) < 1:
-            raise QueryError(f"limit must be a whole number, 1 or more, not {text[:40]!r}")
-        limit = min(int(text), MAX_LIMIT)
-        prefix = query.get("prefix", [""])[-1]
-        after_text = query.get("after", [""])[-1]
-        after = Cursor.parse(after_text) if after_text else None
-        page = view.page(prefix, limit, after)   # first: a refused scan is refused here
-        fleet_map = worker.fleet_map
         forwarded = bool(self.headers.get(FORWARDED))
-        if view.is_global or forwarded or not fleet_map:
-            body: dict[str, Any] = {"entries": page.entries, "partitions": page.partitions}
-            if page.next is not None:
-                body["next"] = str(page.next)
-            if forwarded:   # (the asking worker merges pages by them)
-                body["cursors"] = [str(c) for c in page.cursors]
-            self._json(200, body)
-            return
-        me = worker.application_server
-        others = sorted(s for s in fleet_map if s != me)
-        params = {"prefix": prefix, "limit": limit, **({"after": after_text} if after else {})}
-        path = f"/stores/{quote(view.name, safe='')}?" + urlencode(params)
-        answers: list[tuple[str | None, ScanAnswer]] = [
-            (me, ScanAnswer(page.entries, page.cursors, page.partitions, page.next))]
-        server: str | None
-        missing: dict[str, str] = {}
-        security = self.endpoint.security
-        with ThreadPoolExecutor(max(1, len(others))) as pool:
-            for server, got in zip(others, pool.map(lambda s: _scan_of(s, path, security), others), strict=True):
-                if isinstance(got, str):
-                    missing[server] = got
-                else:
-                    answers.append((server, got))
-        # a partition whose task no server runs now (restoring, or between two owners) has no
-        # entries in any answer: the scan is incomplete, never silently short
-        taken_from: dict[int, str | None] = {}   # partition -> the server whose entries are taken
-        for server, a in answers:   # (server None: this worker, no application server)
-            for p in a.partitions:
-                taken_from.setdefault(p, server)
-        # past the first partition where a server's page ended, its entries are on its next page
-        ends = [a.next.partition for _, a in answers if a.next is not None and a.next.partition is not None]
-        cut = min(ends) if ends else None
-        first = after.partition if after is not None and after.partition is not None else 0
-        last = view.partition_count() - 1 if cut is None else cut
-        unanswered = [p for p in range(first, last + 1) if p not in taken_from]
-        if (missing or unanswered) and not _flag(query, "partial"):
-            why = list(missing.values())
-            if unanswered:
-                why.append(f"no worker runs the task of partition(s) {unanswered} now (restoring or moving)")
-            raise StoreNotReady(f"store {view.name!r}: the prefix scan is incomplete: "
-                                + "; ".join(why) + " (?partial=true answers without them)")
-        merged = [(e, c) for server, a in answers for e, c in zip(a.entries, a.cursors, strict=True)
-                  if taken_from.get(e["partition"]) == server and (cut is None or e["partition"] <= cut)]
-        merged.sort(key=lambda ec: ec[0]["partition"])   # stable: each partition in its server's order
-        body = {"entries": [e for e, _ in merged[:limit]]}
-        if cut is not None or len(merged) > limit:
-            ended = [a.next for _, a in answers if a.next is not None]
-            body["next"] = str(merged[:limit][-1][1] if merged else min(ended, key=Cursor.position))
-        if _flag(query, "partial"):
-            body["missing"] = sorted(missing)
-            body["missing_partitions"] = unanswered
-        self._json(200, body)
+        queries = self.endpoint.queries
+        if target.key is None:
+            answer = queries.prefix(view, target.query, forwarded)
+        else:
+            answer = queries.key(view, target.key, target.query, forwarded)
+        self._json(answer.status, answer.body, headers=answer.headers)
 
-
-@dataclass
-class ScanAnswer:
-    """One server's page of a fleet's prefix scan (``ScanPage`` over the wire)."""
-
-    entries: list[dict]
-    cursors: list[Cursor]
-    partitions: list[int]
-    next: Cursor | None
-
-
-def _scan_of(server: str, path: str, security: HTTPSecurity) -> ScanAnswer | str:
-    """A server's own page of a prefix scan, or why there is none."""
-    try:
-        # (a peer answers a scan in slices between its batches, for up to its own SCAN_TIMEOUT_S)
-        status, body = ask_peer(server, path, security, timeout_s=SCAN_TIMEOUT_S + FORWARD_TIMEOUT_S)
-    except PeerUnanswered as exc:
-        return str(exc)
-    entries, cursors, parts = body.get("entries"), body.get("cursors"), body.get("partitions")
-    if status != 200 or not isinstance(entries, list) or not isinstance(parts, list):
-        return f"{server} answered {status}: {body.get('error', body)}"
-    if not isinstance(cursors, list) or len(cursors) != len(entries):
-        return f"{server} answered without the cursors of its entries (a worker of an older version)"
-    try:
-        return ScanAnswer(entries, [Cursor.parse(c) for c in cursors], parts,
-                          Cursor.parse(body["next"]) if body.get("next") else None)
-    except QueryError as exc:
-        return f"{server} answered a cursor that is not one: {exc}"
-
-
-def _key(view: StoreView, key_text: str):
-    """A key from its (decoded) text in a path: as it is for a string-keyed store, else JSON."""
-    return key_text if isinstance(view.key_serde, StringSerde) else json.loads(key_text)
-
-
-def _flag(query: dict, name: str) -> bool:
-    return query.get(name, [""])[-1].lower() in ("true", "1", "yes")
