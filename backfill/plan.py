@@ -1,7 +1,7 @@
 """The plan of runs: in which order the backfill runs a topology's sub-topologies, which can still
 receive rows from which, and which need a flush (graceful stop) at the end.
 
-Invariant (``receivers``, checked by the runs loop): a sub-topology's run is its last (its tasks
+Invariant (``is_last_run``, checked by the runs loop): a sub-topology's run is its last (its tasks
 then write their changelogs and stores) only when nothing that may still run can send it a row.
 """
 
@@ -71,3 +71,15 @@ def defers_emissions(topo, sub) -> bool:
     return any(isinstance(n.attrs, AggregateAttrs) and n.attrs.emit.mode == "every"
                for n in topo.subtopologies[sub])
 
+
+def is_last_run(topo, sub: int, run_topics: set[str], order: list[int], later_topics: dict[int, set[str]]) -> bool:
+    """Whether a run of sub-topology ``sub`` that reads ``run_topics`` is its last: no flush is to
+    come in it (``defers_emissions``) and nothing that may still run can send it a row: not
+    this run (its records may reach itself through an internal topic), nor any other
+    sub-topology of ``order`` reading the topics of ``later_topics`` (a sub-topology -> the
+    topics it may still read: rows produced for it, or all it reads while its history or its
+    flush is still to come). Then its tasks write their changelogs at the run's end."""
+    if defers_emissions(topo, sub):
+        return False
+    later = [(sub, run_topics)] + [(i, later_topics[i]) for i in order if i != sub and later_topics.get(i)]
+    return sub not in receivers(topo, later)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from backfill.context import RunSpec, raise_task_errors
 from backfill.items import ResultItem, RunRecord, TaskStats, as_input, is_piece
-from backfill.plan import defers_emissions, receivers, run_order
+from backfill.plan import defers_emissions, is_last_run, run_order
 from backfill.progress import StageProgress
 from processor.engine.task_id import DIR_GLOB
 
@@ -191,7 +191,7 @@ def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
 
     while True:
         late = sorted(i for i in report.finalized if pending_runs(i))
-        if late:   # the sanity check of receivers(): a written task can take no more records
+        if late:   # the sanity check of is_last_run(): a written task can take no more records
             raise RuntimeError(f"backfill: internal error: rows for sub-topology {late[0]} after its last run")
         sub, flush = None, False
         for i in order:
@@ -215,21 +215,16 @@ def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
         # the run is the sub-topology's last if nothing that may still run can send it a row (no
         # flush to come either): its tasks then write their changelogs at its end
         final = False
-        if not flush and not defers_emissions(topo, sub):
+        if not flush:
             run_topics = {t for t, _ in external} | {
                 t for r, per_topic in produced if r in pending_runs(sub) for t, c in per_topic.items()
                 if c and t in reads[sub]}
-            later = [(sub, run_topics)]
-            for i in order:
-                if i == sub:
-                    continue
-                topics = {t for r, per_topic in produced if r >= last_run[i]
-                          for t, c in per_topic.items() if c and t in reads[i]}
-                if i not in external_done or (defers_emissions(topo, i) and i not in flushed):
-                    topics = set(reads[i])
-                if topics:
-                    later.append((i, topics))
-            final = sub not in receivers(topo, later)
+            later_topics = {i: set(reads[i]) if i not in external_done or (defers_emissions(topo, i)
+                                                                         and i not in flushed)
+                            else {t for r, per_topic in produced if r >= last_run[i]
+                                  for t, c in per_topic.items() if c and t in reads[i]}
+                            for i in order if i != sub}
+            final = is_last_run(topo, sub, run_topics, order, later_topics)
         spec = RunSpec(sub, run_no, flush, external, pending_runs(sub), sorted(reads[sub]),
                        {t: p for t, p in (archives or {}).items() if t in reads[sub]}, consumer_config, final)
         n_tasks = ctx.tasks_of(sub)
