@@ -33,7 +33,7 @@ class JobContext:
         # whether the tasks send their final stores back to the driver (a --state-dir to fill)
         self.build_databases = build_databases
         self.local_root = local_root   # the driver's build root, shared by the executors of a local master
-        # the largest bytes one item of a run's result carries on a cluster (task_run.to_pieces)
+        # the largest bytes one item of a run's result carries on a cluster (pieces.to_pieces)
         self.item_bytes = int(os.environ.get("PROCESSOR_BACKFILL_ITEM_BYTES", ITEM_BYTES))
         # set once the snapshot is taken (what the checkpoints and commit records say)
         self.snapshot: dict = {}          # (source topic, partition) -> (start, end)

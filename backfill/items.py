@@ -13,7 +13,7 @@ the pieces big bytes travel in.
 - ``RunRecord(sub_topology, flush, records, seconds)``: a run as the job's report lists it.
 - ``Piece(marker, group, number, total, data)``: bytes larger than ``JobContext.item_bytes`` travel
   as ``total`` numbered pieces of one ``group`` and are joined again where they are read
-  (``backfill.task_run.join_pieces``); the bytes of a ``"state"``, ``"db"`` item or of a
+  (``backfill.pieces.join_pieces``); the bytes of a ``"state"``, ``"db"`` item or of a
   ``RowsBatch`` may be a piece.
 
 Invariant: items are read by their fields (and a piece by ``is_piece``), never by their class: with

@@ -336,7 +336,7 @@ def build_databases(runs: Runs, build_root) -> int:
     if items is None:
         return 0
     n = 0
-    from backfill.task_run import join_pieces
+    from backfill.pieces import join_pieces
 
     with StageProgress(runs.spark, "building the task databases on the driver"):
         blobs = items.collect() if runs.db_bytes <= COLLECT_AT_ONCE_BYTES else items.toLocalIterator()

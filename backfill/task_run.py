@@ -13,154 +13,25 @@ yielded.
 
 Invariant: a task processes its history and its internal rows as the worker's task would
 (``backfill.rows.merge``), with the topology's own ``Task``; the bytes it leaves are all it
-carries between runs (pickled memory stores, a version byte in front: ``STATE_FORMAT``).
+carries between runs (``backfill/task_state.py``). Big payloads travel in pieces
+(``backfill/pieces.py``); a run can be profiled (``backfill/profiling.py``).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import os
 import pickle
 import time
 
 from backfill.context import error_info, executor_logging
-from backfill.items import PIECE, Piece, ResultItem, RowsBatch, TaskStats, is_piece
+from backfill.items import ResultItem, TaskStats
+from backfill.pieces import in_pieces, split_inputs, to_pieces
+from backfill.profiling import dump_profile, profiler
+from backfill.task_state import decode_state, encode_state
 from processor.engine.task_id import TaskId
 
 log = logging.getLogger("processor.backfill")
-
-STATE_FORMAT = 1   # version byte of a task's stores between runs
-
-# A directory on each executor's machine: each task's run is profiled (cProfile) into
-# ``run<n>-<sub>_<task>.prof`` there (for developers: ``python -m pstats`` reads them). Local
-# masters inherit it from the driver's environment; on a cluster pass
-# ``--conf spark.executorEnv.PROCESSOR_BACKFILL_PROFILE=DIR``.
-PROFILE_ENV = "PROCESSOR_BACKFILL_PROFILE"
-
-
-def _profiler():
-    if not os.environ.get(PROFILE_ENV):
-        return None
-    import cProfile
-
-    prof = cProfile.Profile()
-    prof.enable()
-    return prof
-
-
-def _dump_profile(prof, name: str) -> None:
-    """Write a run's profile; a directory that cannot be written costs the profile, not the run."""
-    prof.disable()
-    where = os.environ[PROFILE_ENV]
-    try:
-        os.makedirs(where, exist_ok=True)
-        prof.dump_stats(os.path.join(where, name))
-    except OSError as exc:
-        log.warning("%s=%s: the profile %s not written: %s", PROFILE_ENV, where, name, exc)
-
-
-def encode_state(stores, offsets) -> bytes:
-    return bytes([STATE_FORMAT]) + pickle.dumps(
-        {"stores": {n: list(s.items()) for n, s in stores.stores.items()},
-         "checkpoint": stores.checkpoint, "offsets": offsets}, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def decode_state(blob: bytes | None):
-    """``(MemoryStores, virtual offsets of internal partitions)`` from ``encode_state``'s bytes
-    (None: a task's first run, empty stores)."""
-    from processor.errors import StateError
-    from processor.state.memory import MemoryStores
-
-    stores = MemoryStores()
-    if blob is None:
-        return stores, {}
-    if blob[0] != STATE_FORMAT:
-        raise StateError(f"backfill: a task's stores between runs are in format {blob[0]}, not {STATE_FORMAT}")
-    saved = pickle.loads(blob[1:])
-    for name, items in saved["stores"].items():
-        stores.store(name).put_all(items)
-    stores.checkpoint = dict(saved["checkpoint"])
-    return stores, saved["offsets"]
-
-
-# -- pieces: no item Spark carries holds more than ``JobContext.item_bytes`` (a JVM byte array and
-# PySpark's framing stop at 2 GiB): bigger bytes travel as numbered pieces and are joined again
-
-def to_pieces(blob: bytes, limit: int) -> list:
-    """``blob`` itself, or ``Piece``s of at most ``limit`` bytes."""
-    if len(blob) <= limit:
-        return [blob]
-    import uuid
-
-    gid = uuid.uuid4().hex
-    n = -(-len(blob) // limit)
-    return [Piece(PIECE, gid, i, n, blob[i * limit:(i + 1) * limit]) for i in range(n)]
-
-
-def join_pieces(values: list) -> list:
-    """``values`` with every complete set of pieces joined into its bytes (in first-seen order);
-    a set with a piece missing is an error."""
-    out: list = []
-    groups: dict[str, dict[int, Piece]] = {}
-    order: list[int] = []
-    for v in values:
-        if is_piece(v):
-            if v.group not in groups:
-                groups[v.group] = {}
-                order.append(len(out))
-                out.append(v.group)
-            groups[v.group][v.number] = v
-        else:
-            out.append(v)
-    for i in order:
-        parts = groups[out[i]]
-        n = next(iter(parts.values())).total
-        if len(parts) != n:
-            raise RuntimeError(f"backfill: internal error: {n - len(parts)} of {n} pieces of an item missing")
-        out[i] = b"".join(parts[k].data for k in range(n))
-    return out
-
-
-def in_pieces(items: list[ResultItem], limit: int) -> list[ResultItem]:
-    """A run's result items with every big bytes payload (a task's stores, a database, a rows
-    list) cut into pieces."""
-    out: list[ResultItem] = []
-    for item in items:
-        if item.kind in ("state", "db"):
-            out.extend(item._replace(payload=p) for p in to_pieces(item.payload, limit))
-        elif item.kind == "rows":
-            batch = item.payload
-            out.extend(item._replace(payload=batch._replace(blob=p)) for p in to_pieces(batch.blob, limit))
-        else:
-            out.append(item)
-    return out
-
-
-def _split_inputs(items) -> tuple[bytes | None, list[RowsBatch]]:
-    """A run's partition (``(task, ResultItem)`` pairs) -> (the task's state bytes, its rows
-    batches sorted by run), pieces joined."""
-    states = []
-    rows: dict[tuple[int, str, str], list] = {}
-    for pair in items:
-        if not isinstance(pair, tuple):
-            continue            # a partition marker (range of task numbers)
-        _, item = pair
-        if item is None:
-            continue
-        if item.kind == "state":
-            states.append(item.payload)
-        else:
-            batch = item.payload
-            rows.setdefault((batch.run, batch.topic, batch.origin), []).append(batch.blob)
-    state = join_pieces(states)
-    if len(state) > 1:
-        raise RuntimeError(f"backfill: internal error: {len(state)} stores for one task")
-    joined = [RowsBatch(run, topic, origin, b) for (run, topic, origin), blobs in rows.items()
-              for b in join_pieces(blobs)]
-    joined.sort(key=lambda batch: batch.run)
-    return (state[0] if state else None), joined
-
 
 class TaskRun:
     """One run of one sub-topology (``mapPartitionsWithIndex``): partition ``i`` is task ``i``."""
@@ -175,7 +46,7 @@ class TaskRun:
         executor_logging(self.ctx.log_level, getattr(self.ctx, "log_json", False))
         files = self.ctx.files
         if files is None:
-            state, rows = _split_inputs(items)
+            state, rows = split_inputs(items)
         else:   # a local master: what the task's previous runs left, from the build root
             task_id = str(TaskId(self.spec.sub, partition))
             state = files.read_state(task_id)
@@ -187,14 +58,14 @@ class TaskRun:
         prof = None
         gc.disable()
         try:
-            prof = _profiler()
+            prof = profiler()
             return self._run_task(partition, state, rows)
         except ProcessorError as exc:   # back to the driver as data: Spark would wrap it
             return [ResultItem("stats", partition, {"error": error_info(exc)})]
         finally:
             gc.enable()
             if prof is not None:
-                _dump_profile(prof, f"run{self.spec.run_no}-{self.spec.sub}_{partition}.prof")
+                dump_profile(prof, f"run{self.spec.run_no}-{self.spec.sub}_{partition}.prof")
 
     def _run_task(self, partition, state, row_items, compact=True, journal=False):
         from backfill.handoff import write_task
@@ -367,7 +238,7 @@ class FinalizeTask:
 
         executor_logging(self.ctx.log_level, getattr(self.ctx, "log_json", False))
         files = self.ctx.files
-        state = _split_inputs(items)[0] if files is None else files.read_state(str(TaskId(self.sub, partition)))
+        state = split_inputs(items)[0] if files is None else files.read_state(str(TaskId(self.sub, partition)))
         try:
             t0 = time.monotonic()
             stores, _ = decode_state(state)

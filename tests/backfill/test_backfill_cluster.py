@@ -71,7 +71,7 @@ def test_cluster_backfill_stores_equal_the_drivers(case, spark_cluster, kafka_bo
     topo, topics, history = diff.case_input(case, kafka_bootstrap, unique, prefix="dc")
     app = f"dc-{case}-{unique}"
     # fk_joins_3: every stores, rows and database item cut into pieces of at most 2 KiB on its way
-    # (task_run.to_pieces; 256 MiB by default, under the 2 GiB a JVM byte array holds)
+    # (pieces.to_pieces; 256 MiB by default, under the 2 GiB a JVM byte array holds)
     env = {"PROCESSOR_BACKFILL_ITEM_BYTES": "2048"} if case == "fk_joins_3" else {}
     rep = cluster_backfill(f"tests.backfill.test_backfill_differential:{diff.CASES[case][0].__name__}", [topics],
                            {"bootstrap_servers": kafka_bootstrap, "application_id": app,

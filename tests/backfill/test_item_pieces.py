@@ -7,7 +7,7 @@ import random
 import pytest
 
 from backfill.items import PIECE, ResultItem, RowsBatch, as_input
-from backfill.task_run import _split_inputs, in_pieces, join_pieces, to_pieces
+from backfill.pieces import in_pieces, join_pieces, split_inputs, to_pieces
 
 
 def test_small_bytes_stay_whole_and_big_ones_come_back_in_any_order():
@@ -38,7 +38,7 @@ def test_a_tasks_inputs_are_joined_and_ordered_by_run():
     # as a run's partition receives them (task, input), shuffled, a partition marker first
     inputs = [as_input(x) for x in items if x.kind != "stats"]
     random.Random(1).shuffle(inputs)
-    got_state, got_rows = _split_inputs([0, *inputs])
+    got_state, got_rows = split_inputs([0, *inputs])
     assert got_state == state
     assert [(r.run, r.topic, r.origin, r.blob) for r in got_rows] == [
         (run, "topic", "0_1", rows[run]) for run in (0, 1, 3)]
