@@ -140,14 +140,14 @@ class StandbyTasks:
             try:
                 db.close()
             except Exception as close_exc:
-                log.debug("closing the standby database of task %d_%d: %s", *key, close_exc)
+                log.debug("closing the standby database of task %s: %s", TaskId(*key), close_exc)
         self._lag.pop(key, None)
         self.set_aside[key] = time.monotonic() + self.retry_s
         reason = f"{type(exc).__name__}: {exc}"
         if self._reasons.get(key) != reason:
             self._reasons[key] = reason
-            log.warning("standby replica of task %d_%d set aside (tried again every %g s; the other standbys "
-                        "go on): %s", key[0], key[1], self.retry_s, reason)
+            log.warning("standby replica of task %s set aside (tried again every %g s; the other standbys "
+                        "go on): %s", TaskId(*key), self.retry_s, reason)
 
     def _retry_set_aside(self, now: float) -> None:
         for key, at in sorted(self.set_aside.items()):
@@ -196,7 +196,7 @@ class StandbyTasks:
             self.records_read[key] += t.restored
             self._lag[key] = 0
             if self._reasons.pop(key, None) is not None:
-                log.info("standby replica of task %d_%d caught up: it is kept again", *key)
+                log.info("standby replica of task %s caught up: it is kept again", TaskId(*key))
         self._pass = None
         self._targets = {}
         self._drop_uncommitted()
