@@ -10,6 +10,7 @@ class declares (``replay``: ``processor/operators/replay.py``), not a list of ty
 
 from __future__ import annotations
 
+from backfill.rows import KEY, SEQ, VALUE
 from processor.operators import replay as R
 
 
@@ -241,8 +242,8 @@ def last_changes(rows, key_serde=None, value_serde=None):
     every record does. Poison (what the table source would not apply: no key, or bytes that do
     not deserialize with the given serdes) is kept whatever follows it, so the task
     dead-letters it (or fails, or skips it) exactly as a full replay does."""
-    keep = keep_last_changes((([r.key for r in rows], [r.value for r in rows], rows),), key_serde, value_serde)
-    keep.sort(key=lambda r: r.seq)
+    keep = keep_last_changes((([r[KEY] for r in rows], [r[VALUE] for r in rows], rows),), key_serde, value_serde)
+    keep.sort(key=lambda r: r[SEQ])
     return keep
 
 def keep_last_changes(batches, key_serde, value_serde) -> list:
@@ -312,7 +313,7 @@ def last_changes_of_messages(batches, key_serde, value_serde) -> tuple[int, list
     except _OutOfTimeOrder:   # (no need to read on: the partition is read again, whole)
         return count[0], None
     keep = [message_row(m) for m in kept]
-    keep.sort(key=lambda r: r.seq)
+    keep.sort(key=lambda r: r[SEQ])
     return count[0], keep
 
 

@@ -28,6 +28,7 @@ from backfill.context import error_info, executor_logging
 from backfill.items import ResultItem, TaskStats
 from backfill.pieces import in_pieces, split_inputs, to_pieces
 from backfill.profiling import dump_profile, profiler
+from backfill.rows import SEQ, TIMESTAMP
 from backfill.task_state import decode_state, encode_state
 from processor.engine.task_id import TaskId
 
@@ -205,10 +206,10 @@ class TaskRun:
             for msgs in batches:
                 for m in msgs:
                     got.append(message_row(m))
-            got.sort(key=lambda r: r.seq)
+            got.sort(key=lambda r: r[SEQ])
             read += len(got)
             if topic in compacted and name not in unordered:
-                if not got or in_time_order([r.timestamp or 0 for r in got]):   # (as merge takes a missing one)
+                if not got or in_time_order([r[TIMESTAMP] or 0 for r in got]):   # (as merge takes a missing one)
                     got = last_changes(got, src.key_serde, src.value_serde)
                 else:
                     unordered.append(name)

@@ -288,7 +288,7 @@ def read_topic(bootstrap_servers: Cluster, topic: str, timeout_s: float = 30.0,
         reader = PartitionsToEnd(c, {(topic, p): 0 for p in range(parts)})
         for m in reader.records(
                 timeout_s,
-                error=lambda tp, err: KafkaIOError(f"reading {topic!r}: {err}"),
+                error=lambda tp, err: KafkaIOError(f"reading {topic!r}: {err.str()}"),
                 timeout=lambda pending: KafkaIOError(f"reading {topic!r} did not reach the end of partitions "
                                                      f"{[p for _, p in pending]} within {timeout_s:.0f} s")):
             by_part[cast(int, m.partition())].append(m)
@@ -317,7 +317,7 @@ def partitions_with_records_from(bootstrap_servers: Cluster, positions: dict[tup
         reader = PartitionsToEnd(c, positions)
         for m in reader.records(
                 timeout_s, batch=100,
-                error=lambda tp, err: KafkaIOError(f"probing {tp[0]}[{tp[1]}]: {err}"),
+                error=lambda tp, err: KafkaIOError(f"probing {tp[0]}[{tp[1]}]: {err.str()}"),
                 timeout=lambda pending: KafkaIOError(f"probing {pending} did not reach the end "
                                                      f"within {timeout_s:.0f} s")):
             key = cast(tuple[str, int], (m.topic(), m.partition()))

@@ -37,7 +37,7 @@ def sample_keys(bootstrap_servers: Cluster, topics: dict[str, int], per_partitio
         reader = PartitionsToEnd(c, {(t, p): 0 for t, n in topics.items() for p in range(n)})
         for m in reader.records(
                 timeout_s, wait_s=0.05,
-                error=lambda tp, err: KafkaIOError(f"sampling {tp[0]}[{tp[1]}] for its partitioner: {err}"),
+                error=lambda tp, err: KafkaIOError(f"sampling {tp[0]}[{tp[1]}] for its partitioner: {err.str()}"),
                 timeout=lambda pending: KafkaIOError(f"sampling keys of {sorted(topics)} for their partitioner "
                                                      f"did not reach the end of {pending} within {timeout_s:.0f} s")):
             tp = cast(tuple[str, int], (m.topic(), m.partition()))

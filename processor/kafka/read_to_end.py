@@ -115,7 +115,9 @@ class PartitionsToEnd:
                             warned = now
                             kafka.RETRY_LOGGER.warning("reading partitions to their end: %s (transient: "
                                                        "librdkafka retries)", err.str())
-                    elif error is not None:
+                    elif error is not None and tp in next_offset:
+                        # (an event of a partition this read does not read: an earlier read's of the
+                        # same consumer, late; not this read's to fail on)
                         raise error(tp, err)
                     continue
                 if tp not in pending:

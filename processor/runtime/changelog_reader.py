@@ -565,6 +565,8 @@ class _Reader:
                     reading.consumer = owner.consumer   # (a new one after a reset)
                     reading.assign()
                     owner.reading = reading
+                    # (the wait for its turn is no silence of the broker's: the clocks start again)
+                    now = last_progress = time.monotonic()
                 if self.stop is not None and self.stop.is_set():
                     raise RestoreInterrupted()
                 if now - last_progress > SILENT_S and not checked:
@@ -606,7 +608,7 @@ def _end_offset(conf: dict, tp) -> int:
         read_to = [0]   # after the last record read (named if the end is not reached)
         for m in reader.records(
                 STALL_S, batch=5000, wait_s=0.05,
-                error=lambda _, err: KafkaIOError(f"reading {tp[0]}[{tp[1]}] to its end: {err}"),
+                error=lambda _, err: KafkaIOError(f"reading {tp[0]}[{tp[1]}] to its end: {err.str()}"),
                 timeout=lambda _: KafkaIOError(f"reading {tp[0]}[{tp[1]}] to its end took more than "
                                                f"{STALL_S:.0f} s (at {read_to[0]})")):
             read_to[0] = cast(int, m.offset()) + 1

@@ -340,6 +340,8 @@ class WorkerFleet(FleetListener):
         try:
             change(self.worker.task_manager)
         except Exception as exc:
+            # (named here too: a worker already past its last check, closing, raises it no more)
+            log.error("a change of the assignment failed: %s: %s", type(exc).__name__, exc)
             self.worker.fail(exc)
 
     def _remember_sums(self, partitions: list[tuple[str, int]]) -> None:

@@ -74,7 +74,7 @@ def read_tails(bootstrap_servers, consumer_config: dict, application_id: str,
     try:
         for m in PartitionsToEnd(c, lows, ends).records(
                 READ_TIMEOUT_S, batch=2000, wait_s=0.05,
-                error=lambda tp, err: KafkaIOError(f"reading table sink {tp[0]}[{tp[1]}] after a crash: {err}"),
+                error=lambda tp, err: KafkaIOError(f"reading table sink {tp[0]}[{tp[1]}] after a crash: {err.str()}"),
                 timeout=lambda pending: KafkaIOError(f"reading table sinks after a crash: {pending} did not reach "
                                                      f"their ends within {READ_TIMEOUT_S:.0f} s")):
             tp = cast(tuple[str, int], (m.topic(), m.partition()))

@@ -282,4 +282,5 @@ class StandbyTasks:
             self.set_aside.clear()
             self._reasons.clear()
             self._lag.clear()
-            self.reader.reset()
+            if self._own_reader:   # (the task manager's own reader: it closes it)
+                self.reader.close()

@@ -4,13 +4,12 @@
 
 from backfill.compaction import compaction_plan
 from backfill.compaction import last_changes as _last_changes
-from backfill.rows import Row
 from processor import Emit, StreamsBuilder
 from processor.testing import TopologyTestDriver
 
 
 def row(offset, key, value, ts=None):
-    return Row("input", "t", 0, key, value, ts if ts is not None else 100 + offset, None, "", offset, 0)
+    return ("input", "t", 0, key, value, ts if ts is not None else 100 + offset, None, "", offset, 0)
 
 
 def test_last_two_real_changes_per_key_in_offset_order():
@@ -89,7 +88,7 @@ def test_replaying_the_last_two_changes_leaves_the_stores_of_a_full_replay():
     js = Serdes.json()
     kept = []
     for topic in ("orders", "customers"):
-        rows = [Row("input", topic, 0, k.encode(), js.serialize(v), 1000 + off, None, "", off, 0)
+        rows = [("input", topic, 0, k.encode(), js.serialize(v), 1000 + off, None, "", off, 0)
                 for off, (t, k, v) in enumerate(history) if t == topic]
         kept += [(r[8], (topic, r[3].decode(), js.deserialize(r[4]) if r[4] is not None else None))
                  for r in _last_changes(rows)]

@@ -91,7 +91,7 @@ def test_errors_and_timeouts_are_the_callers():
     c = _Consumer([[failing]])
     with pytest.raises(KafkaIOError, match=r"reading t\[0\]: "):
         list(PartitionsToEnd(c, {("t", 0): 0}).records(
-            5, error=lambda tp, err: KafkaIOError(f"reading {tp[0]}[{tp[1]}]: {err}"), timeout=_never))
+            5, error=lambda tp, err: KafkaIOError(f"reading {tp[0]}[{tp[1]}]: {err.str()}"), timeout=_never))
     # without an error of its own the event is left to librdkafka's retries
     c = _Consumer([[failing], [_eof("t", 0, 0)]])
     assert list(PartitionsToEnd(c, {("t", 0): 0}).records(5, error=None, timeout=_never)) == []
@@ -99,7 +99,7 @@ def test_errors_and_timeouts_are_the_callers():
     transient = _Event("t", 0, None, KafkaError(KafkaError._TRANSPORT))
     c = _Consumer([[transient], [_eof("t", 0, 0)]])
     assert list(PartitionsToEnd(c, {("t", 0): 0}).records(
-        5, error=lambda tp, err: KafkaIOError(f"reading {tp[0]}[{tp[1]}]: {err}"), timeout=_never)) == []
+        5, error=lambda tp, err: KafkaIOError(f"reading {tp[0]}[{tp[1]}]: {err.str()}"), timeout=_never)) == []
     with pytest.raises(ConfigError, match=r"still \[\('t', 0\)\]"):
         list(PartitionsToEnd(_Consumer([]), {("t", 0): 0}).records(
             0.05, wait_s=0, error=None, timeout=lambda pending: ConfigError(f"still {pending}")))

@@ -4,7 +4,7 @@ first, ties by topic then partition, a failed extraction (-1) first."""
 
 import threading
 
-from backfill.rows import Row, merge
+from backfill.rows import merge
 from processor.runtime.partition_group import PartitionGroup
 
 # (topic, partition) -> the timestamps of its records, in offset order
@@ -53,7 +53,7 @@ def test_partition_group_and_backfill_merge_agree():
         for off, ts in enumerate(stamps):
             group.add(tp, _Msg(off, ts))
     group.process_ready(0, threading.Event())
-    streams = {(0, t, p, ""): [Row("input", t, p, None, None, ts, None, "", off, 0) for off, ts in enumerate(stamps)]
+    streams = {(0, t, p, ""): [("input", t, p, None, None, ts, None, "", off, 0) for off, ts in enumerate(stamps)]
                for (t, p), stamps in HEADS.items()}
     merged = [(r[1], r[2], r[8]) for r in merge(streams)]
     assert task.order == merged

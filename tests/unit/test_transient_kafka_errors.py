@@ -140,7 +140,7 @@ def test_read_to_end_skips_transient_error_events():
     c = _Consumer([[_Msg(None, -1, -1, KafkaError(KafkaError._TRANSPORT, "Broker transport failure"))],
                    [_Msg("t", 0, 0), _Msg("t", 0, 1, eof)]])
     got = list(PartitionsToEnd(c, {("t", 0): 0}).records(
-        5.0, error=lambda tp, e: KafkaIOError(e), timeout=lambda p: KafkaIOError(str(p))))
+        5.0, error=lambda tp, e: KafkaIOError(e.str()), timeout=lambda p: KafkaIOError(str(p))))
     assert [m.offset() for m in got] == [0]
 
 
@@ -148,7 +148,7 @@ def test_read_to_end_other_error_events_fail():
     c = _Consumer([[_Msg("t", 0, -1, DENIED)]])
     with pytest.raises(KafkaIOError, match="authorization"):
         list(PartitionsToEnd(c, {("t", 0): 0}).records(
-            5.0, error=lambda tp, e: KafkaIOError(e), timeout=lambda p: KafkaIOError(str(p))))
+            5.0, error=lambda tp, e: KafkaIOError(e.str()), timeout=lambda p: KafkaIOError(str(p))))
 
 
 def test_restore_reader_goes_on_through_transient_errors(caplog):
