@@ -164,9 +164,18 @@ class KafkaCollector:
         ``message.timeout.ms`` (capped at ``transaction.timeout.ms`` under exactly once)."""
         started = time.monotonic()
         while True:
-            remaining = self.producer.flush(timeout_s)
-            if self.changelog_producer is not self.producer:
-                remaining += self.changelog_producer.flush(timeout_s)
+            try:
+                remaining = self.producer.flush(timeout_s)
+                if self.changelog_producer is not self.producer:
+                    remaining += self.changelog_producer.flush(timeout_s)
+            except SystemError as exc:
+                # a fatal producer error (fenced) that confluent-kafka had pending when it called a
+                # delivery callback comes out as a SystemError caused by it (seen under exactly
+                # once, a zombie fenced under load): the KafkaException it is, for the commit's
+                # transaction-failure path
+                if isinstance(exc.__cause__, KafkaException):
+                    raise exc.__cause__ from None
+                raise
             waited = time.monotonic() - started
             if not remaining or self.errors or waited >= kafka.TRANSIENT_TIMEOUT_S:
                 break
