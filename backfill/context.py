@@ -6,7 +6,7 @@ leaves nothing in its own: everything it needs is in these objects (the topology
 the snapshot) or in Kafka, and everything it leaves travels back as Spark data
 (``backfill.runs``). On a ``local`` master the executors are processes of the driver's machine,
 and ``local_root`` (the build root) is where they keep what passes between runs, their
-rows-read counters and the task databases (``LocalFiles``): measured faster than Spark's cache
+rows-read counters and the task databases (``backfill.passage.LocalFiles``): measured faster than Spark's cache
 and shuffle on one machine (docs/backfill.md "Backfill on a cluster").
 """
 
@@ -16,10 +16,10 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING
 
-from backfill.items import RowsBatch
-from processor.engine.task_id import TaskId
+if TYPE_CHECKING:
+    from backfill.passage import TaskPassage
 
 ITEM_BYTES = 256 << 20
 
@@ -84,79 +84,11 @@ class JobContext:
         return os.path.join(self.local_root, "progress", f"run-{run:05d}")
 
     @property
-    def files(self) -> LocalFiles | None:
-        return None if self.local_root is None else LocalFiles(self.local_root)
+    def passage(self) -> TaskPassage:
+        """How what a task leaves reaches its next run and the driver (``backfill.passage``)."""
+        from backfill.passage import LocalFiles, SparkItems
 
-
-class LocalFiles:
-    """Where the tasks of a ``local`` master keep what passes between runs, under the build root:
-
-    - ``staging/state/task-<sub>_<partition>``: a task's stores for its next run;
-    - ``staging/rows/run-<run>/<topic>/<partition>/<origin>``: the internal rows one task sent to
-      one partition in one run, pickled, in send order;
-    - ``staging/output/run-<run>-<origin>``: a task run's output rows (Arrow IPC);
-    - ``task-<sub>_<partition>/``: the task databases, built where the job installs them from.
-
-    Files are written to a temporary name and renamed, so a reader sees whole files only."""
-
-    def __init__(self, root: str):
-        self.root = root
-
-    def _write(self, path: str, data: bytes) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-
-    def state_path(self, task_id: str) -> str:
-        return os.path.join(self.root, "staging", "state", TaskId.parse(task_id).dirname)
-
-    def write_state(self, task_id: str, blob: bytes) -> None:
-        self._write(self.state_path(task_id), blob)
-
-    def read_state(self, task_id: str) -> bytes | None:
-        try:
-            with open(self.state_path(task_id), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-
-    def rows_dir(self, run: int) -> str:
-        return os.path.join(self.root, "staging", "rows", f"run-{run:05d}")
-
-    def write_rows(self, part: int, batch: RowsBatch) -> None:
-        blob = cast(bytes, batch.blob)   # (a local master's rows are never cut into pieces)
-        self._write(os.path.join(self.rows_dir(batch.run), batch.topic, str(part), batch.origin), blob)
-
-    def read_rows(self, runs, topics, part: int) -> list[RowsBatch]:
-        """The ``RowsBatch``es of ``runs`` and ``topics`` to partition ``part``."""
-        out = []
-        for run in runs:
-            for topic in topics:
-                d = os.path.join(self.rows_dir(run), topic, str(part))
-                if not os.path.isdir(d):
-                    continue
-                for origin in sorted(os.listdir(d)):
-                    if ".tmp-" in origin:
-                        continue
-                    with open(os.path.join(d, origin), "rb") as f:
-                        out.append(RowsBatch(run, topic, origin, f.read()))
-        return out
-
-    def write_output(self, run: int, origin: str, blob: bytes) -> None:
-        self._write(os.path.join(self.root, "staging", "output", f"run-{run:05d}-{origin}"), blob)
-
-    def read_outputs(self) -> list[bytes]:
-        d = os.path.join(self.root, "staging", "output")
-        if not os.path.isdir(d):
-            return []
-        out = []
-        for name in sorted(os.listdir(d)):
-            if ".tmp-" not in name:
-                with open(os.path.join(d, name), "rb") as f:
-                    out.append(f.read())
-        return out
+        return SparkItems(self.item_bytes) if self.local_root is None else LocalFiles(self.local_root)
 
 
 @dataclass

@@ -99,15 +99,8 @@ def write_task(ctx, sub, partition, stores, t0) -> dict:
     checkpoint = {**positions, **ends, (task_topic, partition): task_end}
     t2 = time.monotonic()
     out: dict[str, Any] = {"entries": {name: len(v) for name, v in contents.items() if not name.startswith("__")}}
-    if ctx.build_databases:
-        if ctx.local_root is not None:   # a local master: the database built where it is installed from
-            from backfill.sst import build_task_database
-
-            build_task_database(Path(ctx.local_root) / TaskId(sub, partition).dirname, contents, checkpoint)
-            out["built"] = 1
-        else:
-            out["db"] = bytes([DB_FORMAT]) + pickle.dumps((sub, partition, contents, checkpoint),
-                                                          protocol=pickle.HIGHEST_PROTOCOL)
+    if ctx.build_databases:   # built where it is installed from, or bytes for the driver (backfill.passage)
+        out.update(ctx.passage.database(sub, partition, contents, checkpoint))
     out["seconds"] = {"load": t1 - t0, "changelogs": t2 - t1, "database": time.monotonic() - t2}
     return out
 
@@ -162,6 +155,11 @@ def produce_all(producer, writes: dict) -> dict:
     return ends
 
 
+
+
+def encode_database(sub, partition, contents, checkpoint) -> bytes:
+    """A task's column families and checkpoint -> a ``db`` item for the driver (``DB_FORMAT``)."""
+    return bytes([DB_FORMAT]) + pickle.dumps((sub, partition, contents, checkpoint), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def build_database(build_root, item: bytes) -> tuple[int, int]:

@@ -472,7 +472,7 @@ class BackfillJob:
         spark, archives, consumer_config = self.spark, self.archives, self.consumer_config
         snapshot, sources = snap.sources, self.sources
         t1 = time.monotonic()
-        spark_runs = self.spark_runs = runs.Runs(spark, ctx)
+        spark_runs = self.spark_runs = runs.open_runs(spark, ctx)
         runs.process(spark_runs, snapshot, archives, consumer_config, report)
         if ctx.compacted and report.failed_in_processing:
             # Records failed in user functions or outputs while tables were reduced: the worker
@@ -492,7 +492,7 @@ class BackfillJob:
             report.compaction = {t: f"every record replayed (records failed in processing: {failed})"
                                  for t in sources}
             report.start_over()
-            spark_runs = self.spark_runs = runs.Runs(spark, ctx)
+            spark_runs = self.spark_runs = runs.open_runs(spark, ctx)
             runs.process(spark_runs, snapshot, archives, consumer_config, report)
         self.seconds["process"] = time.monotonic() - t1
         return spark_runs
@@ -520,14 +520,14 @@ class BackfillJob:
     def hand_over(self, spark_runs: Runs, snap: Snapshot, report: BackfillReport) -> None:
         """The hand-off: with a state directory, the task databases built and installed there all
         or nothing; then the group offsets, last."""
-        from backfill import handoff, runs
+        from backfill import handoff
         from backfill.sst import install_task_databases
 
         state_dir, build_root = self.state_dir, self.build_root
         assert build_root is not None
         t4 = time.monotonic()
         if state_dir is not None:
-            built = runs.build_databases(spark_runs, build_root)
+            built = spark_runs.build_databases(build_root)
             if built != report.tasks:
                 raise RuntimeError(f"backfill: internal error: {built} task databases came back, not {report.tasks}")
             for scratch in ("py-files", "progress", "staging"):

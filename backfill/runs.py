@@ -10,9 +10,10 @@ runs take their inputs from it. Nothing passes between runs through an executor'
 driver's, so executors on other machines (a standalone, YARN or Kubernetes cluster) run it as
 ``local[*]`` does.
 
-On a ``local`` master, whose executors are processes of the driver's machine, the same pieces
-pass through files under the driver's build root instead (``context.LocalFiles``): Spark's cache
-and shuffle cost ~1 s more per run there (docs/backfill.md "Backfill on a cluster").
+That is ``ClusterRuns``. On a ``local`` master, whose executors are processes of the driver's
+machine, the same pieces pass through files under the driver's build root instead
+(``LocalRuns``, with the tasks' ``backfill.passage.LocalFiles``): Spark's cache and shuffle cost
+~1 s more per run there (docs/backfill.md "Backfill on a cluster").
 
 Invariant: a result is unpersisted only once nothing can read it any more (every reader of its
 rows has run after it, and its stores have been taken by the sub-topology's next run or written).
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
     from pyspark import RDD
 
 log = logging.getLogger("processor.backfill")
+
+# up to this many bytes of task stores come to the driver in one Spark job; above it one task at
+# a time (toLocalIterator: a job per partition, ~0.1 s each)
+COLLECT_AT_ONCE_BYTES = 256 << 20
 
 
 def _payload(item: ResultItem):
@@ -58,30 +63,80 @@ def _identity(k):
 
 
 class Runs:
-    """The driver's side of the runs: which result holds what, and the Spark jobs."""
+    """The driver's side of the runs: which result holds what, and the Spark jobs. Two
+    implementations, chosen by the master as the tasks' ``backfill.passage`` is: ``ClusterRuns``
+    (results as Spark data) and ``LocalRuns`` (a local master's files under the build root)."""
+
+    def __init__(self, spark, ctx):
+        self.spark = spark
+        self.sc = spark.sparkContext
+        self.ctx = ctx
+        self.state_of: dict[int, int] = {}       # sub-topology -> run whose result holds its stores
+        self.outputs = 0                         # "output" items in all
+        self.db_bytes = 0                        # bytes of the "db" items in all
+        self.built = 0                           # databases the tasks built (a local master)
+
+    def inputs(self, sub: int, pending: list, reads) -> RDD:
+        """Task ``i`` of ``sub`` at partition ``i``, with what its passage carries to it."""
+        raise NotImplementedError
+
+    def run(self, spec, reads, task_fn, what: str, total_rows=None) -> list[TaskStats]:
+        """One Spark job: ``task_fn`` over the tasks of ``spec.sub``; returns each task's stats."""
+        raise NotImplementedError
+
+    def final_job(self, rdd: RDD) -> RDD:
+        """The job that writes the tasks no run wrote (``finalize``), before it runs."""
+        return rdd
+
+    def release(self, keep) -> None:
+        """Let go of every run's result not in ``keep`` (run numbers)."""
+        raise NotImplementedError
+
+    def items(self, kind: str):
+        """The payloads of every ``kind`` item (outputs, databases) of every run (None: no run had
+        any): an RDD, or on a local master the outputs as a list of bytes."""
+        raise NotImplementedError
+
+    def build_databases(self, build_root) -> int:
+        """Every task's database under ``build_root``. Returns how many."""
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        """Forget everything the runs left (a retry starts afresh)."""
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+    def _count_final_items(self, run_no, stats) -> int:
+        outputs = sum(s.get("outputs", 0) for s in stats)
+        db = sum(s.get("db", 0) for s in stats)
+        self.outputs += outputs
+        self.db_bytes += db
+        self.built += sum(s.get("built", 0) for s in stats)
+        return outputs + db
+
+
+def open_runs(spark, ctx) -> Runs:
+    """The runs for this master (``ctx.local_root``: a local one's build root)."""
+    return ClusterRuns(spark, ctx) if ctx.local_root is None else LocalRuns(spark, ctx)
+
+
+class ClusterRuns(Runs):
+    """Any master: each run's result is an RDD persisted by Spark, from which the next runs take
+    their inputs (a shuffle) and the driver its outputs and databases."""
 
     def __init__(self, spark, ctx):
         from pyspark import StorageLevel
 
-        self.spark = spark
-        self.sc = spark.sparkContext
-        self.ctx = ctx
+        super().__init__(spark, ctx)
         self.level = StorageLevel.MEMORY_AND_DISK
         self.results: dict[int, RDD] = {}        # run -> its persisted result RDD
-        self.state_of: dict[int, int] = {}       # sub-topology -> run whose result holds its stores
         self.with_final_items: set[int] = set()  # runs whose results hold "output" or "db" items
         self.final_results: list = []            # those items, kept apart from released results
-        self.outputs = 0                         # "output" items in all
-        self.db_bytes = 0                        # bytes of the "db" items in all
-        self.built = 0                           # databases the tasks built (a local master)
-        self.files = ctx.files                   # a local master's build root (context.LocalFiles)
 
     def inputs(self, sub: int, pending: list, reads) -> RDD:
-        """Task ``i`` of ``sub`` at partition ``i``: its stores and the pending runs' rows to it
-        (on a local master the task reads them from the build root itself)."""
         n = self.ctx.tasks_of(sub)
-        if self.files is not None:
-            return self.sc.parallelize(range(n), n)
         parts = []
         if sub in self.state_of:
             parts.append(self.results[self.state_of[sub]].filter(_is("state")).map(as_input))
@@ -93,40 +148,22 @@ class Runs:
             n, _identity)
 
     def run(self, spec, reads, task_fn, what: str, total_rows=None) -> list[TaskStats]:
-        """One Spark job: ``task_fn`` over the tasks of ``spec.sub``; returns each task's stats."""
-        rdd = self.inputs(spec.sub, spec.pending, reads).mapPartitionsWithIndex(task_fn)
-        if self.files is not None:   # a local master: the tasks yield their stats only
-            with StageProgress(self.spark, what, self.ctx.progress_dir(spec.run_no), total_rows):
-                stats = rdd.map(_payload).collect()
-            self._count_final_items(spec.run_no, stats)
-            return stats
-        rdd = rdd.persist(self.level)
+        rdd = self.inputs(spec.sub, spec.pending, reads).mapPartitionsWithIndex(task_fn).persist(self.level)
         with StageProgress(self.spark, what, self.ctx.progress_dir(spec.run_no), total_rows):
             stats = rdd.filter(_is("stats")).map(_payload).collect()
         self.results[spec.run_no] = rdd
-        self._count_final_items(spec.run_no, stats)
+        if self._count_final_items(spec.run_no, stats):
+            self.with_final_items.add(spec.run_no)
         return stats
 
-    def _count_final_items(self, run_no, stats) -> None:
-        outputs = sum(s.get("outputs", 0) for s in stats)
-        db = sum(s.get("db", 0) for s in stats)
-        self.outputs += outputs
-        self.db_bytes += db
-        self.built += sum(s.get("built", 0) for s in stats)
-        if outputs or db:
-            self.with_final_items.add(run_no)
+    def final_job(self, rdd: RDD) -> RDD:
+        rdd = rdd.persist(self.level)
+        self.final_results.append(rdd)
+        return rdd
 
     def release(self, keep) -> None:
-        """Unpersist every result not in ``keep`` (run numbers); what such a result holds for the
-        end (outputs, databases) is kept apart first, persisted on its own. (A local master: the
-        rows of such runs are deleted from the build root.)"""
-        if self.files is not None:
-            import shutil
-
-            for r in range(max(keep, default=-1)):
-                if r not in keep:
-                    shutil.rmtree(self.files.rows_dir(r), ignore_errors=True)
-            return
+        """(What such a result holds for the end, outputs and databases, is kept apart first,
+        persisted on its own.)"""
         for r in [r for r in self.results if r not in keep]:
             rdd = self.results.pop(r)
             if r in self.with_final_items:
@@ -136,29 +173,38 @@ class Runs:
             rdd.unpersist()
 
     def items(self, kind: str):
-        """An RDD of the payloads of every ``kind`` item (outputs, databases) of every run (None:
-        no run had any); on a local master the outputs as a list of bytes."""
         if not (self.outputs if kind == "output" else self.db_bytes):
             return None
-        if self.files is not None:   # (outputs only: a local master's tasks build their databases)
-            return self.files.read_outputs() or None   # bytes in this process (outputs.emit)
         self.release(set())
         parts = [r.filter(_is(kind)).map(_payload) for r in self.final_results]
         return self.sc.union(parts) if parts else None
 
-    def discard(self) -> None:
-        """Forget everything the runs left (a retry starts afresh): the results, and on a local
-        master the files and the task databases under the build root."""
-        self.close()
-        if self.files is not None:
-            import glob
-            import os
-            import shutil
+    def build_databases(self, build_root) -> int:
+        """Built by the driver from the ``db`` items of the final results."""
+        from backfill.handoff import build_database
+        from backfill.pieces import join_pieces
 
-            for scratch in ("staging", "progress"):
-                shutil.rmtree(os.path.join(self.files.root, scratch), ignore_errors=True)
-            for d in glob.glob(os.path.join(self.files.root, DIR_GLOB)):
-                shutil.rmtree(d, ignore_errors=True)
+        items = self.items("db")
+        if items is None:
+            return 0
+        n = 0
+        with StageProgress(self.spark, "building the task databases on the driver"):
+            blobs = items.collect() if self.db_bytes <= COLLECT_AT_ONCE_BYTES else items.toLocalIterator()
+            pending: list = []   # the pieces of a database, until all have come
+            for blob in blobs:
+                if is_piece(blob):
+                    pending.append(blob)
+                    joined = join_pieces([b for b in pending if b.group == blob.group]) \
+                        if sum(1 for b in pending if b.group == blob.group) == blob.total else None
+                    if joined is None:
+                        continue
+                    pending = [b for b in pending if b.group != blob.group]
+                    blob = joined[0]
+                build_database(build_root, blob)
+                n += 1
+            if pending:
+                raise RuntimeError(f"backfill: internal error: {len(pending)} pieces of task databases left over")
+        return n
 
     def close(self) -> None:
         for rdd in [*self.results.values(), *self.final_results]:
@@ -168,6 +214,57 @@ class Runs:
                 pass
         self.results.clear()
         self.final_results.clear()
+
+
+class LocalRuns(Runs):
+    """A ``local`` master: the tasks read and leave their pieces in files under the build root
+    (``backfill.passage.LocalFiles``) and build their databases there; a run's job yields the
+    tasks' stats only."""
+
+    def __init__(self, spark, ctx):
+        from backfill.passage import LocalFiles
+
+        super().__init__(spark, ctx)
+        self.files = LocalFiles(ctx.local_root)
+
+    def inputs(self, sub: int, pending: list, reads) -> RDD:
+        n = self.ctx.tasks_of(sub)
+        return self.sc.parallelize(range(n), n)
+
+    def run(self, spec, reads, task_fn, what: str, total_rows=None) -> list[TaskStats]:
+        rdd = self.inputs(spec.sub, spec.pending, reads).mapPartitionsWithIndex(task_fn)
+        with StageProgress(self.spark, what, self.ctx.progress_dir(spec.run_no), total_rows):
+            stats = rdd.map(_payload).collect()
+        self._count_final_items(spec.run_no, stats)
+        return stats
+
+    def release(self, keep) -> None:
+        """(The rows of such runs are deleted from the build root.)"""
+        import shutil
+
+        for r in range(max(keep, default=-1)):
+            if r not in keep:
+                shutil.rmtree(self.files.rows_dir(r), ignore_errors=True)
+
+    def items(self, kind: str):
+        if kind != "output":
+            raise RuntimeError(f"backfill: internal error: no {kind!r} items on a local master")
+        return (self.files.read_outputs() or None) if self.outputs else None   # bytes (outputs.emit)
+
+    def build_databases(self, build_root) -> int:
+        """Built by the tasks, where they are installed from."""
+        return self.built
+
+    def discard(self) -> None:
+        """(And the files and task databases under the build root.)"""
+        import glob
+        import os
+        import shutil
+
+        for scratch in ("staging", "progress"):
+            shutil.rmtree(os.path.join(self.files.root, scratch), ignore_errors=True)
+        for d in glob.glob(os.path.join(self.files.root, DIR_GLOB)):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def process(runs: Runs, snapshot, archives, consumer_config, report) -> None:
@@ -296,15 +393,11 @@ def finalize(runs: Runs, finalized: set) -> dict[str, int]:
     if not subs:
         return {}
     parts = [runs.inputs(sub, [], ()).mapPartitionsWithIndex(FinalizeTask(ctx, sub)) for sub in subs]
-    rdd = runs.sc.union(parts) if len(parts) > 1 else parts[0]
-    if runs.files is None:
-        rdd = rdd.persist(runs.level)
+    rdd = runs.final_job(runs.sc.union(parts) if len(parts) > 1 else parts[0])
     n = sum(ctx.tasks_of(sub) for sub in subs)
     with StageProgress(runs.spark, f"writing the changelogs of {n} task(s)"):
         results = rdd.filter(_is("stats")).map(_payload).collect()
     raise_task_errors(results)
-    if runs.files is None:
-        runs.final_results.append(rdd)
     runs.db_bytes += sum(r.get("db", 0) for r in results)
     runs.built += sum(r.get("built", 0) for r in results)
     for sub in subs:
@@ -320,38 +413,3 @@ def finalize(runs: Runs, finalized: set) -> dict[str, int]:
     return total
 
 
-# up to this many bytes of task stores come to the driver in one Spark job; above it one task at
-# a time (toLocalIterator: a job per partition, ~0.1 s each)
-COLLECT_AT_ONCE_BYTES = 256 << 20
-
-
-def build_databases(runs: Runs, build_root) -> int:
-    """Every task's database, from the ``db`` items of the final results, built by the driver
-    under ``build_root``. Returns how many."""
-    from backfill.handoff import build_database
-
-    if runs.files is not None:   # a local master: built by the tasks, where they are installed from
-        return runs.built
-    items = runs.items("db")
-    if items is None:
-        return 0
-    n = 0
-    from backfill.pieces import join_pieces
-
-    with StageProgress(runs.spark, "building the task databases on the driver"):
-        blobs = items.collect() if runs.db_bytes <= COLLECT_AT_ONCE_BYTES else items.toLocalIterator()
-        pending: list = []   # the pieces of a database, until all have come
-        for blob in blobs:
-            if is_piece(blob):
-                pending.append(blob)
-                joined = join_pieces([b for b in pending if b.group == blob.group]) \
-                    if sum(1 for b in pending if b.group == blob.group) == blob.total else None
-                if joined is None:
-                    continue
-                pending = [b for b in pending if b.group != blob.group]
-                blob = joined[0]
-            build_database(build_root, blob)
-            n += 1
-        if pending:
-            raise RuntimeError(f"backfill: internal error: {len(pending)} pieces of task databases left over")
-    return n

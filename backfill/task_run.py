@@ -7,9 +7,9 @@ earlier runs addressed to it (``"rows"`` items: ``backfill.items``); it reads it
 partitions' history from Kafka itself (Kafka partition i is task i). What it yields is the run's
 result (``ResultItem``): ``"stats"``, ``"state"`` for its next run, ``"rows"`` for other tasks
 (partition ``j``: the destination), ``"output"`` for the outputs, and in its last run ``"db"``
-when the driver builds databases. On a ``local`` master the same pieces go to files under the
-build root instead (``context.LocalFiles``), the database is built there, and only the stats are
-yielded.
+when the driver builds databases. How they travel depends on the master (``backfill.passage``:
+Spark data, or a ``local`` master's files under the build root, where only the stats are
+yielded).
 
 Invariant: a task processes its history and its internal rows as the worker's task would
 (``backfill.rows.merge``), with the topology's own ``Task``; the bytes it leaves are all it
@@ -26,7 +26,6 @@ import time
 
 from backfill.context import error_info, executor_logging
 from backfill.items import ResultItem, TaskStats
-from backfill.pieces import in_pieces, split_inputs, to_pieces
 from backfill.profiling import dump_profile, profiler
 from backfill.rows import SEQ, TIMESTAMP
 from backfill.task_state import decode_state, encode_state
@@ -45,13 +44,8 @@ class TaskRun:
         from processor.errors import ProcessorError
 
         executor_logging(self.ctx.log_level, getattr(self.ctx, "log_json", False))
-        files = self.ctx.files
-        if files is None:
-            state, rows = split_inputs(items)
-        else:   # a local master: what the task's previous runs left, from the build root
-            task_id = str(TaskId(self.spec.sub, partition))
-            state = files.read_state(task_id)
-            rows = files.read_rows(self.spec.pending, self.spec.reads, partition)
+        state, rows = self.ctx.passage.task_inputs(self.spec.sub, partition, self.spec.pending, self.spec.reads,
+                                                   items)
         # No cyclic garbage collection during a run: the task's rows and stores are hundreds of
         # thousands of live objects that every full collection would walk again (measured: the
         # runs of benchmarks/backfill.py took 15 % longer with it); what a run leaves is
@@ -133,18 +127,7 @@ class TaskRun:
                 stats["db"] = len(written["db"])
         else:
             out.append(ResultItem("state", partition, encode_state(stores, offsets)))
-        files = ctx.files
-        if files is not None:   # a local master: kept in the build root for the next runs
-            for item in out:
-                if item.kind == "state":
-                    files.write_state(task_id, item.payload)
-                elif item.kind == "rows":
-                    files.write_rows(item.partition, item.payload)
-                elif item.kind == "output":
-                    files.write_output(spec.run_no, task_id, item.payload)
-            out = []
-        else:
-            out = in_pieces(out, ctx.item_bytes)
+        out = ctx.passage.keep(spec.run_no, task_id, out)
         stats["seconds"] = {"read": t_read - started, "process": t_process - t_read,
                             "write": time.monotonic() - t_process}
         out.append(ResultItem("stats", partition, stats))
@@ -238,16 +221,17 @@ class FinalizeTask:
         from processor.errors import ProcessorError
 
         executor_logging(self.ctx.log_level, getattr(self.ctx, "log_json", False))
-        files = self.ctx.files
-        state = split_inputs(items)[0] if files is None else files.read_state(str(TaskId(self.sub, partition)))
+        passage = self.ctx.passage
+        state = passage.task_inputs(self.sub, partition, [], (), items)[0]
         try:
             t0 = time.monotonic()
             stores, _ = decode_state(state)
             written = write_task(self.ctx, self.sub, partition, stores, t0)
         except ProcessorError as exc:
             return [ResultItem("stats", partition, {"error": error_info(exc)})]
-        out = [ResultItem("stats", partition, {"entries": written["entries"], "seconds": written["seconds"],
-                                     "db": len(written.get("db", b"")), "built": written.get("built", 0)})]
-        if "db" in written:
-            out.extend(ResultItem("db", partition, p) for p in to_pieces(written["db"], self.ctx.item_bytes))
+        out = passage.keep(-1, str(TaskId(self.sub, partition)),
+                           [ResultItem("db", partition, written["db"])] if "db" in written else [])
+        out.append(ResultItem("stats", partition, {"entries": written["entries"], "seconds": written["seconds"],
+                                                   "db": len(written.get("db", b"")),
+                                                   "built": written.get("built", 0)}))
         return out
