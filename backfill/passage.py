@@ -72,7 +72,8 @@ class LocalFiles:
     - ``staging/state/task-<sub>_<partition>``: a task's stores for its next run;
     - ``staging/rows/run-<run>/<topic>/<partition>/<origin>``: the internal rows one task sent to
       one partition in one run, pickled, in send order;
-    - ``staging/output/run-<run>-<origin>``: a task run's output rows (Arrow IPC);
+    - ``staging/output/run-<run>-<origin>-<n>``: a task run's output rows (Arrow IPC), in items
+      of about ``item_bytes`` each (``RowCollector.items``), numbered in order;
     - ``task-<sub>_<partition>/``: the task databases, built where the job installs them from.
 
     Files are written to a temporary name and renamed, so a reader sees whole files only."""
@@ -86,13 +87,15 @@ class LocalFiles:
         return self.read_state(str(TaskId(sub, partition))), self.read_rows(pending, reads, partition)
 
     def keep(self, run_no, task_id, out: list[ResultItem]) -> list[ResultItem]:
+        outputs = 0
         for item in out:
             if item.kind == "state":
                 self.write_state(task_id, item.payload)
             elif item.kind == "rows":
                 self.write_rows(item.partition, item.payload)
             elif item.kind == "output":
-                self.write_output(run_no, task_id, item.payload)
+                self.write_output(run_no, task_id, outputs, item.payload)
+                outputs += 1
             else:
                 raise RuntimeError(f"backfill: internal error: a {item.kind!r} item on a local master")
         return []
@@ -147,8 +150,8 @@ class LocalFiles:
                         out.append(RowsBatch(run, topic, origin, f.read()))
         return out
 
-    def write_output(self, run: int, origin: str, blob: bytes) -> None:
-        self._write(os.path.join(self.root, "staging", "output", f"run-{run:05d}-{origin}"), blob)
+    def write_output(self, run: int, origin: str, number: int, blob: bytes) -> None:
+        self._write(os.path.join(self.root, "staging", "output", f"run-{run:05d}-{origin}-{number:05d}"), blob)
 
     def read_outputs(self) -> list[bytes]:
         d = os.path.join(self.root, "staging", "output")

@@ -85,7 +85,8 @@ class Runs:
         raise NotImplementedError
 
     def final_job(self, rdd: RDD) -> RDD:
-        """The job that writes the tasks no run wrote (``finalize``), before it runs."""
+        """The job that writes the tasks no run wrote (``finalize``), before it runs: on a
+        cluster persisted and kept, for ``items`` to find its databases."""
         return rdd
 
     def release(self, keep) -> None:
@@ -94,7 +95,8 @@ class Runs:
 
     def items(self, kind: str):
         """The payloads of every ``kind`` item (outputs, databases) of every run (None: no run had
-        any): an RDD, or on a local master the outputs as a list of bytes."""
+        any): an RDD, or on a local master the outputs as a list of bytes (its tasks keep no
+        databases as items: ``build_databases``)."""
         raise NotImplementedError
 
     def build_databases(self, build_root) -> int:
@@ -123,8 +125,9 @@ def open_runs(spark, ctx) -> Runs:
 
 
 class ClusterRuns(Runs):
-    """Any master: each run's result is an RDD persisted by Spark, from which the next runs take
-    their inputs (a shuffle) and the driver its outputs and databases."""
+    """Every master but ``local`` (it would serve there too, slower): each run's result is an RDD
+    persisted by Spark, from which the next runs take their inputs (a shuffle) and the driver its
+    outputs and databases."""
 
     def __init__(self, spark, ctx):
         from pyspark import StorageLevel
@@ -260,6 +263,8 @@ class LocalRuns(Runs):
         import glob
         import os
         import shutil
+
+        super().discard()
 
         for scratch in ("staging", "progress"):
             shutil.rmtree(os.path.join(self.files.root, scratch), ignore_errors=True)

@@ -152,7 +152,11 @@ def _sink_topics(bootstrap, topics, tag):
 
 
 @pytest.mark.integration
-def test_emit_outputs_writes_each_sinks_history_once(sinks_input, kafka_bootstrap, tmp_path, unique, report):
+@pytest.mark.parametrize("item_bytes", [None, 2048], ids=["outputs-in-one-item", "outputs-in-many-items"])
+def test_emit_outputs_writes_each_sinks_history_once(sinks_input, kafka_bootstrap, tmp_path, unique, report,
+                                                     item_bytes):
+    # (with 2 KiB items a task run's outputs come in many items: on a local master each is a file
+    # of its own, backfill/passage.py)
     topics, history = sinks_input
     t = _sink_topics(kafka_bootstrap, topics, unique)
     topo = apps.sinks_for(t)
@@ -169,6 +173,8 @@ def test_emit_outputs_writes_each_sinks_history_once(sinks_input, kafka_bootstra
     produce(kafka_bootstrap, t["out_table"], [r[1:] for r in pre])
     app = f"bfo-emit-{unique}"
     env = {apps.OUTPUT_ENVS[name]: topic for name, topic in t.items()}
+    if item_bytes is not None:
+        env["PROCESSOR_BACKFILL_ITEM_BYTES"] = str(item_bytes)
     res = run_cli(backfill_argv("tests.backfill.apps:sinks", kafka_bootstrap, app, tmp_path, "--emit-outputs"), env)
     assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-4000:])
 

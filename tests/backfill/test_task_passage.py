@@ -64,3 +64,12 @@ def test_a_task_with_nothing_left_gets_no_state(tmp_path):
 def test_a_database_item_on_a_local_master_is_an_internal_error(tmp_path):
     with pytest.raises(RuntimeError, match="'db' item on a local master"):
         LocalFiles(str(tmp_path)).keep(0, "0_0", [ResultItem("db", 0, b"x")])
+
+
+def test_a_task_runs_outputs_in_several_items_are_all_kept_in_order(tmp_path):
+    # (a task run's outputs come in items of about item_bytes each: RowCollector.items)
+    files = LocalFiles(str(tmp_path))
+    blobs = [f"part {i}".encode() for i in range(12)]
+    files.keep(3, "0_1", [ResultItem("output", 1, b) for b in blobs])
+    files.keep(3, "0_0", [ResultItem("output", 0, b"other task")])
+    assert files.read_outputs() == [b"other task", *blobs]
