@@ -110,7 +110,7 @@ class Runs:
     def close(self) -> None:
         pass
 
-    def _count_final_items(self, run_no, stats) -> int:
+    def _count_final_items(self, stats) -> int:
         outputs = sum(s.get("outputs", 0) for s in stats)
         db = sum(s.get("db", 0) for s in stats)
         self.outputs += outputs
@@ -155,7 +155,7 @@ class ClusterRuns(Runs):
         with StageProgress(self.spark, what, self.ctx.progress_dir(spec.run_no), total_rows):
             stats = rdd.filter(_is("stats")).map(_payload).collect()
         self.results[spec.run_no] = rdd
-        if self._count_final_items(spec.run_no, stats):
+        if self._count_final_items(stats):
             self.with_final_items.add(spec.run_no)
         return stats
 
@@ -238,7 +238,7 @@ class LocalRuns(Runs):
         rdd = self.inputs(spec.sub, spec.pending, reads).mapPartitionsWithIndex(task_fn)
         with StageProgress(self.spark, what, self.ctx.progress_dir(spec.run_no), total_rows):
             stats = rdd.map(_payload).collect()
-        self._count_final_items(spec.run_no, stats)
+        self._count_final_items(stats)
         return stats
 
     def release(self, keep) -> None:
